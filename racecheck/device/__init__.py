@@ -1,0 +1,61 @@
+"""The stream runtime: pick a backend (`sim` on the CPU, `cuda` on a GPU) and hold the process's one runtime.
+
+`init_runtime("auto")` takes CUDA when a GPU is present and the CPU emulation otherwise; the
+environment variable RACECHECK_BACKEND overrides "auto" for processes a launcher starts.
+"""
+
+from __future__ import annotations
+
+import os
+
+from racecheck.device.base import (CommGroup, Event, MemRange, ReduceOp, Runtime, RuntimeObserver,
+                                   Stream)
+
+BACKENDS = ("sim", "cuda")
+
+_runtime: Runtime | None = None
+
+
+def resolve_backend(name: str = "auto") -> str:
+    if name == "auto":
+        name = os.environ.get("RACECHECK_BACKEND", "auto")
+    if name == "auto":
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "sim"
+    if name not in BACKENDS:
+        raise ValueError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)} or auto")
+    return name
+
+
+def init_runtime(backend: str = "auto") -> Runtime:
+    """Create the process's runtime (replacing an earlier one) and return it."""
+    global _runtime
+    if _runtime is not None:
+        _runtime.close()
+    name = resolve_backend(backend)
+    if name == "cuda":
+        from racecheck.device.cuda import CudaRuntime
+
+        _runtime = CudaRuntime()
+    else:
+        from racecheck.device.sim import SimRuntime
+
+        _runtime = SimRuntime()
+    return _runtime
+
+
+def get_runtime() -> Runtime:
+    """The process's runtime, created with the "auto" backend on first use."""
+    return _runtime if _runtime is not None else init_runtime()
+
+
+def shutdown_runtime() -> None:
+    global _runtime
+    if _runtime is not None:
+        _runtime.close()
+        _runtime = None
+
+
+__all__ = ["BACKENDS", "CommGroup", "Event", "MemRange", "ReduceOp", "Runtime", "RuntimeObserver",
+           "Stream", "get_runtime", "init_runtime", "resolve_backend", "shutdown_runtime"]

@@ -1,0 +1,297 @@
+"""The CUDA backend: racecheck's stream runtime on torch.cuda streams, the real caching allocator and NCCL.
+
+Nothing here emulates: streams and events are torch.cuda's, buffers come from PyTorch's caching
+allocator (which tags each block with the stream current at allocation, exactly the semantics
+sim.py copies), `launch` runs its function at once so its kernels enqueue on the current stream,
+and collectives are torch.distributed's NCCL ones. What this module adds is the bookkeeping that
+lets observers see the same calls as on the CPU emulation: which stream allocated a buffer, when
+its storage dies (on_free), and which streams record_stream deferred it to.
+
+[Note: collectives and buffer lifetime]
+Queued work must hold raw memory, never ownership (base.py, [Note: allocator semantics]). What
+ProcessGroupNCCL does with a collective's tensors depends on the PyTorch version:
+- PyTorch >= 2.8 (pytorch/pytorch#148590, relanded as #150398 after the 2.7 branch reverted it in
+  #150352): a collective with async_op=False is launched directly on the *current* stream; NCCL
+  takes no record_stream and stashes no tensor (ProcessGroupNCCL::collective: "If we are
+  performing sync operations ... we don't need to do anything for tensor lifetime management").
+  The Work kept by the watchdog is a copy without `outputs_`. With async_op=True it runs on the
+  group's internal stream and stashes inputs and outputs until work.wait() (or until the watchdog
+  sees completion). TORCH_NCCL_AVOID_RECORD_STREAMS only prints "is the default now ... deprecated".
+- PyTorch 2.2 to 2.7: a synchronous op runs on the group's internal stream, which first waits on
+  the current stream, and work.wait() (called at once by distributed_c10d) makes the current stream
+  wait for it. all_gather_into_tensor / reduce_scatter_tensor skip record_stream and stash their
+  tensors only until that wait (pytorch/pytorch#111431); other collectives, all_reduce among them,
+  call recordStream(input, ncclStream) unless TORCH_NCCL_AVOID_RECORD_STREAMS=1, which would keep an
+  all-reduced block out of its pool until the NCCL stream passes it: safer than the emulation.
+So we issue every collective with async_op=False under the current stream, and on PyTorch < 2.8
+set TORCH_NCCL_AVOID_RECORD_STREAMS=1 before creating our groups (each ProcessGroupNCCL reads it in
+its constructor). In both cases a collective keeps no block alive past the host call, as in sim.py.
+
+[Note: one NCCL group per rank list]
+NCCL serializes every kernel of a communicator, whichever user stream it is issued on: at launch
+the user stream waits on the communicator's internal device stream and that stream then waits on
+the user stream (NCCL src/enqueue.cc, ncclLaunchPrepare). Collectives of one group therefore run
+in host issue order on every rank, and one group per rank list cannot deadlock however many streams
+issue on it. The cost is an ordering the gloo emulation does not have (it holds one group per
+issuing stream, so collectives on two streams overlap): a collective on stream S also waits for
+every earlier collective of that group issued from other streams. That edge hides some races on
+the GPU that the emulation shows; the detector must not count on it, and this runtime does not
+report it. PyTorch's FSDP2 uses one group for all-gather and reduce-scatter alike.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import os
+import threading
+import weakref
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+
+from racecheck.device.base import CommGroup, Event, MemRange, ReduceOp, Runtime, Stream, as_shape
+
+ROUND_BYTES = 512  # the caching allocator's kMinBlockSize: request sizes round up to it
+_CALIBRATION_CYCLES = 20_000_000  # about 10 ms at H200 clocks
+_cycles_per_second: float | None = None  # torch.cuda._sleep's rate, measured once per process
+_calibration_lock = threading.Lock()
+
+
+def sleep_cycles_per_second(device: torch.device) -> float:
+    """How many torch.cuda._sleep cycles take one second, measured with timing events once."""
+    global _cycles_per_second
+    with _calibration_lock:
+        if _cycles_per_second is None:
+            rates = []
+            # A private stream: the measurement neither waits for nor delays the caller's work.
+            with torch.cuda.device(device), torch.cuda.stream(torch.cuda.Stream(device)):
+                torch.cuda._sleep(1000)  # the first launch loads the module; keep it out of the timing
+                for _ in range(2):  # the second run sees the clocks already raised by the first
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    torch.cuda._sleep(_CALIBRATION_CYCLES)
+                    end.record()
+                    end.synchronize()
+                    rates.append(_CALIBRATION_CYCLES / (start.elapsed_time(end) / 1000.0))
+            _cycles_per_second = max(rates)
+        return _cycles_per_second
+
+
+def _torch_version() -> tuple[int, int]:
+    major, minor = torch.__version__.split(".")[:2]
+    return int(major), int(minor)
+
+
+class CudaStream(Stream):
+    def __init__(self, runtime: "CudaRuntime", name: str, torch_stream: torch.cuda.Stream) -> None:
+        self.runtime = runtime
+        self.name = name
+        self.torch_stream = torch_stream
+
+    def wait_event(self, event: "CudaEvent") -> None:
+        self.runtime._notify("on_event_wait", event=event, stream=self)
+        # cudaStreamWaitEvent on the event's most recent record; a no-op if it was never recorded.
+        self.torch_stream.wait_event(event.torch_event)
+
+    def synchronize(self) -> None:
+        self.torch_stream.synchronize()
+        self.runtime._notify("on_host_sync", stream=self, event=None)
+
+
+class CudaEvent(Event):
+    def __init__(self, runtime: "CudaRuntime") -> None:
+        self.runtime = runtime
+        self.torch_event = torch.cuda.Event()  # no timing: ordering only, as CUDA's cheapest events
+
+    def record(self, stream: Stream | None = None) -> None:
+        stream = stream or self.runtime.current_stream()
+        self.runtime._notify("on_event_record", event=self, stream=stream)
+        self.torch_event.record(stream.torch_stream)
+
+    def wait(self, stream: Stream | None = None) -> None:
+        (stream or self.runtime.current_stream()).wait_event(self)
+
+    def query(self) -> bool:
+        return self.torch_event.query()  # True for an event never recorded, as cudaEventQuery
+
+    def synchronize(self) -> None:
+        self.torch_event.synchronize()
+        self.runtime._notify("on_host_sync", stream=None, event=self)
+
+
+class CudaCommGroup(CommGroup):
+    def __init__(self, ranks: Sequence[int], pg) -> None:
+        self.ranks = tuple(ranks)
+        self.pg = pg  # None for a one-rank group: collectives are local copies
+
+
+@dataclasses.dataclass(eq=False)
+class _Allocation:
+    """One buffer handed out by `empty`, alive as long as its storage."""
+
+    block: int
+    stream: CudaStream
+    ptr: int
+    nbytes: int
+    recorded: set = dataclasses.field(default_factory=set)  # streams from record_stream
+
+
+class CudaRuntime(Runtime):
+    backend = "cuda"
+
+    def __init__(self, device: torch.device | int | None = None) -> None:
+        super().__init__()
+        index = torch.cuda.current_device() if device is None else torch.device("cuda", device).index
+        self.device = torch.device("cuda", index)
+        self._lock = threading.Lock()  # storages can die on any thread
+        self._by_handle: dict[int, CudaStream] = {}  # cudaStream_t -> wrapper
+        self._streams: list[CudaStream] = []  # ours, in creation order (host syncs report these)
+        self._default = self._wrap(torch.cuda.default_stream(self.device), "default", own=True)
+        self._live: dict[int, _Allocation] = {}  # storage data_ptr -> live allocation
+        self._block_ids: dict[int, int] = {}  # address -> stable small id, like sim's block ids
+        self._next_id = itertools.count()
+        sleep_cycles_per_second(self.device)
+
+    # -- streams and events ------------------------------------------------------------------
+    def _wrap(self, torch_stream: torch.cuda.Stream, name: str, *, own: bool) -> CudaStream:
+        wrapper = CudaStream(self, name, torch_stream)
+        self._by_handle[torch_stream.cuda_stream] = wrapper
+        if own:
+            self._streams.append(wrapper)
+        return wrapper
+
+    def default_stream(self) -> CudaStream:
+        return self._default
+
+    def current_stream(self) -> CudaStream:
+        ts = torch.cuda.current_stream(self.device)
+        found = self._by_handle.get(ts.cuda_stream)
+        # A stream made current by code outside this runtime still gets a name for reports.
+        return found if found is not None else self._wrap(ts, f"external-{ts.cuda_stream:#x}", own=False)
+
+    def new_stream(self, name: str) -> CudaStream:
+        return self._wrap(torch.cuda.Stream(self.device), name, own=True)
+
+    @contextlib.contextmanager
+    def stream(self, stream: Stream):
+        with torch.cuda.stream(stream.torch_stream):  # thread-local, as sim's current stream
+            yield stream
+
+    def new_event(self) -> CudaEvent:
+        return CudaEvent(self)
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize(self.device)
+        for s in self._streams:  # report one host sync per stream, in the order sim.py does
+            self._notify("on_host_sync", stream=s, event=None)
+
+    # -- memory -----------------------------------------------------------------------------
+    def empty(self, shape, *, dtype=torch.float32) -> torch.Tensor:
+        stream = self.current_stream()
+        # The caching allocator tags the block with the current stream, as [Note: allocator semantics].
+        tensor = torch.empty(as_shape(shape), dtype=dtype, device=self.device)
+        nbytes = tensor.numel() * tensor.element_size()
+        if nbytes == 0:
+            return tensor  # no block behind it (the allocator returns a null pointer)
+        storage = tensor.untyped_storage()
+        ptr = storage.data_ptr()
+        with self._lock:
+            block = self._block_ids.setdefault(ptr, next(self._next_id))
+            alloc = _Allocation(block, stream, ptr, nbytes)
+            self._live[ptr] = alloc
+        # The storage's Python object lives exactly as long as the C++ storage (PyObject
+        # preservation), so this fires when the last tensor or view over the buffer dies.
+        weakref.finalize(storage, self._storage_died, alloc)
+        self._notify("on_alloc", block=block, stream=stream, ptr=ptr, nbytes=nbytes)
+        return tensor
+
+    def _storage_died(self, alloc: _Allocation) -> None:
+        with self._lock:
+            if self._live.get(alloc.ptr) is alloc:
+                del self._live[alloc.ptr]
+            deferred_to = sorted(alloc.recorded, key=lambda s: s.name)
+        rounded = max(ROUND_BYTES, -(-alloc.nbytes // ROUND_BYTES) * ROUND_BYTES)
+        self._notify("on_free", block=alloc.block, stream=alloc.stream, ptr=alloc.ptr, nbytes=rounded,
+                     deferred_to=deferred_to)
+
+    def _allocation_of(self, tensor: torch.Tensor) -> _Allocation | None:
+        with self._lock:
+            return self._live.get(tensor.untyped_storage().data_ptr())
+
+    def record_stream(self, tensor: torch.Tensor, stream: Stream) -> None:
+        # The allocator records an event on `stream` when the block is freed and keeps the block
+        # out of its pool until that event completes; a no-op for the allocation stream itself.
+        tensor.record_stream(stream.torch_stream)
+        alloc = self._allocation_of(tensor)
+        if alloc is None:
+            return
+        if stream is not alloc.stream:
+            with self._lock:
+                alloc.recorded.add(stream)
+        self._notify("on_record_stream", block=alloc.block, stream=stream)
+
+    def allocation_stream(self, tensor: torch.Tensor) -> Stream | None:
+        alloc = self._allocation_of(tensor)
+        return None if alloc is None else alloc.stream
+
+    # -- work -------------------------------------------------------------------------------
+    def launch(self, name, fn, *, reads=(), writes=()) -> None:
+        stream = self.current_stream()
+        self._notify("on_launch", stream=stream, name=name, reads=[MemRange.of(t) for t in reads],
+                     writes=[MemRange.of(t) for t in writes])
+        # The kernels fn enqueues on `stream` hold device pointers only; our references to the
+        # tensors end with this call, so a buffer can be freed and reused before they run.
+        fn(*writes, *reads)
+
+    def sleep(self, seconds: float) -> None:
+        cycles = int(seconds * sleep_cycles_per_second(self.device))
+        if cycles > 0:
+            torch.cuda._sleep(cycles)  # a spinning kernel on the current stream; the host goes on
+
+    def all_gather(self, output, input, *, group: CudaCommGroup) -> None:
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+        def run(out, inp):
+            if group.pg is None:  # a one-rank world
+                out.copy_(inp)
+            else:  # on the current stream; see [Note: collectives and buffer lifetime]
+                gather(out, inp, group=group.pg, async_op=False)
+
+        self.launch("all_gather", run, reads=(input,), writes=(output,))
+
+    def reduce_scatter(self, output, input, *, group: CudaCommGroup, op=ReduceOp.SUM) -> None:
+        scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+        def run(out, inp):
+            if group.pg is None:
+                out.copy_(inp)  # SUM and AVG of one rank are the input
+            else:
+                scatter(out, inp, op=_nccl_op(op), group=group.pg, async_op=False)
+
+        self.launch("reduce_scatter", run, reads=(input,), writes=(output,))
+
+    def all_reduce(self, tensor, *, group: CudaCommGroup, op=ReduceOp.SUM) -> None:
+        def run(t):
+            if group.pg is not None:
+                dist.all_reduce(t, op=_nccl_op(op), group=group.pg, async_op=False)
+
+        # In place: a write covers the read of the same bytes for ordering purposes.
+        self.launch("all_reduce", run, writes=(tensor,))
+
+    def new_group(self, ranks: Sequence[int]) -> CudaCommGroup:
+        ranks = sorted(ranks)
+        if not (dist.is_initialized() and len(ranks) > 1):
+            return CudaCommGroup(ranks, None)
+        if _torch_version() < (2, 8):
+            # Older ProcessGroupNCCL would record_stream an all-reduce's input on its own stream
+            # and so keep the block alive; read at group construction.
+            os.environ["TORCH_NCCL_AVOID_RECORD_STREAMS"] = "1"
+        # One communicator per rank list is enough: see [Note: one NCCL group per rank list].
+        return CudaCommGroup(ranks, dist.new_group(ranks, backend="nccl"))
+
+
+def _nccl_op(op: ReduceOp):
+    return dist.ReduceOp.AVG if op is ReduceOp.AVG else dist.ReduceOp.SUM

@@ -1,0 +1,276 @@
+"""The CPU emulation backend: CUDA stream, event and caching-allocator semantics on threads and gloo.
+
+- A side stream is an ordered queue run by its own worker thread; launching returns at once.
+- The default stream runs inline on the host thread: the host never runs ahead of it. The limit this
+  implies: a side stream that forgets to wait for default-stream output cannot fail by timing here
+  (on a GPU it can); the happens-before detector reports that class regardless of timing.
+- Events order work across streams exactly as in CUDA; waiting on the inline default stream blocks
+  the host, which is the only faithful order for a stream that the host itself executes.
+- Collectives run on gloo inside the issuing stream's worker. Each communicator holds one gloo
+  group per issuing stream, so two workers never drive one gloo group concurrently (ranks would
+  disagree on the order); streams take their slot in the order the host first uses them, which is
+  the same program order on every rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+
+from racecheck.device.base import CommGroup, Event, MemRange, ReduceOp, Runtime, Stream, as_shape
+from racecheck.device.sim_allocator import SimCachingAllocator
+
+# Gloo groups made per communicator: default, all-gather, reduce-scatter, all-reduce streams,
+# plus one spare for scenarios with an extra side stream.
+COMM_SLOTS = 5
+
+
+class StreamError(RuntimeError):
+    """Work on an emulated stream raised; re-raised on the host at the next synchronization."""
+
+
+class SimStream(Stream):
+    def __init__(self, runtime: "SimRuntime", name: str, *, inline: bool) -> None:
+        self.runtime = runtime
+        self.name = name
+        self.inline = inline
+        self._queue: queue.SimpleQueue | None = None
+        self._worker: threading.Thread | None = None
+        self.error: BaseException | None = None
+        if not inline:
+            self._queue = queue.SimpleQueue()
+            self._worker = threading.Thread(target=self._run, name=f"stream-{name}", daemon=True)
+            self._worker.start()
+
+    def _run(self) -> None:
+        while True:
+            task = self._queue.get()
+            if task is None:
+                return
+            if self.error is not None:
+                # After a failure, markers still complete so nobody waits forever; work is skipped.
+                if getattr(task, "is_marker", False):
+                    task()
+                continue
+            try:
+                task()
+            except BaseException as exc:  # surfaced on the host at the next synchronization
+                self.error = exc
+
+    def enqueue(self, fn: Callable[[], None]) -> None:
+        if self.inline:
+            fn()
+        else:
+            self._queue.put(fn)
+
+    def wait_event(self, event: "SimEvent") -> None:
+        marker = event.marker
+        self.runtime._notify("on_event_wait", event=event, stream=self)
+        if marker is None:
+            return
+        self.enqueue(marker.wait)
+
+    def synchronize(self) -> None:
+        marker = threading.Event()
+        done = _Marker(marker)
+        self.enqueue(done)
+        marker.wait()
+        self.runtime._notify("on_host_sync", stream=self, event=None)
+        self.raise_error()
+
+    def raise_error(self) -> None:
+        if self.error is not None:
+            raise StreamError(f"work on stream {self.name!r} failed: {self.error!r}") from self.error
+
+    def stop(self) -> None:
+        if self._queue is not None:
+            self._queue.put(None)
+            self._worker.join(timeout=5)
+
+
+class _Marker:
+    """A queued task that completes an event; it runs even on a stream whose work failed."""
+
+    is_marker = True
+
+    def __init__(self, flag: threading.Event) -> None:
+        self.flag = flag
+
+    def __call__(self) -> None:
+        self.flag.set()
+
+
+class SimEvent(Event):
+    def __init__(self, runtime: "SimRuntime") -> None:
+        self.runtime = runtime
+        self.marker: threading.Event | None = None  # the last record's completion flag
+
+    def record(self, stream: Stream | None = None) -> None:
+        stream = stream or self.runtime.current_stream()
+        self.runtime._notify("on_event_record", event=self, stream=stream)
+        self.record_unobserved(stream)
+
+    def record_unobserved(self, stream: Stream) -> None:
+        """Record without telling observers. For the allocator's own record_stream events: CUDA's
+        caching allocator keeps those internal, and observers learn of them from on_free's
+        `deferred_to`, so both backends report the same calls."""
+        flag = threading.Event()
+        self.marker = flag  # a later wait() waits for this record, as in CUDA
+        stream.enqueue(_Marker(flag))
+
+    def wait(self, stream: Stream | None = None) -> None:
+        (stream or self.runtime.current_stream()).wait_event(self)
+
+    def query(self) -> bool:
+        return self.marker is None or self.marker.is_set()
+
+    def synchronize(self) -> None:
+        if self.marker is not None:
+            self.marker.wait()
+        self.runtime._notify("on_host_sync", stream=None, event=self)
+
+
+class SimCommGroup(CommGroup):
+    def __init__(self, ranks: Sequence[int], groups: list) -> None:
+        self.ranks = tuple(ranks)
+        self._groups = groups  # one gloo group per slot
+        self._slots: dict[str, int] = {}
+
+    def for_stream(self, stream: Stream):
+        """The gloo group reserved for collectives issued on `stream`."""
+        slot = self._slots.get(stream.name)
+        if slot is None:
+            slot = len(self._slots)
+            if slot >= len(self._groups):
+                raise RuntimeError(f"more than {len(self._groups)} streams issue collectives on {self.ranks}")
+            self._slots[stream.name] = slot
+        return self._groups[slot]
+
+
+class SimRuntime(Runtime):
+    backend = "sim"
+    device = torch.device("cpu")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._default = SimStream(self, "default", inline=True)
+        self._streams: list[SimStream] = [self._default]
+        self._local = threading.local()
+        self.allocator = SimCachingAllocator(
+            on_alloc=lambda **kw: self._notify("on_alloc", **kw),
+            on_free=lambda **kw: self._notify("on_free", **kw),
+        )
+
+    # -- streams and events ------------------------------------------------------------------
+    def default_stream(self) -> SimStream:
+        return self._default
+
+    def current_stream(self) -> SimStream:
+        return getattr(self._local, "stream", self._default)
+
+    def new_stream(self, name: str) -> SimStream:
+        s = SimStream(self, name, inline=False)
+        self._streams.append(s)
+        return s
+
+    @contextlib.contextmanager
+    def stream(self, stream: Stream):
+        prev = self.current_stream()
+        self._local.stream = stream
+        try:
+            yield stream
+        finally:
+            self._local.stream = prev
+
+    def new_event(self) -> SimEvent:
+        return SimEvent(self)
+
+    def synchronize(self) -> None:
+        for s in self._streams:
+            s.synchronize()
+
+    # -- memory -----------------------------------------------------------------------------
+    def empty(self, shape, *, dtype=torch.float32) -> torch.Tensor:
+        return self.allocator.allocate(as_shape(shape), dtype, self.current_stream())
+
+    def record_stream(self, tensor: torch.Tensor, stream: Stream) -> None:
+        block = self.allocator.record_stream(tensor, stream)
+        if block is not None:
+            self._notify("on_record_stream", block=block.id, stream=stream)
+
+    def allocation_stream(self, tensor: torch.Tensor) -> Stream | None:
+        block = self.allocator.block_of(tensor)
+        return None if block is None else block.stream
+
+    # -- work -------------------------------------------------------------------------------
+    def launch(self, name, fn, *, reads=(), writes=()) -> None:
+        stream = self.current_stream()
+        self._notify("on_launch", stream=stream, name=name, reads=[MemRange.of(t) for t in reads],
+                     writes=[MemRange.of(t) for t in writes])
+        if stream.inline:
+            fn(*writes, *reads)
+            return
+        # Queued work holds raw memory only: the block may be freed and reused before it runs.
+        raw_writes = [self.allocator.raw_view(t) for t in writes]
+        raw_reads = [self.allocator.raw_view(t) for t in reads]
+        stream.enqueue(lambda: fn(*raw_writes, *raw_reads))
+
+    def sleep(self, seconds: float) -> None:
+        self.current_stream().enqueue(lambda: time.sleep(seconds))
+
+    def all_gather(self, output, input, *, group: SimCommGroup) -> None:
+        pg = group.for_stream(self.current_stream())
+
+        def run(out, inp):
+            if pg is None:  # a one-rank world
+                out.copy_(inp)
+            else:
+                dist.all_gather_into_tensor(out, inp, group=pg)
+
+        self.launch("all_gather", run, reads=(input,), writes=(output,))
+
+    def reduce_scatter(self, output, input, *, group: SimCommGroup, op=ReduceOp.SUM) -> None:
+        pg = group.for_stream(self.current_stream())
+
+        def run(out, inp):
+            if pg is None:
+                out.copy_(inp)
+            else:
+                dist.reduce_scatter_tensor(out, inp, op=dist.ReduceOp.SUM, group=pg)
+            if op is ReduceOp.AVG:
+                out.div_(group.size)
+
+        self.launch("reduce_scatter", run, reads=(input,), writes=(output,))
+
+    def all_reduce(self, tensor, *, group: SimCommGroup, op=ReduceOp.SUM) -> None:
+        pg = group.for_stream(self.current_stream())
+
+        def run(t):
+            if pg is not None:
+                dist.all_reduce(t, op=dist.ReduceOp.SUM, group=pg)
+            if op is ReduceOp.AVG:
+                t.div_(group.size)
+
+        # In place: a write covers the read of the same bytes for ordering purposes.
+        self.launch("all_reduce", run, writes=(tensor,))
+
+    def new_group(self, ranks: Sequence[int]) -> SimCommGroup:
+        ranks = sorted(ranks)
+        if dist.is_initialized() and len(ranks) > 1:
+            groups = [dist.new_group(ranks, backend="gloo") for _ in range(COMM_SLOTS)]
+        else:  # one rank: collectives are local copies
+            groups = [None] * COMM_SLOTS
+        return SimCommGroup(ranks, groups)
+
+    def close(self) -> None:
+        try:
+            self.synchronize()
+        finally:
+            for s in self._streams:
+                s.stop()

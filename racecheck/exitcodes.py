@@ -1,0 +1,15 @@
+"""The exit-code policy of every racecheck command, in one place (documented in the README)."""
+
+import enum
+
+
+class ExitCode(enum.IntEnum):
+    OK = 0  # done; failures found by trials are data, not errors
+    GATE_FAILED = 1  # a gate condition failed
+    USAGE = 2  # bad command line or input (click's own code for usage errors)
+    INFRASTRUCTURE = 3  # could not start, or the run timed out as a whole
+    UNDECIDED = 4  # a gate cannot decide with the trials at hand
+
+
+class InfrastructureError(Exception):
+    """Raised when racecheck itself cannot do its job (launch failed, run timed out as a whole)."""

@@ -1,0 +1,76 @@
+"""The device mesh: one validated dataclass is the source of truth for the layout of ranks.
+
+A 1-D mesh is FSDP (every rank holds a shard); a 2-D mesh is HSDP: the `shard` axis shards
+parameters, the `replicate` axis holds identical replicas whose gradients are all-reduced.
+Ranks are laid out replicate-major: rank = replicate_index * shard + shard_index.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch.distributed as dist
+
+from racecheck.device import CommGroup, Runtime, get_runtime
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    """How many ranks shard a parameter (`shard`) and how many replicas exist (`replicate`)."""
+
+    shard: int
+    replicate: int = 1
+
+    def __post_init__(self) -> None:
+        for axis in ("shard", "replicate"):
+            size = getattr(self, axis)
+            if not isinstance(size, int) or size < 1:
+                raise ValueError(f"mesh axis {axis!r} must be a positive int, got {size!r}")
+
+    @property
+    def world_size(self) -> int:
+        return self.shard * self.replicate
+
+    @property
+    def is_hybrid(self) -> bool:
+        return self.replicate > 1
+
+    def shard_groups(self) -> list[list[int]]:
+        """Rank lists along the shard axis (one per replica)."""
+        return [[r * self.shard + s for s in range(self.shard)] for r in range(self.replicate)]
+
+    def replicate_groups(self) -> list[list[int]]:
+        """Rank lists along the replicate axis (one per shard index)."""
+        return [[r * self.shard + s for r in range(self.replicate)] for s in range(self.shard)]
+
+
+class Mesh:
+    """This rank's view of a MeshConfig: its coordinates and a communicator per axis.
+
+    Building it is collective: every rank must build the same meshes in the same order."""
+
+    def __init__(self, config: MeshConfig, *, runtime: Runtime | None = None) -> None:
+        self.config = config
+        self.runtime = runtime or get_runtime()
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        if world != config.world_size:
+            raise ValueError(f"mesh {config.shard}x{config.replicate} needs {config.world_size} ranks, "
+                             f"the process group has {world}")
+        self.rank = rank
+        self.shard_index = rank % config.shard
+        self.replicate_index = rank // config.shard
+        self.shard_group = self._axis_group(config.shard_groups())
+        self.replicate_group = self._axis_group(config.replicate_groups())
+
+    def _axis_group(self, rank_lists: list[list[int]]) -> CommGroup:
+        mine = None
+        for ranks in rank_lists:  # every rank creates every group, in the same order
+            group = self.runtime.new_group(ranks)
+            if self.rank in ranks:
+                mine = group
+        assert mine is not None
+        return mine
+
+    def __repr__(self) -> str:
+        return f"Mesh(shard={self.config.shard}, replicate={self.config.replicate}, rank={self.rank})"

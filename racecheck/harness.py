@@ -1,0 +1,115 @@
+"""Building blocks for scenario suites: the process world, the runtime with its injector, and the
+numerical comparison against a single-process reference that decides pass or fail.
+
+A scenario's tests fail only because numbers differ; the message names the worst parameter and its
+relative error, and every rank reaches the same verdict (errors are max-reduced over the world).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from collections.abc import Iterator
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from racecheck.device import Runtime, init_runtime, resolve_backend
+from racecheck.perturb.injector import install
+from racecheck.perturb.profiles import parse_profile
+
+
+class WorldError(RuntimeError):
+    """The test process was not started with the world the scenario needs."""
+
+
+def init_world(world_size: int) -> Runtime:
+    """Join the process world that torchrun (or racecheck run) started and create the runtime."""
+    have = int(os.environ.get("WORLD_SIZE", "1"))
+    if have != world_size:
+        raise WorldError(f"this suite needs {world_size} ranks, the process has {have}: run it with "
+                         f"`racecheck run` or `torchrun --nproc-per-node {world_size} -m pytest ...`")
+    backend = resolve_backend("auto")
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    if world_size > 1 and not dist.is_initialized():
+        if backend == "cuda":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("nccl" if backend == "cuda" else "gloo")
+    return init_runtime(backend)
+
+
+@contextlib.contextmanager
+def perturbation(rt: Runtime, spec: str, *, seed: int) -> Iterator[None]:
+    """Install the injector for `spec` for the duration of a test."""
+    injector = install(rt, parse_profile(spec), seed=seed)
+    try:
+        yield
+    finally:
+        if injector is not None:
+            rt.remove_observer(injector)
+
+
+@dataclasses.dataclass
+class ParamError:
+    name: str
+    rel_error: float  # relative L2 error of the parameter's update, max over replicas
+
+
+def full_parameters(model: nn.Module, *, world: int) -> list[dict[str, torch.Tensor]]:
+    """Each replica's full parameters, rebuilt from every rank's flat shards (collective)."""
+    replicas: list[dict[str, torch.Tensor]] = []
+    groups = model.param_groups()
+    gathered = []
+    for g in groups:
+        shard = g.flat_param_shard.detach().clone()
+        out = torch.empty(world * shard.numel())
+        if world > 1:
+            dist.all_gather_into_tensor(out, shard)
+        else:
+            out.copy_(shard)
+        gathered.append(out.view(world, -1))
+    module_names = {id(m): n for n, m in model.named_modules()}
+    shard_count = groups[0].mesh.config.shard
+    for r in range(world // shard_count):
+        params = {}
+        for g, out in zip(groups, gathered):
+            flat = out[r * shard_count:(r + 1) * shard_count].reshape(-1)
+            for info in g.infos:
+                owner = module_names[id(info.module)]
+                params[f"{owner}.{info.attr}" if owner else info.attr] = flat[info.offset:info.offset + info.numel].view(info.shape)
+        replicas.append(params)
+    return replicas
+
+
+def update_errors(initial: dict[str, torch.Tensor], replicas: list[dict[str, torch.Tensor]],
+                  reference: dict[str, torch.Tensor]) -> list[ParamError]:
+    """Relative error of each parameter's update (final - initial) against the reference's,
+    worst over replicas and over ranks (so every rank reaches the same verdict)."""
+    names = sorted(reference)
+    errs = torch.zeros(len(names), dtype=torch.float64)
+    for i, name in enumerate(names):
+        ref_update = (reference[name] - initial[name]).double()
+        for params in replicas:
+            diff = (params[name] - reference[name]).double()
+            errs[i] = max(errs[i], (diff.norm() / ref_update.norm().clamp_min(1e-30)).item())
+    if dist.is_initialized():
+        dist.all_reduce(errs, op=dist.ReduceOp.MAX)
+    return [ParamError(n, float(e)) for n, e in zip(names, errs)]
+
+
+def check_parity(*, losses: list[float], ref_losses: list[float], errors: list[ParamError],
+                 rtol: float) -> None:
+    """Fail with the worst parameter's relative error when the numbers differ beyond `rtol`."""
+    bad = [e for e in errors if not e.rel_error <= rtol]  # NaN counts as bad
+    loss_bad = [i for i, (a, b) in enumerate(zip(losses, ref_losses))
+                if not abs(a - b) <= rtol * max(abs(b), 1e-12)]
+    if not bad and not loss_bad:
+        return
+    worst = max(errors, key=lambda e: (e.rel_error != e.rel_error, e.rel_error))
+    raise AssertionError(
+        f"parameter {worst.name!r} update off by {worst.rel_error:.1%} (relative L2 error, "
+        f"tolerance {rtol:g}); {len(bad)} of {len(errors)} parameters off; "
+        f"losses {['%.6f' % x for x in losses]} vs reference {['%.6f' % x for x in ref_losses]}")
+

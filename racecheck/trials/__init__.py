@@ -1,0 +1,1 @@
+"""Arms, the trial runner, the JSONL trial log, tallies, statistics, gates and reports."""

@@ -1,0 +1,160 @@
+"""The `report`, `gate` and `plan` commands: thin click shells over tally, report, gate and stats.
+
+Registered on the `racecheck` group by cli.py. pandas, scipy and matplotlib are imported inside the
+command functions only, so `racecheck --help` stays instant. User mistakes (a missing OUT, a log
+without records, a rate outside [0, 1], an unknown arm) become click.BadParameter/UsageError: one
+line, exit 2. `gate` exits through `ctx.exit` with the code of its decision (exitcodes.py).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import click
+
+FORMATS = ("terminal", "markdown", "csv", "json", "junit", "html")
+
+
+def _rate(ctx, param, value):
+    """click callback: a rate must lie in [0, 1] (a confidence, alpha or power strictly inside)."""
+    if value is None:
+        return value
+    if param.name in ("confidence", "alpha", "power") and not 0.0 < value < 1.0:
+        raise click.BadParameter(f"{value} is not strictly between 0 and 1", ctx, param)
+    if not 0.0 <= value <= 1.0:
+        raise click.BadParameter(f"{value} is not a rate in [0, 1]", ctx, param)
+    return value
+
+
+def _load(ctx, out_dir: Path):
+    """The records and summary of OUT, or a one-line usage error naming what is wrong."""
+    from racecheck.trials import tally
+
+    param = next(p for p in ctx.command.params if p.name == "out_dir")
+    try:
+        records = tally.load_records(out_dir)
+    except (FileNotFoundError, ValueError) as exc:
+        raise click.BadParameter(str(exc), ctx, param) from None
+    return records, tally.summarize(records)
+
+
+@click.command("report")
+@click.argument("out_dir", metavar="OUT", type=click.Path(path_type=Path))
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="terminal",
+              show_default=True, help="What to render.")
+@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write to FILE instead of stdout.")
+@click.option("--github-summary", is_flag=True,
+              help="Also append the Markdown report to $GITHUB_STEP_SUMMARY (kept under 1 MiB).")
+@click.pass_context
+def report_command(ctx, out_dir: Path, fmt: str, output: Path | None, github_summary: bool):
+    """Render the trials in OUT (its trials.jsonl): a table, Markdown, CSV, JSON, JUnit or HTML."""
+    summary_file = os.environ.get("GITHUB_STEP_SUMMARY") if github_summary else None
+    if github_summary and not summary_file:
+        raise click.UsageError("--github-summary needs $GITHUB_STEP_SUMMARY (GitHub Actions sets "
+                               "it)", ctx)
+    from racecheck.trials import report
+
+    records, summary = _load(ctx, out_dir)
+    text = report.render(fmt, summary=summary, records=records)
+    if output is None:
+        click.echo(text, nl=False)
+    else:
+        output.write_text(text, encoding="utf-8")
+    if summary_file:
+        # The step summary's 1 MiB limit covers what earlier steps already wrote there.
+        used = Path(summary_file).stat().st_size if Path(summary_file).exists() else 0
+        room = max(report.MARKDOWN_LIMIT - used, 1024)
+        with open(summary_file, "a", encoding="utf-8") as fh:
+            fh.write(report.render_markdown(summary, max_bytes=room))
+
+
+@click.command("gate")
+@click.argument("out_dir", metavar="OUT", type=click.Path(path_type=Path))
+@click.option("--fixed", required=True, metavar="ARM", help="The arm that must not fail.")
+@click.option("--baseline", required=True, metavar="ARM", help="The arm that must still fail.")
+@click.option("--max-rate", type=float, default=0.0, show_default=True, callback=_rate,
+              help="Highest failure rate allowed for the fixed arm (its upper bound with "
+                   "--confidence).")
+@click.option("--min-rate", type=float, default=None, callback=_rate,
+              help="Lowest failure rate required of the baseline (its lower bound with "
+                   "--confidence). Default: at least one failing trial.")
+@click.option("--confidence", type=float, default=None, callback=_rate,
+              help="Judge Wilson bounds at this confidence (e.g. 0.95) instead of observed rates.")
+@click.option("--scenario", default=None, help="Gate one scenario (default: every scenario that "
+                                               "ran both arms).")
+@click.pass_context
+def gate_command(ctx, out_dir, fixed, baseline, max_rate, min_rate, confidence, scenario):
+    """Pass when the fixed arm's failure rate is low enough AND the baseline still reproduces.
+
+    Exit 0 PASS, 1 FAIL, 4 UNDECIDED (too few trials: the output says how many more would decide).
+    """
+    from racecheck.trials.gate import evaluate_gate
+
+    _, summary = _load(ctx, out_dir)
+    arms = list(dict.fromkeys(summary["arm"]))
+    for hint, arm in (("--fixed", fixed), ("--baseline", baseline)):
+        if arm not in arms:
+            raise click.BadParameter(f"unknown arm {arm!r}; arms in {out_dir}: {', '.join(arms)}",
+                                     ctx, param_hint=hint)
+    try:
+        result = evaluate_gate(summary, fixed=fixed, baseline=baseline, max_rate=max_rate,
+                               min_rate=min_rate, confidence=confidence, scenario=scenario)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx) from None
+    for line in result.lines:
+        click.echo(line)
+    click.echo(f"gate: {result.decision.value}")
+    ctx.exit(int(result.exit_code))
+
+
+@click.command("plan")
+@click.option("--bound", type=float, callback=_rate,
+              help="Plan to bound a clean arm's failure rate at or below this rate.")
+@click.option("--confidence", type=float, default=0.95, show_default=True, callback=_rate,
+              help="Confidence of the Wilson bound (with --bound).")
+@click.option("--baseline-rate", type=float, callback=_rate,
+              help="Expected failure rate of the baseline arm (to plan a separation).")
+@click.option("--fixed-rate", type=float, default=0.0, show_default=True, callback=_rate,
+              help="Expected failure rate of the fixed arm.")
+@click.option("--alpha", type=float, default=0.05, show_default=True, callback=_rate,
+              help="Significance level of the one-sided Fisher exact test.")
+@click.option("--power", type=float, default=0.9, show_default=True, callback=_rate,
+              help="Required probability that the test separates the arms.")
+@click.pass_context
+def plan_command(ctx, bound, confidence, baseline_rate, fixed_rate, alpha, power):
+    """How many trials to run: to bound a clean arm (--bound), or to separate two arms
+    (--baseline-rate with --fixed-rate, --alpha, --power)."""
+    if (bound is None) == (baseline_rate is None):
+        raise click.UsageError("give either --bound, or --baseline-rate (with --fixed-rate)", ctx)
+    from racecheck.trials import stats
+
+    try:
+        if bound is not None:
+            n = stats.trials_to_bound(bound, confidence=confidence)
+            click.echo(f"{n} trials without a failure bound the failure rate at or below "
+                       f"{stats.format_pct(bound)} at {confidence * 100:g}% (Wilson upper bound; "
+                       f"{stats.describe_rate(0, n, confidence=confidence)})")
+        else:
+            n = stats.trials_to_separate(baseline_rate, fixed_rate, alpha=alpha, power=power)
+            got = stats.fisher_power(n, baseline_rate, fixed_rate, alpha=alpha)
+            click.echo(f"{n} trials per arm: a baseline failing at "
+                       f"{stats.format_pct(baseline_rate)} is told from a fix failing at "
+                       f"{stats.format_pct(fixed_rate)} by a one-sided "
+                       f"Fisher exact test at alpha {alpha:g} with power {got:.3f} "
+                       f"(>= {power:g})")
+    except ValueError as exc:
+        raise click.UsageError(str(exc), ctx) from None
+
+
+COMMANDS = (report_command, gate_command, plan_command)
+
+
+def trials_for_auto(**kwargs) -> int:
+    """Trials per arm for the runner's `--trials auto` (stats.trials_for_auto; 9 by default:
+    bounds a clean fixed arm at or below 30% at 95%, and separates a 90% baseline from a 0% fix
+    with one-sided Fisher at alpha 0.05 with power 0.9, which alone needs 5)."""
+    from racecheck.trials import stats
+
+    return stats.trials_for_auto(**kwargs)

@@ -1,0 +1,110 @@
+"""Merging the per-rank outcome streams of one pytest session into one outcome per test.
+
+Each rank's plugin appends `start` and `outcome` events to its own JSONL file. A test's merged
+outcome is the worst over ranks; it is emitted once every rank has reported it. When a session
+ends early, tests that some ranks started but not all finished become `crash` (or `timeout`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from racecheck.trials.record import Outcome, worst
+
+
+class RankTail:
+    """Reads the complete lines appended to one rank's file since the last call."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._offset = 0
+        self._partial = ""
+
+    def read(self) -> list[dict]:
+        try:
+            with open(self.path, encoding="utf-8") as fh:
+                fh.seek(self._offset)
+                chunk = fh.read()
+                self._offset = fh.tell()
+        except FileNotFoundError:
+            return []
+        text = self._partial + chunk
+        lines = text.split("\n")
+        self._partial = lines.pop()  # an unterminated last line is kept for the next read
+        events = []
+        for line in lines:
+            if line.strip():
+                try:
+                    events.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue
+        return events
+
+
+Key = tuple[int, str, str]  # (trial, arm, test)
+
+
+class RankMerger:
+    """Collects events from `world_size` ranks and yields merged outcomes as they complete."""
+
+    def __init__(self, world_size: int) -> None:
+        self.world_size = world_size
+        self._pending: dict[Key, dict[int, dict]] = {}
+        self._started: dict[int, Key] = {}  # rank -> test it is running
+        self.collected = 0
+
+    def add(self, event: dict) -> dict | None:
+        """Feed one event; returns a merged outcome when this event completes a test."""
+        rank = int(event.get("rank", 0))
+        kind = event.get("event")
+        if kind == "collected":
+            self.collected = max(self.collected, int(event.get("count", 0)))
+            return None
+        key = (int(event["trial"]), event["arm"], event["test"])
+        if kind == "start":
+            self._started[rank] = key
+            return None
+        if kind != "outcome":
+            return None
+        self._started.pop(rank, None)
+        by_rank = self._pending.setdefault(key, {})
+        by_rank[rank] = event
+        if len(by_rank) < self.world_size:
+            return None
+        del self._pending[key]
+        return merge_ranks(list(by_rank.values()))
+
+    def abandon(self, outcome: Outcome) -> list[dict]:
+        """The session ended: tests some rank started or reported but not every rank finished
+        get `outcome` (crash or timeout) unless a rank already reported something worse."""
+        keys = set(self._pending) | set(self._started.values())
+        merged = []
+        for key in sorted(keys):
+            reports = list(self._pending.pop(key, {}).values())
+            trial, arm, test = key
+            filler = {"trial": trial, "arm": arm, "test": test, "outcome": outcome.value,
+                      "signature": f"{outcome.value}: not every rank finished the test",
+                      "message": f"the session ended ({outcome.value}) before every rank reported"}
+            merged.append(merge_ranks(reports + [filler]))
+        self._started.clear()
+        return merged
+
+
+def merge_ranks(reports: list[dict]) -> dict:
+    """One outcome from every rank's report of the same test: the worst outcome wins, and its
+    signature and message come from the first rank that had it."""
+    verdict = worst(r["outcome"] for r in reports)
+    first_bad = next((r for r in reports if r["outcome"] == verdict.value), reports[0])
+    base = next((r for r in reports if "params" in r), reports[0])
+    detector = [text for r in reports for text in r.get("reports", [])]
+    return {
+        "trial": base["trial"], "arm": base["arm"], "test": base["test"],
+        "params": base.get("params", ""), "seed": base.get("seed", 0),
+        "outcome": verdict.value, "signature": first_bad.get("signature", ""),
+        "message": first_bad.get("message", ""),
+        "device": base.get("device", "cpu"),
+        "duration": max(float(r.get("duration", 0.0)) for r in reports),
+        "detected": max(int(r.get("detected", 0)) for r in reports),
+        "reports": list(dict.fromkeys(detector)),
+    }

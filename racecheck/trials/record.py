@@ -1,0 +1,112 @@
+"""The trial log's record: one JSON object per test outcome per trial (`OUT/trials.jsonl`).
+
+This module is the single definition of the log's fields; writers and readers both use it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+
+class Outcome(str, enum.Enum):
+    """A test's result in one trial, ordered from best to worst (a trial takes the worst)."""
+
+    PASSED = "passed"
+    SKIPPED = "skipped"
+    FAILED = "failed"
+    ERROR = "error"
+    TIMEOUT = "timeout"
+    CRASH = "crash"
+
+    @property
+    def severity(self) -> int:
+        return _SEVERITY[self]
+
+    @property
+    def is_failure(self) -> bool:
+        """Whether the outcome counts as a failing trial in tallies and gates."""
+        return self not in (Outcome.PASSED, Outcome.SKIPPED)
+
+
+_SEVERITY = {o: i for i, o in enumerate(Outcome)}
+
+
+def worst(outcomes) -> Outcome:
+    """The worst of several outcomes (the outcome of a trial, or of a test merged over ranks)."""
+    return max((Outcome(o) for o in outcomes), key=lambda o: o.severity, default=Outcome.PASSED)
+
+
+@dataclasses.dataclass
+class TrialRecord:
+    """One line of `trials.jsonl`."""
+
+    run_id: str
+    scenario: str
+    arm: str
+    expect: str  # "race", "safe", or "" for arms that are not a scenario's
+    trial: int  # 0-based trial index within the arm
+    seed: int
+    test: str  # pytest node id with parametrization; trial-repeat and arm suffixes stripped
+    params: str  # the parametrization alone, e.g. "1-True" ("" when not parametrized)
+    outcome: str  # an Outcome value
+    signature: str = ""  # "ExcType at file.py:LINE in func" for failures
+    message: str = ""  # first line of the failure, shortened
+    duration: float = 0.0
+    device: str = "cpu"
+    perturb: str = "off"
+    detect: bool = False
+    detected: int = 0  # detector reports in this test (0 when the detector is off)
+    reports: list = dataclasses.field(default_factory=list)  # detector report texts
+    replay: str = ""  # one command line that replays this trial
+    versions: dict = dataclasses.field(default_factory=dict)
+    time: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "TrialRecord":
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+class TrialLog:
+    """Append-only JSONL log; every record is flushed and fsynced as it is written,
+    so an interrupted run (Ctrl-C, SIGKILL) loses no finished outcome."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh = open(self.path, "a", encoding="utf-8")
+
+    def append(self, record: TrialRecord) -> None:
+        self._fh.write(record.to_json() + "\n")
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+
+    def close(self) -> None:
+        self._fh.close()
+
+    def __enter__(self) -> "TrialLog":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def read_log(path: str | os.PathLike) -> Iterator[TrialRecord]:
+    """Records of a log; a torn last line (a run killed mid-write) is skipped."""
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                yield TrialRecord.from_dict(json.loads(line))
+            except json.JSONDecodeError:
+                continue

@@ -1,0 +1,378 @@
+"""The CPU emulation (racecheck.device.sim) keeps CUDA's stream, event and caching-allocator semantics.
+
+Each test pins one documented CUDA/PyTorch behaviour, named in its docstring, and writes its
+expectation from that behaviour, not from the emulation's code. Orderings are made with host-held
+gates or sleeps; no test asserts on wall time.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import threading
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from racecheck.device.base import ReduceOp, RuntimeObserver
+from racecheck.device.sim import SimRuntime, StreamError
+from racecheck.device.sim_allocator import ROUND_BYTES
+
+GATE_TIMEOUT_S = 10.0  # a gate never opened fails the test instead of hanging it
+
+
+@pytest.fixture
+def rt():
+    runtime = SimRuntime()
+    yield runtime
+    runtime.close()
+
+
+def held(gate: threading.Event, log: list, tag: str):
+    """Work that blocks its stream until the host opens `gate`, then logs `tag`."""
+    return lambda: (gate.wait(GATE_TIMEOUT_S), log.append(tag))
+
+
+def logs(log: list, tag: str, delay_s: float = 0.0):
+    return lambda: (time.sleep(delay_s), log.append(tag))
+
+
+class Recorder(RuntimeObserver):
+    """Logs the name of every observer call, in order."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+
+def _logging(name: str):
+    return lambda self, rt, *args, **kwargs: self.calls.append(name)
+
+
+for _name in [n for n in vars(RuntimeObserver) if n.startswith("on_")]:
+    setattr(Recorder, _name, _logging(_name))
+
+
+# -- streams -------------------------------------------------------------------------------------
+def test_stream_runs_work_in_launch_order(rt):
+    """CUDA: operations on one stream execute in issue order. The first task sleeps longest, so
+    a runtime that ran tasks concurrently or by readiness would log them in another order."""
+    side, log = rt.new_stream("side"), []
+    with rt.stream(side):
+        rt.launch("slow", logs(log, "a", 0.06))
+        rt.launch("fast", logs(log, "b"))
+        rt.launch("mid", logs(log, "c", 0.02))
+    rt.synchronize()
+    assert log == ["a", "b", "c"]
+
+
+def test_launch_returns_before_side_stream_work_runs(rt):
+    """CUDA: kernel launches are asynchronous to the host; the host runs ahead of the stream."""
+    side, gate, log = rt.new_stream("side"), threading.Event(), []
+    with rt.stream(side):
+        rt.sleep(0.05)
+        rt.launch("held", held(gate, log, "ran"))
+    log.append("host")  # the side stream is still asleep, then held: the host got here first
+    gate.set()
+    side.synchronize()
+    assert log == ["host", "ran"]
+
+
+def test_default_stream_runs_inline(rt):
+    """The emulation's stated limit (sim.py docstring): the host never runs ahead of the default
+    stream. Pinned so that a change to it is a deliberate one."""
+    log = []
+    rt.launch("inline", logs(log, "ran"))
+    assert log == ["ran"]
+
+
+# -- events --------------------------------------------------------------------------------------
+def test_event_orders_consumer_after_producer(rt):
+    """cudaEventRecord + cudaStreamWaitEvent: work on the consumer after the wait runs after the
+    producer's work before the record; cudaEventQuery is false while that work is pending."""
+    producer, consumer = rt.new_stream("producer"), rt.new_stream("consumer")
+    gate, log, ev = threading.Event(), [], rt.new_event()
+    with rt.stream(producer):
+        rt.launch("produce", held(gate, log, "produce"))
+        ev.record()  # producer -> consumer hand-off of whatever "produce" wrote
+    with rt.stream(consumer):
+        ev.wait()
+        rt.launch("consume", logs(log, "consume"))
+    assert not ev.query()
+    gate.set()
+    ev.synchronize()
+    assert ev.query()
+    consumer.synchronize()
+    assert log == ["produce", "consume"]
+
+
+def test_unrecorded_event_is_complete(rt):
+    """cudaEventQuery returns cudaSuccess for an event never recorded, and waiting on it is a
+    no-op (nothing is captured)."""
+    side, ev, log = rt.new_stream("side"), rt.new_event(), []
+    assert ev.query()
+    ev.synchronize()
+    side.wait_event(ev)
+    with rt.stream(side):
+        rt.launch("after", logs(log, "ran"))
+    side.synchronize()
+    assert log == ["ran"]
+
+
+def test_wait_uses_the_record_current_at_wait_time(rt):
+    """cudaStreamWaitEvent waits for the most recent cudaEventRecord at the time of the wait call;
+    a later re-record has no effect on that wait."""
+    producer, consumer = rt.new_stream("producer"), rt.new_stream("consumer")
+    gate, log, ev = threading.Event(), [], rt.new_event()
+    ev.record(producer)  # first record: nothing pending before it
+    consumer.wait_event(ev)  # captures the first record
+    with rt.stream(producer):
+        rt.launch("late", held(gate, log, "late"))
+    ev.record(producer)  # second record, behind the held work
+    with rt.stream(consumer):
+        rt.launch("consume", logs(log, "consume"))
+    consumer.synchronize()  # returns with the gate still shut: only the first record was waited on
+    assert log == ["consume"] and not ev.query()
+    gate.set()
+    producer.synchronize()
+    assert ev.query()
+
+
+def test_wait_stream_orders_all_earlier_work_only(rt):
+    """torch.cuda.Stream.wait_stream: all work queued on the other stream so far runs before later
+    work here; work queued there afterwards is not waited for."""
+    producer, consumer = rt.new_stream("producer"), rt.new_stream("consumer")
+    gate, log = threading.Event(), []
+    with rt.stream(producer):
+        rt.launch("p1", logs(log, "p1", 0.05))
+        rt.launch("p2", logs(log, "p2"))
+    consumer.wait_stream(producer)  # producer -> consumer: p1 and p2
+    with rt.stream(producer):
+        rt.launch("p3", held(gate, log, "p3"))  # after the wait: not covered by it
+    with rt.stream(consumer):
+        rt.launch("c", logs(log, "c"))
+    consumer.synchronize()
+    assert log == ["p1", "p2", "c"]
+    gate.set()
+    rt.synchronize()
+
+
+# -- the caching allocator -----------------------------------------------------------------------
+def test_freed_block_is_reused_on_its_stream_only(rt):
+    """torch.cuda caching allocator: blocks are cached per allocation stream; an allocation reuses
+    only blocks of the stream current at allocation."""
+    a, b = rt.new_stream("a"), rt.new_stream("b")
+    with rt.stream(a):
+        ptr = rt.empty(256).data_ptr()  # the tensor dies at once: the block is cached for `a`
+    with rt.stream(b):
+        on_b = rt.empty(256)
+    with rt.stream(a):
+        on_a = rt.empty(256)
+    assert on_b.data_ptr() != ptr
+    assert on_a.data_ptr() == ptr
+
+
+def test_allocation_stream_is_the_stream_current_at_allocation(rt):
+    """torch.cuda caching allocator: a block belongs to the stream current on the host when it was
+    allocated, and a view shares its tensor's block; memory from elsewhere has none."""
+    side = rt.new_stream("side")
+    with rt.stream(side):
+        t = rt.empty(64)
+    assert rt.allocation_stream(t) is side and rt.allocation_stream(t[8:]) is side
+    assert rt.allocation_stream(rt.empty(4)) is rt.default_stream()
+    assert rt.allocation_stream(torch.zeros(4)) is None
+
+
+def test_best_fit_among_cached_blocks(rt):
+    """CUDA caching allocator: the smallest cached block that fits the rounded size (best fit).
+    Live separators keep the freed blocks apart, as the CUDA backend's version of this test needs."""
+    pairs = [(rt.empty(n // 4), rt.empty(1)) for n in (4096, 2048, 8192)]  # block, separator
+    ptrs = [block.data_ptr() for block, _ in pairs]
+    separators = [sep for _, sep in pairs]  # noqa: F841 - kept alive on purpose
+    del pairs  # frees the three blocks
+    assert rt.empty(1500 // 4).data_ptr() == ptrs[1]  # 1500 B -> 1536 B: the 2048 B block
+    assert rt.empty(3000 // 4).data_ptr() == ptrs[0]  # 3000 B -> 3072 B: the 4096 B block
+
+
+def test_sizes_round_up_to_512_bytes(rt):
+    """CUDA caching allocator: request sizes are rounded up to multiples of 512 bytes
+    (kMinBlockSize), so a freed 512 B block serves any request of at most 512 B."""
+    assert ROUND_BYTES == 512
+    small, odd = rt.empty(1), rt.empty(129)  # 4 B and 516 B
+    assert rt.allocator.block_of(small).size == 512
+    assert rt.allocator.block_of(odd).size == 1024
+    ptr = small.data_ptr()
+    del small
+    assert rt.empty(125).data_ptr() == ptr  # 500 B fits the cached 512 B block
+
+
+def test_freed_block_goes_back_at_once_while_a_side_stream_reads_it(rt):
+    """The motivating race in miniature. CUDA caching allocator: a block returns to its allocation
+    stream's pool when its last reference dies on the host, whatever other streams still have
+    queued; the next allocation on that stream overwrites it before the queued read runs."""
+    rs, gate = rt.new_stream("reduce_scatter"), threading.Event()
+    a = rt.empty(1024)
+    a.fill_(1.0)  # default stream, inline
+    with rt.stream(rs):
+        out = rt.empty(1024)
+        rs.wait_stream(rt.default_stream())  # default -> rs: the fill of `a`
+        rt.launch("hold", lambda: gate.wait(GATE_TIMEOUT_S))
+        rt.launch("read_a", lambda dst, src: dst.copy_(src), reads=(a,), writes=(out,))
+    a_ptr = a.data_ptr()
+    del a  # last reference: the block goes back to the default stream's pool now
+    b = rt.empty(1024)
+    assert b.data_ptr() == a_ptr
+    b.fill_(7.0)
+    gate.set()
+    rs.synchronize()
+    assert torch.equal(out, torch.full((1024,), 7.0))
+
+
+def test_record_stream_defers_reuse_until_the_stream_passes_the_free(rt):
+    """Tensor.record_stream: when the tensor is deallocated, its memory is not reused until all
+    work queued on the recorded stream at the time of deallocation is complete."""
+    rs, gate = rt.new_stream("reduce_scatter"), threading.Event()
+    a = rt.empty(1024)
+    a.fill_(1.0)
+    with rt.stream(rs):
+        out = rt.empty(1024)
+        rs.wait_stream(rt.default_stream())  # default -> rs: the fill of `a`
+        rt.launch("hold", lambda: gate.wait(GATE_TIMEOUT_S))
+        rt.launch("read_a", lambda dst, src: dst.copy_(src), reads=(a,), writes=(out,))
+    rt.record_stream(a, rs)  # rs reads `a`: its block waits for rs at the free
+    a_ptr = a.data_ptr()
+    del a
+    b = rt.empty(1024)
+    assert b.data_ptr() != a_ptr
+    b.fill_(7.0)
+    gate.set()
+    rs.synchronize()
+    assert torch.equal(out, torch.full((1024,), 1.0))
+    assert rt.empty(1024).data_ptr() == a_ptr  # rs passed the free: the block is back
+    assert rt.allocator.stats.deferred_frees == 1
+
+
+def test_queued_work_holds_no_reference_to_its_buffers(rt):
+    """CUDA kernels hold raw pointers, not references: a tensor whose only other user is queued
+    work is freed (on_free fires, the allocator counts the free) while that work is still queued."""
+    side, gate, log = rt.new_stream("side"), threading.Event(), []
+    recorder = Recorder()
+    rt.add_observer(recorder)
+    a = rt.empty(256)
+    frees = rt.allocator.stats.frees
+    with rt.stream(side):
+        rt.launch("hold", held(gate, log, "held"))
+        rt.all_reduce(a, group=rt.new_group([0]))  # a queued collective reads and writes `a`
+    del a
+    assert rt.allocator.stats.frees == frees + 1 and "on_free" in recorder.calls
+    assert log == []  # the collective has not run yet
+    gate.set()
+    rt.synchronize()
+
+
+def test_observers_see_the_same_calls_in_program_order(rt):
+    """Both backends report every runtime event on the host at enqueue time, in program order
+    (base.RuntimeObserver); test_cuda_runtime.py checks the CUDA backend against this sequence."""
+    side, recorder = rt.new_stream("side"), Recorder()
+    rt.add_observer(recorder)
+    a = rt.empty(256)
+    with rt.stream(side):
+        rt.launch("read", lambda x: None, reads=(a,))
+    ev = rt.new_event()
+    ev.record(side)
+    rt.default_stream().wait_event(ev)
+    rt.record_stream(a, side)
+    del a
+    rt.synchronize()
+    assert recorder.calls == ["on_alloc", "on_launch", "on_event_record", "on_event_wait",
+                              "on_record_stream", "on_free", "on_host_sync", "on_host_sync"]
+
+
+# -- collectives ---------------------------------------------------------------------------------
+def test_one_rank_collectives_are_copies(rt):
+    """A one-rank world: all-gather and reduce-scatter copy, all-reduce leaves the data (AVG of one)."""
+    group, side = rt.new_group([0]), rt.new_stream("comm")
+    src, gathered, scattered = torch.arange(8.0), rt.zeros(8), rt.zeros(8)
+    reduced = rt.empty(8)
+    reduced.copy_(src)
+    with rt.stream(side):
+        rt.all_gather(gathered, src, group=group)
+        rt.reduce_scatter(scattered, src, group=group, op=ReduceOp.AVG)
+        rt.all_reduce(reduced, group=group, op=ReduceOp.AVG)
+    rt.synchronize()
+    for result in (gathered, scattered, reduced):
+        assert torch.equal(result, src)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _gloo_worker(rank: int, world: int, port: int) -> None:
+    """One rank: collectives issued on two side streams whose worker threads reach gloo in a
+    different order on each rank; correct results need one gloo group per issuing stream."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60))
+    rt = SimRuntime()
+    try:
+        group = rt.new_group(range(world))
+        first, second = rt.new_stream("ag"), rt.new_stream("rs")
+        shard = torch.full((4,), float(rank + 1))
+        full = torch.arange(8.0) + 10 * rank
+        gathered, scattered, summed, averaged = rt.zeros(8), rt.zeros(4), rt.empty(4), rt.empty(4)
+        summed.fill_(rank + 1.0)
+        averaged.fill_(rank + 1.0)
+        with rt.stream(first):
+            rt.sleep(0.05 if rank == 0 else 0.0)  # rank 0 reaches gloo from `first` last
+            rt.all_gather(gathered, shard, group=group)
+            rt.all_reduce(summed, group=group)
+        with rt.stream(second):
+            rt.sleep(0.05 if rank == 1 else 0.0)  # rank 1 reaches gloo from `second` last
+            rt.reduce_scatter(scattered, full, group=group, op=ReduceOp.AVG)
+            rt.all_reduce(averaged, group=group, op=ReduceOp.AVG)
+        rt.synchronize()
+        assert torch.equal(gathered, torch.tensor([1.0] * 4 + [2.0] * 4))
+        assert torch.equal(scattered, torch.arange(8.0)[4 * rank:4 * rank + 4] + 5)
+        assert torch.equal(summed, torch.full((4,), 3.0))
+        assert torch.equal(averaged, torch.full((4,), 1.5))
+    finally:
+        rt.close()
+        dist.destroy_process_group()
+
+
+def test_two_rank_gloo_collectives_on_concurrent_streams():
+    """gloo requires that every rank issue a group's collectives in one order; two streams issuing
+    concurrently must therefore use separate groups (DESIGN: one gloo group per issuing stream)."""
+    ctx = mp.spawn(_gloo_worker, args=(2, _free_port()), nprocs=2, join=False)
+    deadline = time.monotonic() + 60
+    while not ctx.join(timeout=1):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                p.kill()
+            pytest.fail("gloo workers did not finish (a collective order mismatch hangs)")
+
+
+# -- errors --------------------------------------------------------------------------------------
+def test_stream_error_surfaces_at_synchronize_and_markers_still_complete():
+    """An error in stream work surfaces on the host at the next synchronization (as CUDA's
+    asynchronous errors do); later work is skipped but later event records still complete, so
+    no host or stream waits forever."""
+    rt, log = SimRuntime(), []
+    side, ev = rt.new_stream("side"), rt.new_event()
+    with rt.stream(side):
+        rt.launch("boom", lambda: 1 / 0)
+        rt.launch("after", logs(log, "after"))
+        ev.record()
+    ev.synchronize()  # returns: the marker completes on the failed stream
+    assert ev.query() and log == []
+    with pytest.raises(StreamError) as info:
+        rt.synchronize()
+    assert isinstance(info.value.__cause__, ZeroDivisionError)
+    with pytest.raises(StreamError):
+        rt.close()  # the error stays (sticky, like CUDA's); the workers still stop
