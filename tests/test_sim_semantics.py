@@ -48,12 +48,8 @@ class Recorder(RuntimeObserver):
         self.calls: list[str] = []
 
 
-def _logging(name: str):
-    return lambda self, rt, *args, **kwargs: self.calls.append(name)
-
-
 for _name in [n for n in vars(RuntimeObserver) if n.startswith("on_")]:
-    setattr(Recorder, _name, _logging(_name))
+    setattr(Recorder, _name, lambda self, rt, *a, _n=_name, **kw: self.calls.append(_n))
 
 
 # -- streams -------------------------------------------------------------------------------------
@@ -209,11 +205,9 @@ def test_sizes_round_up_to_512_bytes(rt):
     assert rt.empty(125).data_ptr() == ptr  # 500 B fits the cached 512 B block
 
 
-def test_freed_block_goes_back_at_once_while_a_side_stream_reads_it(rt):
-    """The motivating race in miniature. CUDA caching allocator: a block returns to its allocation
-    stream's pool when its last reference dies on the host, whatever other streams still have
-    queued; the next allocation on that stream overwrites it before the queued read runs."""
-    rs, gate = rt.new_stream("reduce_scatter"), threading.Event()
+def _read_queued_behind(rt, gate: threading.Event):
+    """`a` (ones, default stream) and a copy of it into `out` queued on a side stream behind `gate`."""
+    rs = rt.new_stream("reduce_scatter")
     a = rt.empty(1024)
     a.fill_(1.0)  # default stream, inline
     with rt.stream(rs):
@@ -221,6 +215,15 @@ def test_freed_block_goes_back_at_once_while_a_side_stream_reads_it(rt):
         rs.wait_stream(rt.default_stream())  # default -> rs: the fill of `a`
         rt.launch("hold", lambda: gate.wait(GATE_TIMEOUT_S))
         rt.launch("read_a", lambda dst, src: dst.copy_(src), reads=(a,), writes=(out,))
+    return rs, a, out
+
+
+def test_freed_block_goes_back_at_once_while_a_side_stream_reads_it(rt):
+    """The motivating race in miniature. CUDA caching allocator: a block returns to its allocation
+    stream's pool when its last reference dies on the host, whatever other streams still have
+    queued; the next allocation on that stream overwrites it before the queued read runs."""
+    gate = threading.Event()
+    rs, a, out = _read_queued_behind(rt, gate)
     a_ptr = a.data_ptr()
     del a  # last reference: the block goes back to the default stream's pool now
     b = rt.empty(1024)
@@ -234,14 +237,8 @@ def test_freed_block_goes_back_at_once_while_a_side_stream_reads_it(rt):
 def test_record_stream_defers_reuse_until_the_stream_passes_the_free(rt):
     """Tensor.record_stream: when the tensor is deallocated, its memory is not reused until all
     work queued on the recorded stream at the time of deallocation is complete."""
-    rs, gate = rt.new_stream("reduce_scatter"), threading.Event()
-    a = rt.empty(1024)
-    a.fill_(1.0)
-    with rt.stream(rs):
-        out = rt.empty(1024)
-        rs.wait_stream(rt.default_stream())  # default -> rs: the fill of `a`
-        rt.launch("hold", lambda: gate.wait(GATE_TIMEOUT_S))
-        rt.launch("read_a", lambda dst, src: dst.copy_(src), reads=(a,), writes=(out,))
+    gate = threading.Event()
+    rs, a, out = _read_queued_behind(rt, gate)
     rt.record_stream(a, rs)  # rs reads `a`: its block waits for rs at the free
     a_ptr = a.data_ptr()
     del a

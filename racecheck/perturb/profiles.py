@@ -16,7 +16,7 @@ ACTIONS = ("sleep",)
 PROFILES = {
     "off": "",
     # The motivating race: hold the reduce-scatter back so a reuse of its input collides.
-    "rs_delay": "sleep@before_reduce_scatter:10ms",
+    "rs_delay": "sleep@before_reduce_scatter:5ms",
 }
 
 _RULE = re.compile(r"^(?P<action>\w+)@(?P<point>\w+)(?::(?P<size>[\d.]+)(?P<unit>us|ms|s))?$")

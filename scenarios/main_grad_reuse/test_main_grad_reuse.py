@@ -16,7 +16,7 @@ from racecheck.harness import check_parity, full_parameters, update_errors
 WIDTH = 64
 LAYERS = 4
 GLOBAL_BATCH = 24
-STEPS = 3
+STEPS = 2
 LR = 0.05
 
 
