@@ -144,8 +144,10 @@ class CudaRuntime(Runtime):
 
     def __init__(self, device: torch.device | int | None = None) -> None:
         super().__init__()
-        index = torch.cuda.current_device() if device is None else torch.device("cuda", device).index
-        self.device = torch.device("cuda", index)
+        if isinstance(device, int):
+            device = torch.device("cuda", device)
+        index = None if device is None else torch.device(device).index
+        self.device = torch.device("cuda", torch.cuda.current_device() if index is None else index)
         self._lock = threading.Lock()  # storages can die on any thread
         self._by_handle: dict[int, CudaStream] = {}  # cudaStream_t -> wrapper
         self._streams: list[CudaStream] = []  # ours, in creation order (host syncs report these)
