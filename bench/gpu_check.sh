@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# On the GPU machine: install racecheck into the machine's Python without touching its torch
+# (wheels it lacks, such as pytest-repeat, travel in .whl/), then run bench/gpu_check.py and pack
+# every table and log into $OUT/gpu.tar.gz (the device tool returns at most 8 files).
+#   bash bench/gpu_check.sh [gpu_check.py options, e.g. --steps env,tests --trials 10]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 3
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || { tail -5 "$OUT/install.log"; exit 3; }
+python3 bench/gpu_check.py --out "$OUT/gpu" "$@"
+rc=$?
+tar -czf "$OUT/gpu.tar.gz" -C "$OUT" gpu install.log
+cp "$OUT/gpu/summary.json" "$OUT/summary.json" 2>/dev/null
+exit $rc

@@ -1,0 +1,5 @@
+"""`python -m racecheck`: the same command line as the `racecheck` console script."""
+
+from racecheck.cli import main
+
+main()
