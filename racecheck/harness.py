@@ -17,6 +17,7 @@ import torch.distributed as dist
 from torch import nn
 
 from racecheck.device import Runtime, init_runtime, resolve_backend
+from racecheck.fsdp.mesh import MeshConfig
 from racecheck.perturb.injector import install
 from racecheck.perturb.profiles import parse_profile
 
@@ -38,6 +39,18 @@ def init_world(world_size: int) -> Runtime:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group("nccl" if backend == "cuda" else "gloo")
     return init_runtime(backend)
+
+
+def hsdp_mesh_config(world_size: int) -> MeshConfig:
+    """The HSDP mesh for a world: 2 x (world/2) when the world is even and larger than 2 (2-way
+    shard x replicate), else every rank a shard. RACECHECK_MESH=SHARDxREPLICATE overrides it."""
+    spec = os.environ.get("RACECHECK_MESH")
+    if spec:
+        shard, _, replicate = spec.lower().partition("x")
+        return MeshConfig(shard=int(shard), replicate=int(replicate or 1))
+    if world_size > 2 and world_size % 2 == 0:
+        return MeshConfig(shard=2, replicate=world_size // 2)
+    return MeshConfig(shard=world_size, replicate=1)
 
 
 @contextlib.contextmanager
@@ -64,7 +77,7 @@ def full_parameters(model: nn.Module, *, world: int) -> list[dict[str, torch.Ten
     gathered = []
     for g in groups:
         shard = g.flat_param_shard.detach().clone()
-        out = torch.empty(world * shard.numel())
+        out = torch.empty(world * shard.numel(), device=shard.device)
         if world > 1:
             dist.all_gather_into_tensor(out, shard)
         else:
@@ -78,7 +91,7 @@ def full_parameters(model: nn.Module, *, world: int) -> list[dict[str, torch.Ten
             flat = out[r * shard_count:(r + 1) * shard_count].reshape(-1)
             for info in g.infos:
                 owner = module_names[id(info.module)]
-                params[f"{owner}.{info.attr}" if owner else info.attr] = flat[info.offset:info.offset + info.numel].view(info.shape)
+                params[f"{owner}.{info.attr}" if owner else info.attr] = flat.cpu()[info.offset:info.offset + info.numel].view(info.shape)
         replicas.append(params)
     return replicas
 
@@ -88,6 +101,8 @@ def update_errors(initial: dict[str, torch.Tensor], replicas: list[dict[str, tor
     """Relative error of each parameter's update (final - initial) against the reference's,
     worst over replicas and over ranks (so every rank reaches the same verdict)."""
     names = sorted(reference)
+    reference = {n: t.detach().cpu() for n, t in reference.items()}
+    initial = {n: t.detach().cpu() for n, t in initial.items()}
     errs = torch.zeros(len(names), dtype=torch.float64)
     for i, name in enumerate(names):
         ref_update = (reference[name] - initial[name]).double()
@@ -95,7 +110,11 @@ def update_errors(initial: dict[str, torch.Tensor], replicas: list[dict[str, tor
             diff = (params[name] - reference[name]).double()
             errs[i] = max(errs[i], (diff.norm() / ref_update.norm().clamp_min(1e-30)).item())
     if dist.is_initialized():
+        # NCCL reduces device tensors only; gloo takes either.
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+        errs = errs.to(device)
         dist.all_reduce(errs, op=dist.ReduceOp.MAX)
+        errs = errs.cpu()
     return [ParamError(n, float(e)) for n, e in zip(names, errs)]
 
 

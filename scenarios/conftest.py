@@ -1,6 +1,7 @@
 """Fixtures shared by every scenario suite: the process world, a runtime per test with the
 perturbation installed, and the scenario's own definition (scenario.toml)."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -16,11 +17,12 @@ def scenario(request):
 
 @pytest.fixture(scope="module")
 def world(scenario):
-    """The runtime of a process world of the scenario's size (started by torchrun / racecheck run)."""
+    """The runtime of a process world of the scenario's size (started by torchrun / racecheck run);
+    RACECHECK_WORLD_SIZE overrides the size, for machines with fewer GPUs than the scenario's."""
     from racecheck.harness import WorldError, init_world
 
     try:
-        return init_world(scenario.world_size)
+        return init_world(int(os.environ.get("RACECHECK_WORLD_SIZE") or scenario.world_size))
     except WorldError as exc:
         pytest.fail(str(exc), pytrace=False)
 

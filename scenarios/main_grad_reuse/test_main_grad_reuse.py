@@ -10,8 +10,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from racecheck.fsdp import Mesh, MeshConfig, fully_shard
-from racecheck.harness import check_parity, full_parameters, update_errors
+from racecheck.fsdp import Mesh, fully_shard
+from racecheck.harness import check_parity, full_parameters, hsdp_mesh_config, update_errors
 
 WIDTH = 64
 LAYERS = 4
@@ -30,7 +30,8 @@ def make_model() -> nn.Sequential:
 
 @pytest.fixture(scope="module")
 def mesh(world):
-    return Mesh(MeshConfig(shard=2, replicate=2), runtime=world)
+    # 2x2 (2-way shard x 2-way replicate) on 4 ranks; fewer GPUs get a smaller mesh.
+    return Mesh(hsdp_mesh_config(dist.get_world_size()), runtime=world)
 
 
 @pytest.mark.parametrize("set_to_none", [True, False])
@@ -39,8 +40,9 @@ def test_hsdp_losses_match_baseline(num_microbatches, set_to_none, mesh, runtime
                                     racecheck_seed):
     arm = racecheck_arm or "fixed"
     world, rank = dist.get_world_size(), dist.get_rank()
-    reference = make_model()
-    model = make_model()
+    device = runtime.device
+    reference = make_model().to(device)
+    model = make_model().to(device)
     initial = {n: p.detach().clone() for n, p in model.named_parameters()}
     for layer in model:
         if isinstance(layer, nn.Linear):
@@ -52,8 +54,8 @@ def test_hsdp_losses_match_baseline(num_microbatches, set_to_none, mesh, runtime
     gen = torch.Generator().manual_seed(racecheck_seed)
     losses, ref_losses = [], []
     for _ in range(STEPS):
-        x = torch.randn(GLOBAL_BATCH, WIDTH, generator=gen)
-        y = torch.randn(GLOBAL_BATCH, WIDTH, generator=gen)
+        x = torch.randn(GLOBAL_BATCH, WIDTH, generator=gen).to(device)
+        y = torch.randn(GLOBAL_BATCH, WIDTH, generator=gen).to(device)
         ref_opt.zero_grad(set_to_none=set_to_none)
         ref_loss = nn.functional.mse_loss(reference(x), y)
         ref_loss.backward()
@@ -68,7 +70,7 @@ def test_hsdp_losses_match_baseline(num_microbatches, set_to_none, mesh, runtime
             loss.backward()
             local += loss.item()
         opt.step()
-        total = torch.tensor([local])
+        total = torch.tensor([local], device=device)
         dist.all_reduce(total)
         losses.append(total.item() / world)
 
