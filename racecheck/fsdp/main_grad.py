@@ -42,13 +42,16 @@ class HeldBuffer(NamedTuple):
 class MainGrad:
     """Owns a group's `main_grad` buffer under one policy.
 
-    `acquire()` is called on the host inside the reduce-scatter stream context and returns A;
+    `acquire()` is called on the host inside the reduce-scatter stream context and returns A (the
+    same A for every backward until a release: gradient accumulation without sync adds into it);
     `release(A)` is called right after the reduce-scatter reading A was enqueued, still inside
     that context; `finish_backward()` runs after the default stream waited for the reduction."""
 
-    def __init__(self, *, runtime: Runtime, numel: int, policy: MainGradPolicy, rs_stream: Stream) -> None:
+    def __init__(self, *, runtime: Runtime, numel: int, policy: MainGradPolicy, rs_stream: Stream,
+                 dtype: torch.dtype = torch.float32) -> None:
         self.runtime = runtime
         self.numel = numel
+        self.dtype = dtype
         self.policy = MainGradPolicy(policy)
         self.rs_stream = rs_stream
         self._buffer: torch.Tensor | None = None
@@ -60,14 +63,14 @@ class MainGrad:
         # Eager: allocated on whatever stream the host is on (the default stream in __init__ and
         # after each reduction), zero-filled there; the reduce-scatter stream uses it later.
         with self.runtime.stream(self.runtime.default_stream()):
-            self._buffer = self.runtime.zeros(self.numel)
+            self._buffer = self.runtime.zeros(self.numel, dtype=self.dtype)
 
     def acquire(self) -> torch.Tensor:
         if self._buffer is None:
             # Lazy (fixed): first access is inside the reduce-scatter stream context, so the block
             # is tagged with the stream that will read it and later release it.
             assert self.policy is MainGradPolicy.FIXED, "only the lazy policy starts empty"
-            self._buffer = self.runtime.zeros(self.numel)
+            self._buffer = self.runtime.zeros(self.numel, dtype=self.dtype)
         return self._buffer
 
     def release(self) -> None:
@@ -113,6 +116,9 @@ class MainGrad:
             if self.policy is not MainGradPolicy.FIXED:
                 self._allocate_eagerly()
         else:
+            # Producer: the reduce-scatter stream accumulated into A, and the end-of-backward wait
+            # ordered the default stream after it; consumer: this zero on the default stream, which
+            # the next copy-in follows (reduce_scatter.wait_stream(default)). A lives on.
             with self.runtime.stream(self.runtime.default_stream()):
                 buf = self._buffer
                 self.runtime.launch("zero_", lambda out: out.zero_(), writes=(buf,))

@@ -1,42 +1,51 @@
-"""One parameter group: a module's parameters flattened into one padded buffer, sharded over the
-mesh's shard axis, unsharded by all-gather for compute and reduced by reduce-scatter (and, for
-HSDP, all-reduce across replicas) after backward.
+"""One parameter group: a module's parameters flattened into one padded buffer (flat_param.py),
+sharded over the mesh's shard axis, unsharded by all-gather for compute and resharded after forward
+and after backward; its gradients are reduced by reduce.py.
 
 [Note: group buffers and their streams]
-  shard (flat_param_shard)  default stream   the optimizer's parameter; lives for the model's life
-  unsharded parameters      all_gather       produced by the all-gather, consumed by default-stream
-                                             compute; dropped after backward (or forward)
-  main_grad (A)             see main_grad.py  unsharded gradient, read by the reduce-scatter
-  reduce output (B)         reduce_scatter   sharded gradient, read by the all-reduce (HSDP) and
-                                             the accumulation; held until the default stream waits
-  grad accumulator          reduction stream the shard's .grad, read by the optimizer on default
+  buffer                  allocated on     produced by        consumed by          freed
+  shard (flat_param_      default          init / optimizer   all-gather (cast or  with the model
+  shard), fp32                             (default)          input), optimizer
+  cast shard (mixed       all_gather       cast on all_gather all-gather           host, right after
+  precision only)                                                                  the all-gather is
+                                                                                   enqueued
+  unsharded `full`,       all_gather       all-gather         default compute in   retired by
+  compute dtype                                               forward and backward reshard(), then
+                                                                                   dropped after
+                                                                                   all_gather waits
+                                                                                   for default
+reshard() retires `full` instead of dropping it: it is dropped when the all-gather stream waits for
+the default stream, at the next unshard (right before that unshard allocates, so the block is
+reused at once) or at the end of backward ([Note: drop on the allocation stream's terms] in
+streams.py). The end of backward also makes the default stream wait for the all-gather stream
+before the optimizer overwrites the shard that an all-gather (a prefetch left unused) may still read.
+Gradient buffers: [Note: reduction buffers and their streams] in reduce.py.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
-from typing import NamedTuple
+import enum
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from torch import nn
 
 from racecheck.device import Event, Runtime
-from racecheck.fsdp.main_grad import HeldBuffer, MainGrad, MainGradPolicy
+from racecheck.fsdp.autograd import UnshardParams, unsharded_storages
+from racecheck.fsdp.config import GroupOptions
+from racecheck.fsdp.flat_param import SHARD_MARK, FlatLayout, flatten_into, take_parameters
 from racecheck.fsdp.mesh import Mesh
+from racecheck.fsdp.reduce import GradReducer
 from racecheck.fsdp.streams import FSDPStreams
 
+if TYPE_CHECKING:
+    from racecheck.fsdp.schedule import Schedule
 
-@dataclasses.dataclass(frozen=True)
-class ParamInfo:
-    """Where one original parameter lives inside the group's flat buffer."""
 
-    fqn: str
-    module: nn.Module
-    attr: str
-    shape: torch.Size
-    offset: int
-    numel: int
+class GroupState(enum.Enum):
+    SHARDED = "sharded"  # only the shard exists
+    GATHERING = "gathering"  # the all-gather is enqueued; compute has not waited for it yet
+    UNSHARDED = "unsharded"  # compute waited: `full` is readable on the default stream
 
 
 class Unsharded(NamedTuple):
@@ -48,170 +57,160 @@ class Unsharded(NamedTuple):
 
 class ParamGroup:
     def __init__(self, module: nn.Module, *, name: str, mesh: Mesh, streams: FSDPStreams,
-                 runtime: Runtime, main_grad_policy: MainGradPolicy, hold_reduce_output: bool) -> None:
+                 runtime: Runtime, options: GroupOptions) -> None:
         self.name = name
         self.mesh = mesh
         self.streams = streams
         self.runtime = runtime
-        self.hold_reduce_output = hold_reduce_output
-        self.infos = self._collect(module)
-        self.numel = sum(i.numel for i in self.infos)
-        shards = mesh.config.shard
-        self.padded_numel = math.ceil(self.numel / shards) * shards
-        self.shard_numel = self.padded_numel // shards
+        self.options = options
+        self.layout = FlatLayout.of(module, shard_count=mesh.config.shard)
+        self.infos = list(self.layout.infos)
+        mp = options.mixed_precision
+        self.compute_dtype = mp.param_dtype or self.layout.dtype
+        self.needs_init = False  # set when the module's parameters were on the meta device
         self.flat_param_shard = self._make_shard()
         module.register_parameter("flat_param_shard", self.flat_param_shard)
-        self.main_grad = MainGrad(runtime=runtime, numel=self.padded_numel, policy=main_grad_policy,
-                                  rs_stream=streams.reduce_scatter)
-        self._unsharded: Unsharded | None = None
-        self._flat: torch.Tensor | None = None  # the autograd leaf over the unsharded parameters
-        self._held: list[HeldBuffer] = []
-        self.reduced_in_backward = False
+        self.reducer = GradReducer(name=name, layout=self.layout, shard=self.flat_param_shard, mesh=mesh,
+                                   streams=streams, runtime=runtime, policy=options.main_grad_policy,
+                                   hold_reduce_output=options.hold_reduce_output,
+                                   reduce_dtype=mp.reduce_dtype or self.layout.dtype)
+        self.main_grad = self.reducer.main_grad
+        self.state = GroupState.SHARDED
+        self._gather: Unsharded | None = None  # while GATHERING
+        self._full: torch.Tensor | None = None  # while UNSHARDED
+        # None until the schedule resolves it (the root keeps its parameters for backward).
+        self.reshard_after_forward = options.reshard_after_forward
+        self.requires_gradient_sync = True
+        self.schedule: Schedule | None = None  # set at the root's first forward
+        self.pre_backward_seen = False
 
-    # -- construction ----------------------------------------------------------------------------
-    @staticmethod
-    def _collect(module: nn.Module) -> list[ParamInfo]:
-        infos, offset = [], 0
-        for mod_name, mod in module.named_modules():
-            for attr, p in list(mod._parameters.items()):
-                if p is None or getattr(p, "_racecheck_flat_shard", False):
-                    continue  # already managed by a nested fully_shard
-                fqn = f"{mod_name}.{attr}" if mod_name else attr
-                infos.append(ParamInfo(fqn, mod, attr, p.shape, offset, p.numel()))
-                offset += p.numel()
-        if not infos:
-            raise ValueError("fully_shard: the module has no parameters left to shard")
-        return infos
+    # -- sizes (the flat layout's) -----------------------------------------------------------------
+    @property
+    def numel(self) -> int:
+        return self.layout.numel
 
+    @property
+    def padded_numel(self) -> int:
+        return self.layout.padded_numel
+
+    @property
+    def shard_numel(self) -> int:
+        return self.layout.shard_numel
+
+    # -- construction ------------------------------------------------------------------------------
     def _make_shard(self) -> nn.Parameter:
-        rt = self.runtime
-        flat = torch.zeros(self.padded_numel)
-        with torch.no_grad():
-            for info in self.infos:
-                flat[info.offset:info.offset + info.numel] = info.module._parameters[info.attr].reshape(-1)
-        start = self.mesh.shard_index * self.shard_numel
+        rt, layout = self.runtime, self.layout
+        params = take_parameters(layout)  # the modules get views of `full` while unsharded
         with rt.stream(rt.default_stream()):
-            shard = rt.empty(self.shard_numel)
-        shard.copy_(flat[start:start + self.shard_numel])
-        for info in self.infos:
-            del info.module._parameters[info.attr]  # replaced by views of the unsharded buffer
+            shard = rt.empty(layout.shard_numel, dtype=layout.dtype)
+            if any(p.is_meta for p in params):
+                # Meta-device module: values come later (state_dict.init_parameters or a load).
+                self.needs_init = True
+                rt.launch("zero_", lambda out: out.zero_(), writes=(shard,))
+            else:
+                flat = torch.empty(layout.padded_numel, dtype=layout.dtype, device=params[0].device)
+                flatten_into(layout, params, flat)
+                start, end = layout.shard_range(self.mesh.shard_index)
+                rt.launch("init_shard", lambda out, src: out.copy_(src), reads=(flat[start:end],),
+                          writes=(shard,))
         param = nn.Parameter(shard)
-        param._racecheck_flat_shard = True
+        setattr(param, SHARD_MARK, True)
         return param
 
-    # -- unshard / reshard -----------------------------------------------------------------------
+    # -- unshard / reshard -------------------------------------------------------------------------
     def unshard(self) -> None:
         """Enqueue the all-gather of this group's parameters (no wait: compute waits later)."""
-        if self._unsharded is not None or self._flat is not None:
+        if self.state is not GroupState.SHARDED:
             return
         rt, s = self.runtime, self.streams
-        # Producer: the optimizer wrote the shard on the default stream; consumer: the all-gather.
-        s.all_gather.wait_stream(s.default)
+        # Producer: the default stream (the optimizer wrote the shard, which lives with the model;
+        # compute read the retired unsharded buffers); consumer: the all-gather stream. The wait
+        # also lets the retired buffers go: their blocks may be reused by the allocation below.
+        s.retired_unsharded.release()
         with rt.stream(s.all_gather):
             rt.point("before_all_gather", group=self.name)
-            full = rt.empty(self.padded_numel)
-            rt.all_gather(full, self.flat_param_shard.detach(), group=self.mesh.shard_group)
+            full = rt.empty(self.layout.padded_numel, dtype=self.compute_dtype)
+            src = self.flat_param_shard.detach()
+            if self.compute_dtype != self.layout.dtype:
+                # Allocated, written, read and freed on the all-gather stream: no hand-off.
+                cast = rt.empty(self.layout.shard_numel, dtype=self.compute_dtype)
+                rt.launch("cast_shard", lambda out, inp: out.copy_(inp), reads=(src,), writes=(cast,))
+                src = cast
+            rt.all_gather(full, src, group=self.mesh.shard_group)
             rt.point("after_all_gather", group=self.name)
             event = rt.new_event()
             event.record()
-        self._unsharded = Unsharded(full, event)
+        self._gather = Unsharded(full, event)
+        self.state = GroupState.GATHERING
 
     def wait_for_unshard(self) -> None:
-        """Make compute (default stream) wait for the all-gather, then expose parameter views."""
-        if self._flat is not None:
+        """Make compute (the default stream) wait for the all-gather; enqueue it first if needed."""
+        if self.state is GroupState.UNSHARDED:
             return
         self.unshard()
-        full, event = self._unsharded
-        # Producer: all-gather stream; consumer: default-stream compute. `full` is allocated on the
-        # all-gather stream and released from the host after backward; the next all-gather first
-        # waits for the default stream, so a reuse of its block is ordered after this compute.
+        full, event = self._gather
+        # Producer: the all-gather stream wrote `full`; consumer: default-stream compute, in forward
+        # and (through saved-parameter handles) in backward, until reshard() drops `full`.
         self.streams.default.wait_event(event)
         self.runtime.point("wait_all_gather", group=self.name)
-        flat = full[: self.numel].detach().requires_grad_(torch.is_grad_enabled())
+        self._gather, self._full = None, full
+        self.state = GroupState.UNSHARDED
+        unsharded_storages.add(full, self)
+
+    def unsharded_buffer(self) -> torch.Tensor:
+        """The unsharded flat buffer (compute dtype, padded); only while UNSHARDED."""
+        assert self._full is not None, f"group {self.name} is {self.state.value}, not unsharded"
+        return self._full
+
+    def unsharded_for_backward(self) -> torch.Tensor:
+        """The unsharded buffer for a saved-parameter handle, all-gathered again if resharded."""
+        self.wait_for_unshard()
+        return self._full
+
+    def expose_parameters(self) -> None:
+        """Set each original parameter attribute to its view of `full` (an UnshardParams output)."""
+        views = UnshardParams.apply(self, self.flat_param_shard)
+        for info, view in zip(self.infos, views):
+            setattr(info.module, info.attr, view)
+
+    def hide_parameters(self) -> None:
         for info in self.infos:
-            setattr(info.module, info.attr, flat[info.offset:info.offset + info.numel].view(info.shape))
-        if flat.requires_grad:
-            flat.register_post_accumulate_grad_hook(self._on_grad_ready)
-        self._flat = flat
-        self._unsharded = None
+            info.module.__dict__.pop(info.attr, None)
 
     def reshard(self) -> None:
-        """Drop the unsharded parameters (the block returns to the all-gather stream's pool)."""
+        """Drop the unsharded parameters; the block returns to the all-gather stream's pool."""
+        if self.state is GroupState.SHARDED:
+            return
         self.runtime.point("reshard", group=self.name)
-        for info in self.infos:
-            if info.attr in info.module.__dict__:
-                delattr(info.module, info.attr)
-        self._flat = None
-        self._unsharded = None
+        self.hide_parameters()
+        if self._full is not None:
+            unsharded_storages.remove(self._full)
+        # `full` (allocated on the all-gather stream) may still be read by queued default-stream
+        # compute: retired, it lives until the all-gather stream has waited for the default stream
+        # (the next unshard, or the end of backward). [Note: drop on the allocation stream's terms]
+        self.streams.retired_unsharded.add(self._full if self._full is not None else self._gather.full)
+        self._full = self._gather = None
+        self.state = GroupState.SHARDED
 
     @property
     def is_unsharded(self) -> bool:
-        return self._flat is not None
+        return self.state is not GroupState.SHARDED
 
-    # -- gradients -------------------------------------------------------------------------------
-    def _on_grad_ready(self, flat: torch.Tensor) -> None:
-        grad = flat.grad
-        flat.grad = None
-        self.reduce_partial_gradients(grad)
+    # -- gradients ---------------------------------------------------------------------------------
+    def post_backward(self, grads) -> None:
+        """UnshardParams.backward: every parameter's gradient of this backward is known."""
+        if self.schedule is not None:
+            self.schedule.backward_running()
+        self.reducer.reduce_partial_gradients(grads, sync=self.requires_gradient_sync)
         self.reshard()
-        from racecheck.fsdp.api import backward_pass  # late import: api imports this module
-
-        backward_pass(self.runtime).group_reduced(self)
-
-    def reduce_partial_gradients(self, grad: torch.Tensor) -> None:
-        """Accumulate `grad` into main_grad and reduce it into the shard's gradient."""
-        rt, s, mesh = self.runtime, self.streams, self.mesh
-        n = self.numel
-        # Producer: autograd wrote `grad` on the default stream; consumer: the reduce-scatter stream.
-        s.reduce_scatter.wait_stream(s.default)
-        with rt.stream(s.reduce_scatter):
-            main_grad = self.main_grad.acquire()
-            rt.launch("accumulate_main_grad", lambda a, g: a[:n].add_(g.reshape(-1)),
-                      reads=(grad,), writes=(main_grad,))
-            rt.point("before_reduce_scatter", group=self.name)
-            reduced = rt.empty(self.shard_numel)
-            rt.reduce_scatter(reduced, main_grad, group=mesh.shard_group)
-            rt.point("after_reduce_scatter", group=self.name)
-            # [Note: main_grad lifetime] in main_grad.py: the rebinding drops A here.
-            del main_grad
-            self.main_grad.release()
-            if not mesh.config.is_hybrid:
-                self._accumulate(reduced)  # same stream as the reduce-scatter: no hand-off
-                return
-        # Producer: reduce-scatter stream wrote `reduced`; consumer: the all-reduce stream.
-        s.all_reduce.wait_stream(s.reduce_scatter)
-        with rt.stream(s.all_reduce):
-            rt.point("before_all_reduce", group=self.name)
-            rt.all_reduce(reduced, group=mesh.replicate_group)
-            rt.point("after_all_reduce", group=self.name)
-            self._accumulate(reduced)
-            if self.hold_reduce_output:
-                # `reduced` was allocated on the reduce-scatter stream; released from the host now
-                # it would go back to that pool while the all-reduce still uses it. Hold it until
-                # the default stream has waited for the all-reduce (finish_backward).
-                event = rt.new_event()
-                event.record()
-                self._held.append(HeldBuffer(reduced, event))
-
-    def _accumulate(self, reduced: torch.Tensor) -> None:
-        """Add the reduced gradient, averaged over the world, into the shard's .grad (current stream)."""
-        rt = self.runtime
-        acc = self.flat_param_shard.grad
-        if acc is None:
-            acc = rt.zeros(self.shard_numel)
-            self.flat_param_shard.grad = acc
-        scale = 1.0 / self.mesh.config.world_size
-        rt.launch("accumulate_grad", lambda a, r: a.add_(r, alpha=scale), reads=(reduced,), writes=(acc,))
-        self.reduced_in_backward = True
 
     def finish_backward(self) -> None:
-        """Runs after the default stream waited for both reduction streams."""
-        default = self.streams.default
-        for held in self._held:
-            default.wait_event(held.event)
-        self._held.clear()
-        self.main_grad.finish_backward()
-        self.reduced_in_backward = False
+        """Runs after the default stream waited for the reduction streams (end of backward)."""
+        self.reducer.finish_backward()
+        self.pre_backward_seen = False
 
     def zero_grad(self, *, set_to_none: bool) -> None:
-        self.main_grad.zero_grad(set_to_none=set_to_none)
+        self.reducer.zero_grad(set_to_none=set_to_none)
+
+    def __repr__(self) -> str:
+        return f"<ParamGroup {self.name} {self.state.value} numel={self.numel} shard={self.shard_numel}>"

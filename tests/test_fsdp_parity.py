@@ -1,0 +1,139 @@
+"""racecheck.fsdp matches a single-process reference on the CPU emulation over gloo: FSDP on 2 ranks
+and HSDP on a 2x2 mesh, over the matrix of racecheck.fsdp.parity.default_matrix (microbatches,
+set_to_none, prefetch, accumulation without sync, bf16, AdamW with clipping, meta init, reshard
+settings, a small transformer, the safe main_grad policies), plus the bitwise state-dict round trip.
+
+One world per mesh runs every case; each case is then its own test that reads the world's verdict
+(already max-reduced over the ranks). Process start dominates the cost, so ranks are forked from a
+forkserver that imported torch (and torch._dynamo, which torch.optim imports on first use) once: a
+fork of a process without threads, where a spawn would import torch again in every rank.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import socket
+import time
+import traceback
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from multiprocessing import get_context
+
+from racecheck.fsdp import parity
+
+MESHES = {"fsdp2": (2, 1), "hsdp2x2": (2, 2)}  # name -> (shard, replicate)
+CASES = parity.default_matrix()
+PERTURBED = parity.perturbed_matrix()
+WORLD_TIMEOUT_S = 100
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world: int, port: int, shard: int, replicate: int, out_dir: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
+    from racecheck.device import init_runtime, shutdown_runtime
+    from racecheck.fsdp import Mesh, MeshConfig
+
+    rt = init_runtime("sim")
+    results = []
+    try:
+        mesh = Mesh(MeshConfig(shard=shard, replicate=replicate), runtime=rt)
+        for case in CASES:
+            results.append(dataclasses.asdict(parity.run_case(case, mesh=mesh, runtime=rt)))
+        for profile, case in parity.perturbed_matrix():
+            results.append(dataclasses.asdict(parity.run_case(case, mesh=mesh, runtime=rt, perturb=profile)))
+        baseline = parity.ParityCase(microbatches=3, policy="baseline")
+        results.append(dataclasses.asdict(parity.run_case(baseline, mesh=mesh, runtime=rt, perturb=parity.TEETH)))
+        results.append(dataclasses.asdict(parity.state_dict_round_trip(mesh=mesh, runtime=rt)))
+        rt.synchronize()
+    except BaseException:
+        results.append({"name": "<crash>", "ok": False, "detail": traceback.format_exc()})
+        raise
+    finally:
+        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+            json.dump(results, f)
+        shutdown_runtime()
+        dist.destroy_process_group()
+
+
+def _run_world(name: str, out_dir: str) -> dict[str, dict]:
+    shard, replicate = MESHES[name]
+    world = shard * replicate
+    get_context("forkserver").set_forkserver_preload(["torch", "torch._dynamo", "racecheck.fsdp.parity"])
+    ctx = mp.start_processes(_worker, args=(world, _free_port(), shard, replicate, out_dir), nprocs=world,
+                             join=False, start_method="forkserver")
+    deadline = time.monotonic() + WORLD_TIMEOUT_S
+    try:
+        while not ctx.join(timeout=1):
+            if time.monotonic() > deadline:
+                for p in ctx.processes:
+                    p.kill()
+                raise RuntimeError(f"{name}: the world did not finish (a hang in a collective?)")
+    except mp.ProcessRaisedException:
+        pass  # its traceback is in the rank's results, reported by the tests that need it
+    with open(os.path.join(out_dir, "rank0.json")) as f:
+        return {r["name"]: r for r in json.load(f)}
+
+
+@pytest.fixture(scope="module")
+def worlds(tmp_path_factory):
+    """Each mesh's world, started on first use and shared by every test of this module."""
+    cache: dict[str, dict[str, dict]] = {}
+
+    def get(name: str) -> dict[str, dict]:
+        if name not in cache:
+            cache[name] = _run_world(name, str(tmp_path_factory.mktemp(name)))
+        return cache[name]
+
+    return get
+
+
+def _verdict(results: dict[str, dict], name: str) -> None:
+    if name not in results:
+        crash = results.get("<crash>", {}).get("detail", "no result and no crash report")
+        pytest.fail(f"{name}: no result; the world stopped early:\n{crash}")
+    r = results[name]
+    assert r["ok"], (f"{name}: worst parameter {r.get('worst_param')!r} update off by "
+                     f"{r.get('param_error', float('nan')):.3g}, losses off by {r.get('loss_error', float('nan')):.3g} "
+                     f"(tolerance {r.get('rtol')}) {r.get('detail', '')}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mesh_name", list(MESHES))
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_parity(worlds, mesh_name, case):
+    _verdict(worlds(mesh_name), case.name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mesh_name", list(MESHES))
+@pytest.mark.parametrize("profile,case", PERTURBED, ids=[f"{c.name}@{p}" for p, c in PERTURBED])
+def test_parity_under_perturbation(worlds, mesh_name, profile, case):
+    _verdict(worlds(mesh_name), f"{case.name}@{profile}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mesh_name", list(MESHES))
+def test_parity_fails_for_the_baseline_race(worlds, mesh_name):
+    """Poison-on-free fills the dropped main_grad with NaN while the (delayed) reduce-scatter still
+    has to read it: the baseline policy must fail the same comparison the safe ones pass."""
+    r = worlds(mesh_name).get(f"mlp-mb3-none-prefetch-baseline@{parity.TEETH}")
+    assert r is not None and not r["ok"], f"the baseline race went unnoticed: {r}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mesh_name", list(MESHES))
+def test_state_dict_round_trip_is_bitwise(worlds, mesh_name):
+    _verdict(worlds(mesh_name), "state_dict-transformer")
