@@ -18,7 +18,7 @@ from torch import nn
 
 from racecheck.device import Runtime, init_runtime, resolve_backend
 from racecheck.fsdp.mesh import MeshConfig
-from racecheck.perturb.injector import install
+from racecheck.perturb.injector import install, uninstall
 from racecheck.perturb.profiles import parse_profile
 
 
@@ -60,8 +60,7 @@ def perturbation(rt: Runtime, spec: str, *, seed: int) -> Iterator[None]:
     try:
         yield
     finally:
-        if injector is not None:
-            rt.remove_observer(injector)
+        uninstall(rt, injector)
 
 
 @dataclasses.dataclass
@@ -132,3 +131,26 @@ def check_parity(*, losses: list[float], ref_losses: list[float], errors: list[P
         f"tolerance {rtol:g}); {len(bad)} of {len(errors)} parameters off; "
         f"losses {['%.6f' % x for x in losses]} vs reference {['%.6f' % x for x in ref_losses]}")
 
+
+
+def check_values(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], *,
+                 rtol: float, what: str = "value") -> None:
+    """Fail naming the worst tensor and its relative L2 error when any of `actual` differs from
+    `expected` beyond `rtol` (NaN counts as off); the worst over ranks, so every rank agrees."""
+    names = sorted(expected)
+    errs = torch.zeros(len(names), dtype=torch.float64)
+    for i, name in enumerate(names):
+        want = expected[name].detach().cpu().double()
+        got = actual[name].detach().cpu().double()
+        errs[i] = ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
+    if dist.is_initialized():
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+        errs = errs.to(device)
+        dist.all_reduce(errs, op=dist.ReduceOp.MAX)
+        errs = errs.cpu()
+    bad = [n for n, e in zip(names, errs.tolist()) if not e <= rtol]
+    if not bad:
+        return
+    worst, err = max(zip(names, errs.tolist()), key=lambda p: (p[1] != p[1], p[1]))
+    raise AssertionError(f"{what} {worst!r} off by {err:.1%} (relative L2 error, tolerance {rtol:g}); "
+                         f"{len(bad)} of {len(names)} {what}s off: {', '.join(bad[:8])}")

@@ -26,9 +26,13 @@ import abc
 import contextlib
 import dataclasses
 import enum
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import torch
+
+
+# All-ones bytes: NaN in every IEEE float format (fp64, fp32, bf16, fp16), -1 in signed integers.
+POISON_BYTE = 0xFF
 
 
 class ReduceOp(enum.Enum):
@@ -49,11 +53,17 @@ class MemRange:
 
 
 class RuntimeObserver:
-    """Receives every runtime event. The injector and the detector subclass it; every method is a
-    no-op by default so that an observer implements only what it needs.
+    """Receives runtime events. The injector and the detector subclass it; every method is a
+    no-op by default so that an observer implements only what it needs, and the runtime calls only
+    the methods named by `events()` (by default, those the subclass overrides): an observer pays
+    nothing for the events it ignores.
 
     Calls happen on the host thread at launch (enqueue) time, in program order, which is what a
     happens-before analysis needs and what a perturbation acts on."""
+
+    def events(self) -> "Iterable[str]":
+        """The callbacks the runtime should make (asked once, when the observer is added)."""
+        return [m for m in OBSERVER_EVENTS if getattr(type(self), m) is not getattr(RuntimeObserver, m)]
 
     def on_alloc(self, rt: "Runtime", *, block: int, stream: "Stream", ptr: int, nbytes: int) -> None:
         """A block was handed out on `stream` (the stream current on the host)."""
@@ -81,6 +91,9 @@ class RuntimeObserver:
 
     def on_point(self, rt: "Runtime", name: str, **context) -> None:
         """A named injection point along the FSDP path was reached on the host."""
+
+
+OBSERVER_EVENTS = tuple(m for m in vars(RuntimeObserver) if m.startswith("on_"))
 
 
 class Stream(abc.ABC):
@@ -131,7 +144,8 @@ class Runtime(abc.ABC):
     device: torch.device
 
     def __init__(self) -> None:
-        self.observers: list[RuntimeObserver] = []
+        self._observers: tuple[RuntimeObserver, ...] = ()
+        self._dispatch: dict[str, tuple[Callable, ...]] = {}  # event -> subscribed bound methods
 
     # -- streams and events ------------------------------------------------------------------
     @abc.abstractmethod
@@ -172,6 +186,14 @@ class Runtime(abc.ABC):
     def allocation_stream(self, tensor: torch.Tensor) -> Stream | None:
         """The stream `tensor`'s block was allocated on (None for memory not from this runtime)."""
 
+    def poison(self, ptr: int, nbytes: int, *, stream: Stream) -> None:
+        """Enqueue on `stream` a fill of the raw bytes [ptr, ptr + nbytes) with POISON_BYTE.
+
+        The perturbation's poison-on-free: `ptr` is a block this runtime handed out and that is
+        now free, so the fill claims nothing and is not reported to observers (it is not the
+        program's work). On CUDA it is a fill kernel (memset) on `stream` over the raw pointer."""
+        raise NotImplementedError(f"the {self.backend} runtime cannot poison raw memory")
+
     # -- work -------------------------------------------------------------------------------
     @abc.abstractmethod
     def launch(self, name: str, fn: Callable[..., None], *, reads: Sequence[torch.Tensor] = (),
@@ -205,20 +227,37 @@ class Runtime(abc.ABC):
         self.synchronize()
 
     # -- observers --------------------------------------------------------------------------
+    @property
+    def observers(self) -> tuple[RuntimeObserver, ...]:
+        return self._observers
+
+    @observers.setter
+    def observers(self, observers) -> None:
+        # Each event's subscribers are resolved here, once, not on every event.
+        observers = tuple(observers)
+        dispatch: dict[str, list] = {}
+        for obs in observers:
+            for event in obs.events():
+                dispatch.setdefault(event, []).append(getattr(obs, event))
+        self._dispatch = {event: tuple(fns) for event, fns in dispatch.items()}
+        self._observers = observers
+
     def add_observer(self, observer: RuntimeObserver) -> None:
-        self.observers.append(observer)
+        self.observers = self._observers + (observer,)
 
     def remove_observer(self, observer: RuntimeObserver) -> None:
-        self.observers.remove(observer)
+        if observer not in self._observers:
+            raise ValueError(f"{observer!r} is not an observer of this runtime")
+        self.observers = tuple(o for o in self._observers if o is not observer)
 
     def point(self, name: str, **context) -> None:
         """Mark a named injection point on the host (see racecheck.perturb.points)."""
-        for obs in self.observers:
-            obs.on_point(self, name, **context)
+        for fn in self._dispatch.get("on_point", ()):
+            fn(self, name, **context)
 
     def _notify(self, method: str, **kwargs) -> None:
-        for obs in self.observers:
-            getattr(obs, method)(self, **kwargs)
+        for fn in self._dispatch.get(method, ()):
+            fn(self, **kwargs)
 
 
 class CommGroup(abc.ABC):

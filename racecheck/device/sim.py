@@ -23,7 +23,8 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from racecheck.device.base import CommGroup, Event, MemRange, ReduceOp, Runtime, Stream, as_shape
+from racecheck.device.base import (POISON_BYTE, CommGroup, Event, MemRange, ReduceOp, Runtime, Stream,
+                                   as_shape)
 from racecheck.device.sim_allocator import SimCachingAllocator
 
 # Gloo groups made per communicator: default, all-gather, reduce-scatter, all-reduce streams,
@@ -207,6 +208,10 @@ class SimRuntime(Runtime):
     def allocation_stream(self, tensor: torch.Tensor) -> Stream | None:
         block = self.allocator.block_of(tensor)
         return None if block is None else block.stream
+
+    def poison(self, ptr: int, nbytes: int, *, stream: Stream) -> None:
+        raw = self.allocator.segment_bytes(ptr, nbytes)
+        stream.enqueue(lambda: raw.fill(POISON_BYTE))
 
     # -- work -------------------------------------------------------------------------------
     def launch(self, name, fn, *, reads=(), writes=()) -> None:

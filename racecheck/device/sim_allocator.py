@@ -70,6 +70,7 @@ class SimCachingAllocator:
         self._pools: dict[object, list[Block]] = {}
         self._deferred: list[Block] = []
         self._live: dict[int, Block] = {}  # segment ptr -> in-use block
+        self._segments: dict[int, Block] = {}  # segment ptr -> block, whatever its state
         self._ids = itertools.count()
         self._on_alloc = on_alloc
         self._on_free = on_free
@@ -87,6 +88,7 @@ class SimCachingAllocator:
             block = self._take_cached(stream, rounded)
             if block is None:
                 block = Block(next(self._ids), stream, np.empty(rounded, dtype=np.uint8))
+                self._segments[block.ptr] = block
                 self.stats.segments += 1
             else:
                 self.stats.reuses += 1
@@ -169,6 +171,15 @@ class SimCachingAllocator:
         nbytes = tensor.numel() * tensor.element_size()
         raw = block.segment[offset:offset + nbytes]  # a view of the segment, not of the tracked view
         return torch.from_numpy(raw).view(tensor.dtype).view(tensor.shape)
+
+    def segment_bytes(self, ptr: int, nbytes: int) -> np.ndarray:
+        """The raw bytes [ptr, ptr + nbytes) of one of this allocator's segments, in any state
+        (for the perturbation's poison-on-free). KeyError for memory that is not ours."""
+        with self._lock:
+            block = self._segments[ptr]
+        if nbytes > block.size:
+            raise ValueError(f"{nbytes} bytes requested from a block of {block.size}")
+        return block.segment[:nbytes]
 
     def cached_blocks(self, stream) -> Sequence[Block]:
         with self._lock:

@@ -1,35 +1,275 @@
-"""The injector: a runtime observer that performs a profile's actions at its injection points.
+"""The injector: a runtime observer that performs a schedule's actions at the injection points.
 
-Installed in every rank by the pytest plugin (or from RACECHECK_PERTURB for processes that a
-launcher starts). A profile that is off installs nothing, so it costs nothing.
+Installed in every rank by the scenario fixtures (racecheck.harness.perturbation), or from the
+environment for processes that a launcher starts (install_from_env). Configuration, first found
+wins: the command line (`racecheck run --perturb/--no-perturb/--seed`, which passes
+`--racecheck-perturb/--racecheck-seed` to pytest), the pytest options themselves, the environment
+($RACECHECK_PERTURB, $RACECHECK_SEED), the scenario's `default_perturb`.
+
+How each action is carried out (identically on both backends, through the Runtime interface):
+- sleep: `Runtime.sleep` under the target stream, so the delay is queued work on that stream
+  (the CPU emulation's worker sleeps; CUDA runs a calibrated `torch.cuda._sleep`).
+- reorder: a gate task queued on the target stream blocks it until the host reaches the opening
+  point (or `steps` further host steps), at most the hold's bound; a host synchronization on the
+  held stream waits for the gate like any other queued work. A CUDA stream cannot wait for the
+  host, so there the gate is a delay of its bound; an inline stream (the emulation's default
+  stream is the host itself) is never held.
+- poison: `Runtime.poison` on the freed block's allocation stream; for a block that record_stream
+  deferred, on the recorded stream instead, behind the work the free had to wait for.
+- pressure: right after a free, at the next runtime call on the host (on CUDA the block reaches
+  the allocator's pool only after its storage's finalizer has run), allocate blocks of the freed
+  size on the default stream and write them, as the program's next allocations would.
+
+An injector whose profile is off subscribes to no event (RuntimeObserver.events): installed, it
+costs the runtime nothing; bench/injector_overhead.py measures it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import threading
+import time
+from collections.abc import Sequence
 
-from racecheck.device import Runtime, RuntimeObserver
+from racecheck.device import Runtime, RuntimeObserver, Stream
+from racecheck.device.base import POISON_BYTE
+from racecheck.perturb.points import EVENT_WAIT, FREE
 from racecheck.perturb.profiles import Profile, parse_profile
+from racecheck.perturb.schedule import Hold, Poison, Pressure, Sleep, make_schedule
 
 ENV_VAR = "RACECHECK_PERTURB"
+SEED_ENV_VAR = "RACECHECK_SEED"
+LOG_LIMIT = 10_000  # fired actions kept per injector (the replay aid, not a trace)
+
+
+@dataclasses.dataclass(frozen=True)
+class Fired:
+    """One action taken: after `step` host steps (marked points and event waits), at `point`, on
+    `stream`. The injector's `log` of these is what a seed replays."""
+
+    step: int
+    point: str
+    stream: str
+    action: object
+
+
+class _Gate:
+    """A reorder's gate: the held stream's worker waits on `flag`."""
+
+    def __init__(self, *, until: str | None, steps: int | None, seconds: float) -> None:
+        self.until = until
+        self.steps_left = steps
+        self.deadline = time.monotonic() + seconds
+        self.flag = threading.Event()
+
+    def wait(self) -> None:
+        self.flag.wait(max(0.0, self.deadline - time.monotonic()))
+
+    def step(self, point: str) -> bool:
+        """The host reached `point`; True when this gate opens there."""
+        if self.until is not None and point == self.until:
+            return True
+        if self.steps_left is not None:
+            self.steps_left -= 1
+            return self.steps_left <= 0
+        return False
+
+
+def current_rank() -> int:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    return int(os.environ.get("RANK", "0"))
 
 
 class Injector(RuntimeObserver):
-    def __init__(self, profile: Profile, *, seed: int = 0) -> None:
+    def __init__(self, profile: Profile, *, seed: int = 0, rank: int | None = None) -> None:
         self.profile = profile
         self.seed = seed
-        self._by_point: dict[str, list] = {}
-        for rule in profile.rules:
-            self._by_point.setdefault(rule.point, []).append(rule)
-        self.fired = 0
+        self.rank = current_rank() if rank is None else rank
+        self.schedule = make_schedule(profile, seed=seed, rank=self.rank)
+        points = self.schedule.points
+        self._all_points = points is None
+        self._points = frozenset() if points is None else points
+        self._active = not profile.is_off
+        self._named = profile.random is None and any(r.stream for r in profile.rules)
+        self._streams: dict[str, Stream] = {}  # streams seen so far, for actions on a named stream
+        self._gates: list[_Gate] = []
+        self._pending_pressure: list[tuple[int, str | None]] = []
+        self._lock = threading.RLock()  # re-entered when a finalizer frees a block inside a callback
+        self._inside = threading.local()  # set while the injector itself calls the runtime
+        self._step = 0
+        self.log: list[Fired] = []
+        self.skipped: dict[str, int] = {}  # action kind -> times it could not be carried out
+
+    # -- observer callbacks --------------------------------------------------------------------
+    def events(self):
+        # Switched off, the injector subscribes to nothing: the runtime never calls it.
+        return super().events() if self._active else ()
 
     def on_point(self, rt: Runtime, name: str, **context) -> None:
-        for rule in self._by_point.get(name, ()):
-            if rule.action == "sleep":
-                # The delay is enqueued on the stream current at the point, e.g. the
-                # reduce-scatter stream before its collective: the host does not wait.
-                rt.sleep(rule.seconds)
-            self.fired += 1
+        if not self._active or getattr(self._inside, "on", False):
+            return
+        self._host_step(rt, name)
+        if self._all_points or name in self._points:
+            self._perform(rt, name, rt.current_stream())
+
+    def on_event_wait(self, rt: Runtime, *, event, stream: Stream) -> None:
+        if not self._active or getattr(self._inside, "on", False):
+            return
+        self._host_step(rt, EVENT_WAIT)
+        if self._all_points or EVENT_WAIT in self._points:
+            self._perform(rt, EVENT_WAIT, stream)
+
+    def on_free(self, rt: Runtime, *, block: int, stream: Stream, ptr: int, nbytes: int,
+                deferred_to: Sequence[Stream]) -> None:
+        if not self._active or getattr(self._inside, "on", False):
+            return  # frees of the injector's own pressure blocks are not the program's
+        self._flush_pressure(rt)
+        if not (self._all_points or FREE in self._points):
+            return
+        for action in self.schedule.actions(FREE, stream=stream.name):
+            if isinstance(action, Poison):
+                self._poison(rt, stream, ptr, nbytes, deferred_to)
+            elif isinstance(action, Pressure):
+                with self._lock:
+                    self._pending_pressure.append((nbytes, action.stream))
+            else:
+                self._act(rt, action, FREE, rt.current_stream())
+                continue
+            self._record(FREE, stream, action)
+
+    def on_alloc(self, rt: Runtime, **kwargs) -> None:
+        if self._active and self._pending_pressure and not getattr(self._inside, "on", False):
+            self._flush_pressure(rt)
+
+    def on_launch(self, rt: Runtime, *, stream: Stream, **kwargs) -> None:
+        if not self._active or getattr(self._inside, "on", False):
+            return
+        if self._pending_pressure:
+            self._flush_pressure(rt)
+        if self._named:
+            self._streams.setdefault(stream.name, stream)
+
+    def on_event_record(self, rt: Runtime, *, event, stream: Stream) -> None:
+        if self._named:
+            self._streams.setdefault(stream.name, stream)
+
+    # -- actions -------------------------------------------------------------------------------
+    def _host_step(self, rt: Runtime, point: str) -> None:
+        """Count a host step and open the gates that wait for it."""
+        self._step += 1
+        if self._pending_pressure:
+            self._flush_pressure(rt)
+        if self._gates:
+            with self._lock:
+                opened = [g for g in self._gates if g.step(point)]
+                self._gates = [g for g in self._gates if g not in opened]
+            for g in opened:
+                g.flag.set()
+
+    def _perform(self, rt: Runtime, point: str, stream: Stream) -> None:
+        if self._named:
+            self._streams.setdefault(stream.name, stream)
+        for action in self.schedule.actions(point, stream=stream.name):
+            self._act(rt, action, point, stream)
+
+    def _act(self, rt: Runtime, action, point: str, stream: Stream) -> None:
+        target = self._target(rt, action, stream)
+        if target is None:
+            self.skipped["unknown_stream"] = self.skipped.get("unknown_stream", 0) + 1
+            return
+        if isinstance(action, Sleep):
+            with self._as_injector(), rt.stream(target):
+                rt.sleep(action.seconds)
+        elif isinstance(action, Hold):
+            self._hold(rt, target, action)
+        else:  # poison and pressure act on frees only (parse_profile enforces it)
+            raise AssertionError(f"{action!r} at {point}")
+        self._record(point, target, action)
+
+    def _target(self, rt: Runtime, action, stream: Stream) -> Stream | None:
+        name = getattr(action, "stream", None)
+        if name is None or name == stream.name:
+            return stream
+        if name == rt.default_stream().name:
+            return rt.default_stream()
+        return self._streams.get(name)
+
+    def _hold(self, rt: Runtime, stream: Stream, hold: Hold) -> None:
+        if getattr(stream, "inline", False):
+            # The emulation runs its default stream on the host: holding it would hold the host
+            # that must reach the opening point.
+            self.skipped["hold_inline"] = self.skipped.get("hold_inline", 0) + 1
+            return
+        enqueue = getattr(stream, "enqueue", None)
+        if enqueue is None:  # CUDA: no stream can wait for the host; hold for the bound
+            with self._as_injector(), rt.stream(stream):
+                rt.sleep(hold.seconds)
+            return
+        gate = _Gate(until=hold.until, steps=hold.steps, seconds=hold.seconds)
+        with self._lock:
+            self._gates.append(gate)
+        enqueue(gate.wait)
+
+    def open_gates(self) -> None:
+        with self._lock:
+            gates, self._gates = self._gates, []
+        for g in gates:
+            g.flag.set()
+
+    def _poison(self, rt: Runtime, stream: Stream, ptr: int, nbytes: int,
+                deferred_to: Sequence[Stream]) -> None:
+        # Poison models the earliest legal reuse of the block: at the free on its allocation
+        # stream; after record_stream, once the recorded stream has passed the free.
+        if len(deferred_to) > 1:
+            self.skipped["poison_multi_deferred"] = self.skipped.get("poison_multi_deferred", 0) + 1
+            return
+        target = deferred_to[0] if deferred_to else stream
+        try:
+            rt.poison(ptr, nbytes, stream=target)
+        except NotImplementedError:
+            self.skipped["poison_unsupported"] = self.skipped.get("poison_unsupported", 0) + 1
+
+    def _flush_pressure(self, rt: Runtime) -> None:
+        with self._lock:
+            pending, self._pending_pressure = self._pending_pressure, []
+        if not pending:
+            return
+        import torch
+
+        with self._as_injector():
+            for nbytes, name in pending:
+                stream = rt.default_stream() if name is None else self._streams.get(name)
+                if stream is None:
+                    continue
+                with rt.stream(stream):
+                    block = rt.empty(nbytes, dtype=torch.uint8)
+                    rt.launch("racecheck_pressure", lambda out: out.fill_(POISON_BYTE), writes=(block,))
+                del block  # back to the pool, written: the collision a real next allocation makes
+
+    def _as_injector(self):
+        return _Inside(self._inside)
+
+    def _record(self, point: str, stream: Stream, action) -> None:
+        if len(self.log) < LOG_LIMIT:
+            self.log.append(Fired(self._step, point, stream.name, action))
+
+
+class _Inside:
+    """Marks the current thread as running the injector's own runtime calls."""
+
+    def __init__(self, local: threading.local) -> None:
+        self.local = local
+
+    def __enter__(self) -> None:
+        self.prev = getattr(self.local, "on", False)
+        self.local.on = True
+
+    def __exit__(self, *exc) -> None:
+        self.local.on = self.prev
 
 
 def install(rt: Runtime, profile: Profile, *, seed: int = 0) -> Injector | None:
@@ -41,6 +281,31 @@ def install(rt: Runtime, profile: Profile, *, seed: int = 0) -> Injector | None:
     return injector
 
 
-def install_from_env(rt: Runtime) -> Injector | None:
-    """Install the profile named by $RACECHECK_PERTURB, if any."""
-    return install(rt, parse_profile(os.environ.get(ENV_VAR, "off")))
+def uninstall(rt: Runtime, injector: Injector | None) -> None:
+    """Detach `injector` and open its gates, so that no stream stays held."""
+    if injector is None:
+        return
+    rt.remove_observer(injector)
+    injector.open_gates()
+
+
+def resolve_spec(option: str | None, default: str | None) -> str:
+    """The profile to use: an explicit option, else $RACECHECK_PERTURB, else the default."""
+    if option is not None:
+        return option
+    return os.environ.get(ENV_VAR) or default or "off"
+
+
+def env_seed(default: int = 0) -> int:
+    value = os.environ.get(SEED_ENV_VAR)
+    if value is None or value == "":
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"${SEED_ENV_VAR} must be an integer, got {value!r}") from None
+
+
+def install_from_env(rt: Runtime, *, default: str | None = None) -> Injector | None:
+    """Install the profile named by $RACECHECK_PERTURB (or `default`), seeded by $RACECHECK_SEED."""
+    return install(rt, parse_profile(resolve_spec(None, default)), seed=env_seed())

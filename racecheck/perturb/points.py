@@ -1,13 +1,39 @@
-"""The named injection points that racecheck.fsdp marks with `Runtime.point(name, ...)`."""
+"""The named injection points: where along the FSDP path a perturbation can act.
 
-POINTS = {
+Two kinds, one namespace:
+- marked points: racecheck.fsdp (and scenario code written against the runtime) calls
+  `Runtime.point(name, ...)` on the host; the stream current at that moment is where a delay goes.
+- runtime points: derived by the injector from the runtime's own observer calls, on both backends
+  (`free` from on_free, `event_wait` from on_event_wait), so they need no marking at all.
+"""
+
+MARKED_POINTS = {
     "before_all_gather": "host, inside the all-gather stream context, before the all-gather is enqueued",
     "after_all_gather": "host, inside the all-gather stream context, after the all-gather is enqueued",
-    "wait_all_gather": "host, after the default stream was made to wait for the all-gather",
+    "wait_all_gather": "host, after the consumer stream was made to wait for the all-gather",
     "before_reduce_scatter": "host, inside the reduce-scatter stream context, before the collective",
     "after_reduce_scatter": "host, inside the reduce-scatter stream context, after the collective",
     "before_all_reduce": "host, inside the all-reduce stream context, before the HSDP all-reduce",
     "after_all_reduce": "host, inside the all-reduce stream context, after the HSDP all-reduce",
+    "before_copy": "host, inside the copy stream context, before an offload copy is enqueued",
+    "after_copy": "host, inside the copy stream context, after an offload copy is enqueued",
     "reshard": "host, when a group drops its unsharded parameters",
     "end_of_backward": "host, after the default stream waited for the reduction streams",
+}
+
+FREE = "free"
+EVENT_WAIT = "event_wait"
+
+RUNTIME_POINTS = {
+    FREE: "a block's last reference died (on_free); the stream is the block's allocation stream",
+    EVENT_WAIT: "a stream is made to wait for an event (on_event_wait); the stream is the waiting one",
+}
+
+POINTS = {**MARKED_POINTS, **RUNTIME_POINTS}
+
+# The collective each `before_*` point precedes: patch mode maps torch.distributed calls onto them.
+COLLECTIVE_POINTS = {
+    "all_gather": "before_all_gather",
+    "reduce_scatter": "before_reduce_scatter",
+    "all_reduce": "before_all_reduce",
 }

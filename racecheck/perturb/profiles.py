@@ -1,7 +1,20 @@
 """Perturbation profiles: which action to take at which injection point, parsed from a short spec.
 
-A spec is a profile name from PROFILES, `off`, or rules joined by commas, each
-`ACTION@POINT[:SIZE]`, for example `sleep@before_reduce_scatter:10ms`. Sizes take `us`, `ms`, `s`.
+A spec is one of
+- a profile name from PROFILES (`rs_delay`, `poison`, ...) or `off`;
+- rules joined by commas, each `ACTION@POINT[>UNTIL][:SIZE][/STREAM]`:
+    sleep@before_reduce_scatter:5ms      a 5 ms delay on the stream current at the point
+    sleep@free:2ms/reduce_scatter        a delay on the named stream instead
+    reorder@before_all_reduce>end_of_backward:20ms
+                                         hold the stream's later work until the host reaches
+                                         end_of_backward (at most 20 ms)
+    poison@free                          fill each freed block with NaN on its allocation stream
+    pressure@free                        same-size allocations written on the default stream
+                                         (or /STREAM) right after each free
+  Sizes take `us`, `ms`, `s`; a sleep without a size lasts 10 ms, a hold at most 50 ms.
+- the random schedule, `random[:KEY=VALUE]...`, with keys max (largest delay), sleep, poison and
+  pressure (probabilities per point or free), depth (PCT depth: 1 + the number of priority change
+  points) and horizon (steps over which change points are drawn), e.g. `random:max=2ms:depth=4`.
 """
 
 from __future__ import annotations
@@ -9,17 +22,32 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from racecheck.perturb.points import POINTS
+from racecheck.perturb.points import FREE, POINTS
 
-ACTIONS = ("sleep",)
+ACTIONS = ("sleep", "reorder", "poison", "pressure")
+FREE_ONLY_ACTIONS = ("poison", "pressure")  # they act on a freed block
 
 PROFILES = {
     "off": "",
     # The motivating race: hold the reduce-scatter back so a reuse of its input collides.
     "rs_delay": "sleep@before_reduce_scatter:5ms",
+    # HSDP: hold the all-reduce back while the next group's reduce-scatter runs.
+    "ar_delay": "sleep@before_all_reduce:5ms",
+    # Delay the consumer of all-gathered parameters (compute) right after its wait.
+    "compute_delay": "sleep@wait_all_gather:3ms",
+    # Delay an offload copy on its copy stream.
+    "copy_delay": "sleep@before_copy:3ms",
+    "poison": "poison@free",
+    "pressure": "pressure@free",
+    "random": "random",
 }
 
-_RULE = re.compile(r"^(?P<action>\w+)@(?P<point>\w+)(?::(?P<size>[\d.]+)(?P<unit>us|ms|s))?$")
+DEFAULT_SLEEP_S = 0.01
+DEFAULT_HOLD_S = 0.05
+
+_RULE = re.compile(r"^(?P<action>\w+)@(?P<point>\w+)(?:>(?P<until>\w+))?"
+                   r"(?::(?P<size>[\d.]+)(?P<unit>us|ms|s))?(?:/(?P<stream>[\w.-]+))?$")
+_SIZE = re.compile(r"^(?P<size>[\d.]+)(?P<unit>us|ms|s)$")
 _UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
 
 
@@ -27,43 +55,135 @@ _UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
 class Rule:
     action: str
     point: str
-    seconds: float = 0.01
+    seconds: float = DEFAULT_SLEEP_S  # sleep: the delay; reorder: the longest hold
+    until: str | None = None  # reorder: the point at which the gate opens
+    stream: str | None = None  # the stream acted on, by name (default: see module docstring)
+
+    def to_spec(self) -> str:
+        text = f"{self.action}@{self.point}"
+        if self.until:
+            text += f">{self.until}"
+        if self.action in ("sleep", "reorder"):
+            text += f":{_format_seconds(self.seconds)}"
+        if self.stream:
+            text += f"/{self.stream}"
+        return text
+
+
+@dataclasses.dataclass(frozen=True)
+class RandomConfig:
+    """The seeded random schedule (see racecheck.perturb.schedule.RandomSchedule)."""
+
+    max_delay: float = 0.004
+    sleep: float = 0.25  # probability of a delay at a marked point or event wait
+    poison: float = 0.25  # probability of poisoning a freed block
+    pressure: float = 0.25  # probability of allocator pressure after a free
+    depth: int = 3  # PCT depth d: d - 1 priority change points (stream holds)
+    horizon: int = 64  # change points are drawn among the first `horizon` steps
+
+    def to_spec(self) -> str:
+        default = RandomConfig()
+        parts = ["random"]
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value != getattr(default, f.name):
+                key = "max" if f.name == "max_delay" else f.name
+                parts.append(f"{key}={_format_seconds(value) if key == 'max' else value}")
+        return ":".join(parts)
 
 
 @dataclasses.dataclass(frozen=True)
 class Profile:
     name: str
-    rules: tuple[Rule, ...]
+    rules: tuple[Rule, ...] = ()
+    random: RandomConfig | None = None
 
     @property
     def is_off(self) -> bool:
-        return not self.rules
+        return not self.rules and self.random is None
 
     def to_spec(self) -> str:
-        """The explicit rule list, parseable by parse_profile."""
-        return ",".join(f"{r.action}@{r.point}:{r.seconds * 1e3:g}ms" for r in self.rules) or "off"
+        """The explicit form, parseable by parse_profile."""
+        if self.random is not None:
+            return self.random.to_spec()
+        return ",".join(r.to_spec() for r in self.rules) or "off"
 
     def with_delay(self, seconds: float) -> "Profile":
-        """The same profile with every sleep resized (the CLI's --delay-ms)."""
+        """The same profile with every sleep resized (the CLI's --delay-ms); for the random
+        schedule, the largest delay."""
+        if self.random is not None:
+            return Profile(f"{self.name}:{seconds * 1e3:g}ms",
+                           random=dataclasses.replace(self.random, max_delay=seconds))
         rules = tuple(dataclasses.replace(r, seconds=seconds) if r.action == "sleep" else r
                       for r in self.rules)
         return Profile(f"{self.name}:{seconds * 1e3:g}ms", rules)
 
 
-def parse_profile(spec: str) -> Profile:
-    """A Profile from a name or a rule list; ValueError with a one-line reason otherwise."""
+def parse_profile(spec: str | None) -> Profile:
+    """A Profile from a name, a rule list or a random spec; ValueError with a one-line reason."""
     spec = (spec or "off").strip()
     text = PROFILES.get(spec, spec)
-    rules = []
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        m = _RULE.match(part)
-        if not m:
-            raise ValueError(f"bad perturbation rule {part!r}: expected ACTION@POINT[:SIZE], "
-                             f"or one of the profiles {', '.join(PROFILES)}")
-        if m["action"] not in ACTIONS:
-            raise ValueError(f"unknown perturbation action {m['action']!r}; known: {', '.join(ACTIONS)}")
-        if m["point"] not in POINTS:
-            raise ValueError(f"unknown injection point {m['point']!r}; known: {', '.join(POINTS)}")
-        seconds = float(m["size"]) * _UNITS[m["unit"]] if m["size"] else 0.01
-        rules.append(Rule(m["action"], m["point"], seconds))
-    return Profile(spec, tuple(rules))
+    if text == "random" or text.startswith("random:"):
+        return Profile(spec, random=_parse_random(text))
+    rules = tuple(_parse_rule(part) for part in filter(None, (p.strip() for p in text.split(","))))
+    return Profile(spec, rules)
+
+
+def _parse_rule(part: str) -> Rule:
+    m = _RULE.match(part)
+    if not m:
+        raise ValueError(f"bad perturbation rule {part!r}: expected ACTION@POINT[>UNTIL][:SIZE][/STREAM], "
+                         f"or one of the profiles {', '.join(PROFILES)}")
+    action, point, until = m["action"], m["point"], m["until"]
+    if action not in ACTIONS:
+        raise ValueError(f"unknown perturbation action {action!r}; known: {', '.join(ACTIONS)}")
+    for p in filter(None, (point, until)):
+        if p not in POINTS:
+            raise ValueError(f"unknown injection point {p!r}; known: {', '.join(POINTS)}")
+    if action in FREE_ONLY_ACTIONS and point != FREE:
+        raise ValueError(f"{action} acts on a freed block: write {action}@{FREE}")
+    if until and action != "reorder":
+        raise ValueError(f"'>{until}' (a gate's opening point) belongs to reorder rules only")
+    if action == "reorder" and not until:
+        raise ValueError(f"reorder needs the point that opens its gate: reorder@{point}>POINT")
+    if action == "poison" and m["stream"]:
+        raise ValueError("poison always fills on the block's allocation stream; drop the /STREAM")
+    default = DEFAULT_HOLD_S if action == "reorder" else DEFAULT_SLEEP_S
+    seconds = float(m["size"]) * _UNITS[m["unit"]] if m["size"] else default
+    return Rule(action, point, seconds, until, m["stream"])
+
+
+def _parse_random(text: str) -> RandomConfig:
+    values = {}
+    for item in text.split(":")[1:]:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"bad random schedule option {item!r}: expected KEY=VALUE")
+        try:
+            if key == "max":
+                m = _SIZE.match(value)
+                if not m:
+                    raise ValueError
+                values["max_delay"] = float(m["size"]) * _UNITS[m["unit"]]
+            elif key in ("sleep", "poison", "pressure"):
+                values[key] = float(value)
+                if not 0.0 <= values[key] <= 1.0:
+                    raise ValueError
+            elif key in ("depth", "horizon"):
+                values[key] = int(value)
+                if values[key] < 1:
+                    raise ValueError
+            else:
+                raise ValueError(f"unknown random schedule option {key!r}; known: max, sleep, poison, "
+                                 f"pressure, depth, horizon")
+        except ValueError as exc:
+            raise ValueError(str(exc) or f"bad value {value!r} for random schedule option {key!r}") from None
+    return RandomConfig(**values)
+
+
+def _format_seconds(seconds: float) -> str:
+    if seconds >= 1:
+        return f"{seconds:g}s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:g}ms"
+    return f"{seconds * 1e6:g}us"

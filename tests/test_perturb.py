@@ -1,0 +1,271 @@
+"""The perturbation component on the CPU emulation: profile parsing, each action's effect on the
+runtime, the random schedule's determinism from a seed, and configuration from the environment.
+
+Orderings are forced with host-held gates and delays much longer than the host's own steps; no
+test asserts on wall time.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from racecheck.device.sim import SimRuntime
+from racecheck.perturb import injector as injector_mod
+from racecheck.perturb.injector import Injector, install, install_from_env, resolve_spec, uninstall
+from racecheck.perturb.profiles import PROFILES, RandomConfig, Rule, parse_profile
+from racecheck.perturb.schedule import Hold, Poison, Pressure, RandomSchedule, Sleep
+
+GATE_TIMEOUT_S = 10.0
+
+
+@pytest.fixture
+def rt():
+    runtime = SimRuntime()
+    yield runtime
+    runtime.close()
+
+
+def held_read(gate: threading.Event, seen: list):
+    """Queued work that waits for the host's gate, then reads its input."""
+    return lambda src: (gate.wait(GATE_TIMEOUT_S), seen.append(src.clone()))
+
+
+# -- profiles ---------------------------------------------------------------------------------------
+def test_every_named_profile_parses():
+    for name in PROFILES:
+        profile = parse_profile(name)
+        assert profile.is_off == (name == "off")
+
+
+def test_rule_fields_and_round_trip():
+    profile = parse_profile("sleep@before_reduce_scatter:5ms, reorder@before_all_reduce>end_of_backward:20ms/"
+                            "all_reduce,poison@free,pressure@free,sleep@event_wait:250us")
+    assert profile.rules == (
+        Rule("sleep", "before_reduce_scatter", 0.005),
+        Rule("reorder", "before_all_reduce", 0.02, until="end_of_backward", stream="all_reduce"),
+        Rule("poison", "free", 0.01), Rule("pressure", "free", 0.01),
+        Rule("sleep", "event_wait", 250e-6))
+    assert parse_profile(profile.to_spec()).rules == profile.rules
+
+
+@pytest.mark.parametrize("spec, words", [
+    ("jump@free", "unknown perturbation action"),
+    ("sleep@nowhere:1ms", "unknown injection point"),
+    ("poison@before_all_gather", "poison@free"),
+    ("reorder@before_all_reduce:1ms", "opens its gate"),
+    ("sleep@reshard>end_of_backward:1ms", "reorder rules only"),
+    ("poison@free/default", "allocation stream"),
+    ("sleep@reshard:5parsecs", "ACTION@POINT"),
+    ("random:depth=0", "depth"),
+    ("random:speed=3", "unknown random schedule option"),
+    ("random:max=3", "max"),
+])
+def test_bad_specs_say_why(spec, words):
+    with pytest.raises(ValueError, match=words):
+        parse_profile(spec)
+
+
+def test_random_spec_options_and_delay_resize():
+    profile = parse_profile("random:max=2ms:depth=5:poison=0.5")
+    assert profile.random == RandomConfig(max_delay=0.002, depth=5, poison=0.5)
+    assert parse_profile(profile.to_spec()).random == profile.random
+    assert profile.with_delay(0.01).random.max_delay == 0.01
+    assert parse_profile("rs_delay").with_delay(0.001).rules[0].seconds == 0.001
+
+
+# -- actions on the emulation -----------------------------------------------------------------------
+def test_sleep_delays_the_points_stream_not_the_host(rt):
+    side, log = rt.new_stream("reduce_scatter"), []
+    install(rt, parse_profile("sleep@before_reduce_scatter:200ms"))
+    with rt.stream(side):
+        rt.point("before_reduce_scatter")
+        rt.launch("after", lambda: log.append("side"))
+    log.append("host")  # the side stream is still asleep
+    side.synchronize()
+    assert log == ["host", "side"]
+
+
+def test_sleep_on_a_named_stream(rt):
+    side, other, log = rt.new_stream("reduce_scatter"), rt.new_stream("all_reduce"), []
+    install(rt, parse_profile("sleep@before_reduce_scatter:200ms/all_reduce"))
+    with rt.stream(other):
+        rt.launch("seen", lambda: None)  # the injector learns the stream by name
+    with rt.stream(side):
+        rt.point("before_reduce_scatter")
+        rt.launch("side", lambda: log.append("side"))
+    with rt.stream(other):
+        rt.launch("other", lambda: log.append("other"))
+    side.synchronize()
+    log.append("host")
+    other.synchronize()
+    assert log == ["side", "host", "other"]
+
+
+def test_reorder_holds_the_stream_until_the_opening_point(rt):
+    side, log = rt.new_stream("all_reduce"), []
+    inj = install(rt, parse_profile("reorder@before_all_reduce>end_of_backward:10s"))
+    with rt.stream(side):
+        rt.point("before_all_reduce")
+        rt.launch("held", lambda: log.append("side"))
+    rt.point("reshard")  # not the opening point: still held
+    side_ran_early = threading.Event()
+    with rt.stream(rt.new_stream("probe")) as probe:
+        rt.launch("probe", lambda: side_ran_early.set() if log else None)
+    probe.synchronize()
+    assert not side_ran_early.is_set()
+    log.append("host")
+    rt.point("end_of_backward")  # opens the gate
+    side.synchronize()
+    assert log == ["host", "side"]
+    assert [type(f.action) for f in inj.log] == [Hold]
+
+
+def test_uninstall_opens_held_gates(rt):
+    side = rt.new_stream("all_reduce")
+    inj = install(rt, parse_profile("reorder@before_all_reduce>end_of_backward:10s"))
+    with rt.stream(side):
+        rt.point("before_all_reduce")
+    uninstall(rt, inj)
+    side.synchronize()  # returns at once: no 10 s hold left behind
+    assert inj not in rt.observers
+
+
+def test_poison_on_free_reaches_a_late_reader_without_any_reuse(rt):
+    side, gate, seen = rt.new_stream("reduce_scatter"), threading.Event(), []
+    install(rt, parse_profile("poison@free"))
+    with rt.stream(rt.default_stream()):
+        a = rt.empty(256)
+        a.fill_(3.0)
+    with rt.stream(side):
+        rt.launch("late_read", held_read(gate, seen), reads=(a,))
+    del a  # freed while the read is queued: the fill goes on the (inline) default stream now
+    gate.set()
+    side.synchronize()
+    assert torch.isnan(seen[0]).all()
+
+
+def test_poison_respects_record_stream(rt):
+    side, gate, seen = rt.new_stream("reduce_scatter"), threading.Event(), []
+    install(rt, parse_profile("poison@free"))
+    with rt.stream(rt.default_stream()):
+        a = rt.empty(256)
+        a.fill_(3.0)
+    with rt.stream(side):
+        rt.launch("late_read", held_read(gate, seen), reads=(a,))
+    rt.record_stream(a, side)
+    ptr = a.data_ptr()
+    del a  # the fill is queued on the recorded stream, behind the read
+    gate.set()
+    side.synchronize()
+    assert (seen[0] == 3.0).all()
+    assert torch.isnan(torch.from_numpy(rt.allocator.segment_bytes(ptr, 1024)).view(torch.float32)).all()
+
+
+def test_pressure_reuses_the_freed_block_on_the_default_stream(rt):
+    side, gate, seen = rt.new_stream("reduce_scatter"), threading.Event(), []
+    inj = install(rt, parse_profile("pressure@free"))
+    with rt.stream(rt.default_stream()):
+        a = rt.empty(256)
+        a.fill_(3.0)
+    with rt.stream(side):
+        rt.launch("late_read", held_read(gate, seen), reads=(a,))
+    reuses = rt.allocator.stats.reuses
+    del a
+    rt.point("reshard")  # the next runtime call on the host: the pressure allocation happens here
+    assert rt.allocator.stats.reuses == reuses + 1
+    gate.set()
+    side.synchronize()
+    assert torch.isnan(seen[0]).all()
+    assert [type(f.action) for f in inj.log] == [Pressure]
+
+
+def test_an_off_injector_does_nothing(rt):
+    assert install(rt, parse_profile("off")) is None
+    inj = Injector(parse_profile("off"))
+    rt.add_observer(inj)
+    side = rt.new_stream("reduce_scatter")
+    with rt.stream(side):
+        rt.point("before_reduce_scatter")
+        a = rt.empty(64)
+    del a
+    side.synchronize()
+    assert inj.log == [] and inj._step == 0
+
+
+# -- the random schedule ----------------------------------------------------------------------------
+PROGRAM = [("before_all_gather", "all_gather"), ("event_wait", "default"), ("free", "all_gather"),
+           ("before_reduce_scatter", "reduce_scatter"), ("free", "default"), ("before_all_reduce", "all_reduce"),
+           ("reshard", "default"), ("end_of_backward", "default")] * 20
+
+
+def decisions(seed: int, rank: int = 0) -> list:
+    schedule = RandomSchedule(RandomConfig(), seed=seed, rank=rank)
+    return [tuple(schedule.actions(p, stream=s)) for p, s in PROGRAM]
+
+
+def test_random_schedule_is_a_function_of_seed_and_rank():
+    assert decisions(7) == decisions(7)
+    assert decisions(7) != decisions(8)
+    assert decisions(7, rank=0) != decisions(7, rank=1)
+    kinds = {type(a) for step in decisions(7) for a in step}
+    assert kinds == {Sleep, Hold, Poison, Pressure}
+
+
+def test_random_schedule_draws_per_point_not_per_interleaving():
+    """The k-th free gets the same poison/pressure draw however other points interleave."""
+    a = RandomSchedule(RandomConfig(), seed=3)
+    b = RandomSchedule(RandomConfig(), seed=3)
+    frees_a = [a.actions("free", stream="default") for _ in range(30)]
+    frees_b = []
+    for _ in range(30):
+        b.actions("reshard", stream="default")
+        frees_b.append(b.actions("free", stream="default"))
+    assert frees_a == frees_b
+
+
+def test_random_injector_replays_from_its_seed(rt):
+    def run(seed: int) -> list:
+        runtime = SimRuntime()
+        try:
+            inj = install(runtime, parse_profile("random:max=1ms"), seed=seed)
+            side = runtime.new_stream("reduce_scatter")
+            for _ in range(20):
+                with runtime.stream(side):
+                    runtime.point("before_reduce_scatter")
+                    t = runtime.empty(128)
+                    runtime.point("after_reduce_scatter")
+                del t
+                runtime.default_stream().wait_stream(side)
+            uninstall(runtime, inj)
+            return [(f.step, f.point, f.stream, f.action) for f in inj.log]
+        finally:
+            runtime.close()
+
+    first = run(11)
+    assert first and first == run(11)
+    assert first != run(12)
+
+
+# -- configuration ----------------------------------------------------------------------------------
+def test_resolve_spec_precedence(monkeypatch):
+    monkeypatch.delenv(injector_mod.ENV_VAR, raising=False)
+    assert resolve_spec(None, "rs_delay") == "rs_delay"
+    monkeypatch.setenv(injector_mod.ENV_VAR, "poison")
+    assert resolve_spec(None, "rs_delay") == "poison"
+    assert resolve_spec("off", "rs_delay") == "off"
+
+
+def test_install_from_env(rt, monkeypatch):
+    monkeypatch.setenv(injector_mod.ENV_VAR, "random:max=1ms")
+    monkeypatch.setenv(injector_mod.SEED_ENV_VAR, "42")
+    inj = install_from_env(rt)
+    assert inj in rt.observers and inj.seed == 42 and inj.profile.random.max_delay == 0.001
+    monkeypatch.setenv(injector_mod.SEED_ENV_VAR, "forty-two")
+    with pytest.raises(ValueError, match="RACECHECK_SEED"):
+        install_from_env(rt)
+    monkeypatch.setenv(injector_mod.ENV_VAR, "off")
+    monkeypatch.delenv(injector_mod.SEED_ENV_VAR)
+    assert install_from_env(rt) is None
