@@ -217,6 +217,10 @@ def _fisher_pvalues(a: np.ndarray, c: np.ndarray, n: int, alternative: str) -> n
     return np.minimum(p, 1.0)
 
 
+def _snap(p: float, eps: float = 1e-15) -> float:
+    return 0.0 if p < eps else 1.0 if p > 1.0 - eps else p
+
+
 def fisher_power(trials: int, p_baseline: float, p_fixed: float, *, alpha: float = 0.05,
                  alternative: str = "greater") -> float:
     """Exact probability that Fisher's test at `alpha` rejects with `trials` per arm, summed over
@@ -228,6 +232,9 @@ def fisher_power(trials: int, p_baseline: float, p_fixed: float, *, alpha: float
     n = int(trials)
     if n < 1:
         return 0.0
+    # Rates within double rounding of 0 or 1 are point masses; scipy's binomial pmf overflows on
+    # subnormal rates, and no trial count could tell them from 0 or 1 anyway.
+    p_baseline, p_fixed = _snap(p_baseline), _snap(p_fixed)
 
     def support(p: float) -> np.ndarray:
         lo = int(_sp.binom.ppf(_TAIL, n, p)) if 0 < p < 1 else round(n * p)
@@ -251,7 +258,7 @@ def trials_to_separate(p_baseline: float, p_fixed: float, *, alpha: float = 0.05
     for name, value in (("alpha", alpha), ("power", power)):
         if not 0.0 < value < 1.0:
             raise ValueError(f"{name} must be strictly between 0 and 1, got {value!r}")
-    if p_baseline == p_fixed or (alternative == "greater" and p_baseline < p_fixed):
+    if _snap(p_baseline) == _snap(p_fixed) or (alternative == "greater" and p_baseline < p_fixed):
         raise ValueError(f"no number of trials separates a baseline rate of {p_baseline} from a "
                          f"fixed rate of {p_fixed} ({alternative})")
     for n in range(1, max_trials + 1):
