@@ -1,0 +1,24 @@
+"""Happens-before race detection: free-while-in-use and unsynchronized cross-stream accesses,
+reported in a single run, whatever the timing.
+
+- `RaceDetector` (observer.py): on a racecheck runtime (the CPU emulation or CUDA), from the
+  runtime's own allocation, launch, event and synchronization events.
+- `TorchRaceTracker` (torch_tracker.py): on CUDA, for plain PyTorch code that is not written
+  against the runtime, from PyTorch's dispatcher and CUDA trace callbacks (torch.cuda._sanitizer's
+  machinery, extended so that a free keeps the block's history until its reuse).
+Both feed one engine (engine.py) and produce the same reports (report.py).
+"""
+
+from racecheck.detect.engine import HappensBefore
+from racecheck.detect.observer import RaceDetector
+from racecheck.detect.report import RaceKind, RaceReport, render
+
+__all__ = ["HappensBefore", "RaceDetector", "RaceKind", "RaceReport", "TorchRaceTracker", "render"]
+
+
+def __getattr__(name: str):
+    if name == "TorchRaceTracker":  # imports torch.cuda._sanitizer: only when asked for
+        from racecheck.detect.torch_tracker import TorchRaceTracker
+
+        return TorchRaceTracker
+    raise AttributeError(name)

@@ -1,0 +1,203 @@
+"""Which tensors an ATen operator reads and which it writes, decided from its schema.
+
+The rules are torch.cuda._sanitizer's (its ArgumentHandler): an argument with a mutable alias
+annotation (`Tensor(a!)`) is written; an argument with a non-mutable alias (`Tensor(a)`: a view's
+input) and every argument of a factory function (`new_*`, `*_like`) only has its metadata read;
+every other tensor argument is read; the returns are written unless they alias an input without
+mutating it (views) or come from a factory. What differs is the cost: the sanitizer parses every
+call's arguments with pytree, while here each operator's schema is compiled once into a plan of
+argument positions, and a call only indexes into its arguments.
+
+Importing torch.cuda._sanitizer has a side effect: its module-level, disabled CUDASanitizer
+registers its event handler with the CUDA trace callbacks and switches tracing on, after which that
+handler captures a full stack at every CUDA allocation. `sanitizer_module()` takes the disabled
+sanitizer's handler off again (and puts it back should someone enable the sanitizer later), so
+using racecheck's trackers does not pay for a tool that is not running.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+
+import torch
+
+_HANDLER_CALLBACKS = {  # torch.cuda._gpu_trace registry -> the EventHandler method it calls
+    "EventCreationCallbacks": "_handle_event_creation",
+    "EventDeletionCallbacks": "_handle_event_deletion",
+    "EventRecordCallbacks": "_handle_event_record",
+    "EventWaitCallbacks": "_handle_event_wait",
+    "MemoryAllocationCallbacks": "_handle_memory_allocation",
+    "MemoryDeallocationCallbacks": "_handle_memory_deallocation",
+    "StreamCreationCallbacks": "_handle_stream_creation",
+    "DeviceSynchronizationCallbacks": "_handle_device_synchronization",
+    "StreamSynchronizationCallbacks": "_handle_stream_synchronization",
+    "EventSynchronizationCallbacks": "_handle_event_synchronization",
+}
+
+
+def set_trace_handler(handler, *, attached: bool) -> None:
+    """Register (or unregister) an EventHandler's methods with the CUDA trace callbacks."""
+    import torch.cuda._gpu_trace as gpu_trace
+
+    for registry_name, method in _HANDLER_CALLBACKS.items():
+        registry = getattr(gpu_trace, registry_name)
+        bound = getattr(handler, method)
+        if attached:
+            registry.add_callback(bound)
+        else:
+            while bound in registry.callback_list:
+                registry.callback_list.remove(bound)
+
+
+@functools.cache
+def sanitizer_module():
+    """torch.cuda._sanitizer, with its disabled instance's trace handler taken off (see above)."""
+    from torch.cuda import _sanitizer
+
+    san = _sanitizer.cuda_sanitizer
+    if not san.enabled:
+        handler = san.dispatch.event_handler
+        set_trace_handler(handler, attached=False)
+        enable = san.enable
+
+        def enable_with_handler():
+            set_trace_handler(handler, attached=True)
+            san.enable = enable
+            enable()
+
+        san.enable = enable_with_handler
+    return _sanitizer
+
+
+class OpKind(enum.Enum):
+    PLAIN = "plain"
+    RECORD_STREAM = "record_stream"
+    COLLECTIVE = "collective"  # c10d: may run on another stream than the current one
+    SKIP = "skip"  # touches no tensor data
+
+
+class OpPlan:
+    """The data-touching tensor arguments of one operator overload."""
+
+    __slots__ = ("name", "kind", "args", "writes_returns", "multi_return")
+
+    def __init__(self, name: str, kind: OpKind, args: tuple, writes_returns: bool, multi_return: bool) -> None:
+        self.name = name
+        self.kind = kind
+        self.args = args  # (position, name, is_write, is_list)
+        self.writes_returns = writes_returns
+        self.multi_return = multi_return
+
+    def tensors(self, args: tuple, kwargs: dict, out) -> tuple[list, list]:
+        """(read tensors, written tensors) of one call."""
+        reads, writes = [], []
+        n = len(args)
+        for pos, name, is_write, is_list in self.args:
+            value = args[pos] if pos < n else kwargs.get(name)
+            if value is None:
+                continue
+            dst = writes if is_write else reads
+            if is_list:
+                for v in value:
+                    if isinstance(v, torch.Tensor):
+                        dst.append(v)
+                    elif isinstance(v, (tuple, list)):  # Tensor[][] (c10d's allgather_)
+                        dst.extend(x for x in v if isinstance(x, torch.Tensor))
+            elif isinstance(value, torch.Tensor):
+                dst.append(value)
+        if self.writes_returns and out is not None:
+            if isinstance(out, torch.Tensor):
+                writes.append(out)
+            elif isinstance(out, (tuple, list)):
+                for v in out:
+                    if isinstance(v, torch.Tensor):
+                        writes.append(v)
+                    elif isinstance(v, (tuple, list)):
+                        writes.extend(x for x in v if isinstance(x, torch.Tensor))
+        return reads, writes
+
+
+_plans: dict = {}
+_UNINITIALIZED = frozenset({"empty", "empty_like", "empty_strided", "empty_permuted", "new_empty",
+                            "new_empty_strided"})
+
+
+def plan_for(func) -> OpPlan:
+    plan = _plans.get(func)
+    if plan is None:
+        plan = _plans[func] = _compile(func)
+    return plan
+
+
+def _is_tensor_type(t) -> bool:
+    return "Tensor" in str(t)
+
+
+def _compile(func) -> OpPlan:
+    schema = func._schema
+    name = str(func)
+    if func is torch.ops.aten.record_stream.default:
+        return OpPlan(name, OpKind.RECORD_STREAM, (), False, False)
+    namespace = getattr(func, "namespace", schema.name.split("::")[0])
+    if namespace == "c10d":
+        return _compile_collective(func, name)
+    factory = bool(sanitizer_module().FACTORY_FUNCTION_REGEX.match(schema.name.split("::")[-1]))
+    args = []
+    for pos, arg in enumerate(schema.arguments):
+        if not _is_tensor_type(arg.type):
+            continue
+        alias = arg.alias_info
+        is_write = alias is not None and alias.is_write
+        metadata_only = factory or (alias is not None and not alias.is_write)
+        if is_write or not metadata_only:
+            args.append((pos if not arg.kwarg_only else 1 << 30, arg.name, is_write,
+                         str(arg.type).startswith("List[")))
+    returns = [r for r in schema.returns if _is_tensor_type(r.type)]
+    writes_returns = not factory and any(r.alias_info is None or r.alias_info.is_write for r in returns)
+    if schema.name.split("::")[-1] in _UNINITIALIZED:
+        # Fresh memory that nothing wrote: its reuse is checked at the allocation, and calling it
+        # a write would order every other stream after the allocating one for no reason.
+        writes_returns = False
+    if not args and not writes_returns:
+        kind = OpKind.SKIP
+    else:
+        kind = OpKind.PLAIN
+    return OpPlan(name, kind, tuple(args), writes_returns, len(schema.returns) > 1)
+
+
+def _compile_collective(func, name: str) -> OpPlan:
+    """c10d's schemas carry no alias annotations (the sanitizer's rules would call every output
+    a read), so a collective's accesses come from its argument names: `output*` is written,
+    `input*` read, and the in-place `tensors` of all-reduce, broadcast, reduce and recv are read and
+    written (send only reads them). The returns alias those arguments and add nothing."""
+    op = func._schema.name.split("::")[-1]
+    if op.startswith("barrier") or op.startswith("monitored_barrier"):
+        return OpPlan(name, OpKind.SKIP, (), False, False)
+    args = []
+    for pos, arg in enumerate(func._schema.arguments):
+        if not _is_tensor_type(arg.type):
+            continue
+        is_list = str(arg.type).startswith("List[")
+        lowered = arg.name.lower()
+        if lowered.startswith("output"):
+            args.append((pos, arg.name, True, is_list))
+        elif lowered.startswith("input") or lowered.startswith("sparse"):
+            args.append((pos, arg.name, False, is_list))
+        else:  # in-place buffers
+            args.append((pos, arg.name, False, is_list))
+            if not op.startswith("send"):
+                args.append((pos, arg.name, True, is_list))
+    return OpPlan(name, OpKind.COLLECTIVE, tuple(args), False, False)
+
+
+def byte_range(t: torch.Tensor) -> tuple[int, int]:
+    """(first byte, number of bytes) that `t` spans in its storage; a strided view spans the
+    bytes from its first to its last element."""
+    n = t.numel()
+    if n == 0:
+        return t.data_ptr(), 0
+    if t.is_contiguous():
+        return t.data_ptr(), n * t.element_size()
+    span = 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride()) if s > 1)
+    return t.data_ptr(), span * t.element_size()

@@ -1,0 +1,369 @@
+"""The happens-before engine: vector clocks per stream and for the host, allocations and frees,
+record_stream holds, and byte-range access histories, checked at every access and every reuse.
+
+Both front ends feed it: racecheck.detect.observer (the runtime's own events, on the CPU
+emulation and on CUDA) and racecheck.detect.torch_tracker (PyTorch ops and CUDA trace callbacks,
+for code that is not ours). Streams and events are identified by whatever hashable key the front
+end uses (runtime Stream objects, cudaStream_t handles).
+
+[Note: clocks]
+Every stream is a clock domain with a vector clock; its own entry is the epoch stamped on its
+accesses. Recording an event snapshots the stream's clock (and then advances its own entry, so
+later work is not covered); waiting merges the snapshot. The host is a domain too, without
+accesses of its own: its clock is what the host *knows to be complete*, merged at
+stream/event/device synchronization. Work enqueued afterwards on any stream is ordered after
+that, so a stream merges the host clock before each access or allocation. Enqueueing alone orders
+nothing: the host does not wait for the default stream, so a side stream that reads default-stream
+output without a wait races even though the host issued the write first (on the CPU emulation the
+default stream runs inline, which hides this from timing but not from the clocks).
+
+[Note: reuse]
+A free is a host event: the block goes back to its allocation stream's pool at once, and its bytes'
+access history is kept. An allocation on stream S that reuses bytes is checked against every access
+still recorded on them: an access by another stream T that S's clock does not cover is a
+free-while-in-use race. record_stream(t, s) is modelled as an event recorded on s at the free that
+the reusing allocation waits for (the allocator keeps the block out of the pool until it
+completes), so accesses covered by that snapshot, or already known complete by the host, are
+dropped. Accesses ordered before S but not known complete are kept: a stream U that then uses the
+new buffer without being ordered after them races too, and is reported at its access. Memory only
+moves between stream pools through a synchronizing cudaFree, so bytes of a block from another
+stream's pool count as complete.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+import itertools
+import threading
+from bisect import bisect_right, insort
+
+from racecheck.detect.report import RaceKind, RaceReport
+from racecheck.detect.shadow import Access, ShadowMemory
+from racecheck.detect.stacks import key as stack_key
+
+MAX_REPORTS = 64  # distinct races kept per engine; more are only counted
+
+
+class Domain:
+    """A stream (or the host) as a clock domain."""
+
+    __slots__ = ("key", "name", "clock", "inline", "host_version")
+
+    def __init__(self, key, name: str, *, inline: bool = False) -> None:
+        self.key = key
+        self.name = name
+        self.clock: dict[Domain, int] = {self: 1}
+        self.inline = inline  # the CPU emulation's default stream, executed by the host thread
+        self.host_version = -1
+
+    def __repr__(self) -> str:
+        return f"<Domain {self.name}>"
+
+
+class AllocState(enum.Enum):
+    LIVE = "live"
+    FREED = "freed"
+
+
+class Allocation:
+    """One generation of a block: from its allocation to its free."""
+
+    __slots__ = ("serial", "key", "ptr", "nbytes", "end", "stream", "stack", "state", "free_stack", "holds",
+                 "recorded")
+
+    def __init__(self, serial: int, key, ptr: int, nbytes: int, stream: Domain | None, stack) -> None:
+        self.serial = serial
+        self.key = key
+        self.ptr = ptr
+        self.nbytes = nbytes
+        self.end = ptr + nbytes
+        self.stream = stream  # None: allocated before the detector saw it
+        self.stack = stack
+        self.state = AllocState.LIVE
+        self.free_stack = None
+        self.holds: list[dict] = []  # clock snapshots of record_stream'd streams at the free
+        self.recorded: set[Domain] = set()  # streams given to record_stream while live
+
+
+def _join(dst: dict, src: dict) -> None:
+    for d, t in src.items():
+        if dst.get(d, 0) < t:
+            dst[d] = t
+
+
+class HappensBefore:
+    def __init__(self, *, events: dict | None = None, max_reports: int = MAX_REPORTS) -> None:
+        self.lock = threading.RLock()  # frees can arrive on any thread
+        self.host = Domain("host", "host")
+        self._host_version = 0
+        self._domains: dict[object, Domain] = {}
+        self._events = {} if events is None else events  # event key -> clock snapshot
+        self._live: dict[object, Allocation] = {}  # allocation key -> live allocation
+        self._live_at: dict[int, Allocation] = {}  # start address -> live allocation
+        self._live_starts: list[int] = []
+        self.shadow = ShadowMemory()
+        self._reports: dict[tuple, RaceReport] = {}
+        self._serials = itertools.count(1)
+        self.max_reports = max_reports
+        self.stats = collections.Counter()  # rare events; the hot counter is `accesses`
+        self.accesses = 0
+
+    # -- domains and clocks ----------------------------------------------------------------
+    def domain(self, key, name: str | None = None, *, inline: bool = False) -> Domain:
+        d = self._domains.get(key)
+        if d is None:
+            d = self._domains[key] = Domain(key, name if name is not None else str(key), inline=inline)
+        return d
+
+    def rename(self, key, name: str) -> None:
+        self.domain(key).name = name
+
+    def _now(self, d: Domain) -> dict:
+        """d's clock, after merging what the host knows complete (see [Note: clocks])."""
+        if d.host_version != self._host_version:
+            _join(d.clock, self.host.clock)
+            d.host_version = self._host_version
+        return d.clock
+
+    def _snapshot(self, d: Domain) -> dict:
+        snap = dict(self._now(d))
+        d.clock[d] += 1  # later work on d is not covered by this snapshot
+        return snap
+
+    def record_event(self, event, stream) -> None:
+        with self.lock:
+            self._events[event] = self._snapshot(self.domain(stream))
+
+    def wait_event(self, event, stream) -> None:
+        with self.lock:
+            snap = self._events.get(event)
+            if snap is not None:  # an event never recorded is complete: waiting orders nothing
+                _join(self._now(self.domain(stream)), snap)
+
+    def forget_event(self, event) -> None:
+        with self.lock:
+            self._events.pop(event, None)
+
+    def _host_learns(self, snap: dict) -> None:
+        _join(self.host.clock, snap)
+        self._host_version += 1
+
+    def host_sync_stream(self, stream) -> None:
+        with self.lock:
+            self._host_learns(self._snapshot(self.domain(stream)))
+
+    def host_sync_event(self, event) -> None:
+        with self.lock:
+            snap = self._events.get(event)
+            if snap is not None:
+                self._host_learns(snap)
+
+    def host_sync_all(self) -> None:
+        with self.lock:
+            for d in list(self._domains.values()):
+                self._host_learns(self._snapshot(d))
+
+    def clock_now(self, stream) -> dict:
+        """A copy of the stream's clock now (for front ends that check an allocation later)."""
+        with self.lock:
+            return dict(self._now(self.domain(stream)))
+
+    # -- allocations -----------------------------------------------------------------------
+    def allocate(self, key, stream, ptr: int, nbytes: int, *, stack=(), clock: dict | None = None) -> Allocation:
+        """A block handed out on `stream`; checks the reuse of its bytes ([Note: reuse]).
+        `clock`: the stream's clock at the allocation, when the front end learns the size later."""
+        with self.lock:
+            d = self.domain(stream) if stream is not None else None
+            stale = self._live.get(key)
+            if stale is not None:
+                self._retire(stale)  # its free was never reported
+            for old in self._live_overlapping(ptr, ptr + nbytes):
+                self._retire(old)
+            alloc = Allocation(next(self._serials), key, ptr, nbytes, d, stack)
+            if nbytes > 0 and d is not None:
+                self._check_reuse(alloc, d, clock if clock is not None else self._now(d))
+            self._live[key] = alloc
+            self._live_at[ptr] = alloc
+            insort(self._live_starts, ptr)
+            return alloc
+
+    def _live_overlapping(self, start: int, end: int) -> list[Allocation]:
+        starts = self._live_starts
+        i = max(bisect_right(starts, start) - 1, 0)
+        out = []
+        while i < len(starts) and starts[i] < end:
+            a = self._live_at[starts[i]]
+            if a.end > start and a.nbytes > 0:
+                out.append(a)
+            i += 1
+        return out
+
+    def _unlink(self, alloc: Allocation) -> None:
+        if self._live.get(alloc.key) is alloc:
+            del self._live[alloc.key]
+        if self._live_at.get(alloc.ptr) is alloc:
+            del self._live_at[alloc.ptr]
+            i = bisect_right(self._live_starts, alloc.ptr) - 1
+            if i >= 0 and self._live_starts[i] == alloc.ptr:
+                del self._live_starts[i]
+
+    def _retire(self, alloc: Allocation) -> None:
+        self._unlink(alloc)
+        alloc.state = AllocState.FREED
+        self.stats["unseen_frees"] += 1
+
+    def record_stream(self, key, stream) -> None:
+        with self.lock:
+            alloc = self._live.get(key)
+            if alloc is not None:
+                alloc.recorded.add(self.domain(stream))
+
+    def free(self, key, *, deferred_to=(), stack=()) -> Allocation | None:
+        """The last reference died on the host; `deferred_to`: the streams record_stream named."""
+        with self.lock:
+            alloc = self._live.get(key)
+            if alloc is None:
+                self.stats["unknown_frees"] += 1
+                return None
+            self._unlink(alloc)
+            alloc.state = AllocState.FREED
+            alloc.free_stack = stack
+            if alloc.recorded or deferred_to:
+                held = alloc.recorded | {self.domain(s) for s in deferred_to}
+                for d in held:
+                    if d is not alloc.stream:
+                        alloc.holds.append(self._snapshot(d))  # the allocator's event on d, at the free
+            return alloc
+
+    def allocation_at(self, ptr: int) -> Allocation | None:
+        """The live allocation containing address `ptr`."""
+        alloc = self._live_at.get(ptr)
+        if alloc is not None:
+            return alloc
+        i = bisect_right(self._live_starts, ptr) - 1
+        if i >= 0:
+            alloc = self._live_at[self._live_starts[i]]
+            if ptr < alloc.end:
+                return alloc
+        return None
+
+    def _check_reuse(self, alloc: Allocation, d: Domain, clock: dict) -> None:
+        shadow = self.shadow
+        i, j = shadow.span(alloc.ptr, alloc.end, fill=False)
+        if i == j:
+            return  # bytes never accessed, or known complete: nothing to check
+        host = self.host.clock
+        racing: dict[Domain, Access] = {}  # one report per racing stream: its read if any
+        for cell in shadow.cells(i, j):
+            keep_write, keep_reads = cell.write, cell.reads
+            for acc in cell.accesses():
+                dom, epoch = acc.domain, acc.epoch
+                gen = acc.alloc
+                if (host.get(dom, 0) >= epoch
+                        or (gen.stream is not None and gen.stream is not d)
+                        or any(h.get(dom, 0) >= epoch for h in gen.holds)):
+                    keep = False  # complete (see [Note: reuse])
+                elif dom is d or clock.get(dom, 0) >= epoch:
+                    keep = True
+                else:
+                    prev = racing.get(dom)
+                    if prev is None or (prev.is_write and not acc.is_write):
+                        racing[dom] = acc  # a read names the consumer the reuse cheats
+                    keep = False
+                if not keep:
+                    if acc is keep_write:
+                        keep_write = None
+                    else:
+                        keep_reads = {k: v for k, v in keep_reads.items() if v is not acc} or None
+            cell.write, cell.reads = keep_write, keep_reads
+        shadow.drop_empty(i, j)
+        if racing:
+            later = Access(d, clock.get(d, 0), True, "allocation", alloc, alloc.stack)
+            for acc in racing.values():
+                self._report(RaceKind.REUSE, acc, later)
+
+    # -- accesses --------------------------------------------------------------------------
+    def access(self, stream, ptr: int, nbytes: int, *, write: bool, op: str, stack=(),
+               alloc: Allocation | None = None, record: bool = True) -> None:
+        """Work on `stream` reads or writes [ptr, ptr + nbytes). Only memory inside a live
+        allocation is tracked: other memory has no lifetime the detector could reason about.
+        With `record=False` a read is checked against earlier writes but not remembered."""
+        if nbytes <= 0:
+            return
+        with self.lock:
+            if alloc is None:
+                alloc = self.allocation_at(ptr)
+                if alloc is None:
+                    self.stats["untracked_accesses"] += 1
+                    return
+            d = self.domain(stream)
+            self._access(d, self._now(d), ptr, nbytes, write, op, stack, alloc, record)
+
+    def access_many(self, stream, items, *, op: str, stack=()) -> None:
+        """One operator's accesses: `items` of (ptr, nbytes, is_write, allocation), all live."""
+        with self.lock:
+            d = self.domain(stream)
+            clock = self._now(d)
+            for ptr, nbytes, write, alloc in items:
+                self._access(d, clock, ptr, nbytes, write, op, stack, alloc, True)
+
+    def _access(self, d: Domain, clock: dict, ptr: int, nbytes: int, write: bool, op: str, stack,
+                alloc: Allocation, record: bool) -> None:
+        end = ptr + nbytes
+        if end > alloc.end:
+            end = alloc.end
+        acc = Access(d, clock[d], write, op, alloc, stack)
+        shadow = self.shadow
+        cells = shadow._cells
+        i = bisect_right(shadow._starts, ptr) - 1
+        if i >= 0 and cells[i].start == ptr and cells[i].end == end:  # the common case: one cell
+            j = i + 1
+            span = (cells[i],)
+        else:
+            i, j = shadow.span(ptr, end, fill=True)
+            span = cells[i:j]
+        reported = None  # one report per earlier access, however many cells
+        for cell in span:
+            w = cell.write
+            if w is not None and w.domain is not d and clock.get(w.domain, 0) < w.epoch:
+                reported = reported or set()
+                if id(w) not in reported:
+                    reported.add(id(w))
+                    self._report(RaceKind.WRITE_AFTER_WRITE if write else RaceKind.READ_AFTER_WRITE, w, acc)
+            if write:
+                reads = cell.reads
+                if reads:
+                    for r in reads.values():
+                        if r.domain is not d and clock.get(r.domain, 0) < r.epoch:
+                            reported = reported or set()
+                            if id(r) not in reported:
+                                reported.add(id(r))
+                                self._report(RaceKind.WRITE_AFTER_READ, r, acc)
+                    cell.reads = None
+                cell.write = acc
+            elif not record:
+                pass
+            elif cell.reads is None:
+                cell.reads = {d: acc}
+            else:
+                cell.reads[d] = acc
+        if write and j - i > 1:
+            shadow.coalesce(i, j)
+        self.accesses += 1
+
+    # -- reports ---------------------------------------------------------------------------
+    def _report(self, kind: RaceKind, earlier: Access, later: Access) -> None:
+        key = (kind, earlier.domain.name, earlier.op, earlier.is_write, stack_key(earlier.stack),
+               later.domain.name, later.op, stack_key(later.stack))
+        found = self._reports.get(key)
+        if found is not None:
+            found.count += 1
+        elif len(self._reports) < self.max_reports:
+            self._reports[key] = RaceReport(kind, earlier, later)
+        else:
+            self.stats["reports_dropped"] += 1
+
+    def reports(self) -> list[RaceReport]:
+        with self.lock:
+            return list(self._reports.values())

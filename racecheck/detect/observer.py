@@ -1,0 +1,187 @@
+"""The race detector on a racecheck runtime: a RuntimeObserver that feeds the happens-before engine
+with the runtime's own events, identically on the CPU emulation and on CUDA.
+
+What it sees: every allocation and free of the runtime's caching allocator (with its stream and,
+for frees, the streams record_stream deferred it to), every launch with the byte ranges it reads
+and writes (collectives included, on the stream that issues them), every event record and wait
+(`wait_stream` is one of each), and every host synchronization. With `host_ops` (the default) it
+also sees plain PyTorch operations issued on the host (autograd, optimizers, `.copy_()` in test
+code) on the runtime's buffers, through a TorchDispatchMode, and charges each to the stream that is
+current on the host: that is where CUDA would run it; on the emulation it runs on the host thread,
+the inline default stream's thread, so a host-side access is a default-stream access. Host-side
+reads are checked but not remembered ([Note: host-side reads]); operations inside a launched
+function are the launch's own and are not counted twice.
+
+Memory that the runtime did not allocate (tensors made by plain torch calls) has no lifetime the
+detector could follow, so accesses to it are not tracked; on CUDA, racecheck.detect.torch_tracker
+covers such code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import weakref
+from collections.abc import Iterator
+
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from racecheck.detect import stacks
+from racecheck.detect.dispatch import OpKind, byte_range, plan_for
+from racecheck.detect.engine import HappensBefore
+from racecheck.detect.report import RaceReport, render
+from racecheck.device.base import Runtime, RuntimeObserver
+
+
+class RaceDetector(RuntimeObserver):
+    """Reports free-while-in-use and unsynchronized cross-stream accesses in one run.
+
+        detector = RaceDetector()
+        with detector.attached(runtime):
+            ...  # code under test
+        for report in detector.reports():
+            print(report.text())
+    """
+
+    def __init__(self, *, host_ops: bool = True, stacks_on: bool = True) -> None:
+        self.engine = HappensBefore(events=weakref.WeakKeyDictionary())
+        self.host_ops = host_ops
+        self._capture = stacks.capture if stacks_on else (lambda skip=0: ())
+        self._runtime: Runtime | None = None
+        self._mode: _HostOps | None = None
+        self._launch_code = None
+
+    # -- lifetime --------------------------------------------------------------------------
+    def attach(self, rt: Runtime) -> None:
+        if self._runtime is not None:
+            raise RuntimeError("the detector is already attached to a runtime")
+        self._runtime = rt
+        self._launch_code = type(rt).launch.__code__
+        self._key(rt.default_stream())
+        rt.add_observer(self)
+        if self.host_ops:
+            self._mode = _HostOps(self, rt)
+            self._mode.__enter__()
+
+    def detach(self) -> None:
+        rt, self._runtime = self._runtime, None
+        if rt is None:
+            return
+        if self._mode is not None:
+            mode, self._mode = self._mode, None
+            mode.__exit__(None, None, None)
+        if self in rt.observers:
+            rt.remove_observer(self)
+
+    @contextlib.contextmanager
+    def attached(self, rt: Runtime) -> Iterator["RaceDetector"]:
+        self.attach(rt)
+        try:
+            yield self
+        finally:
+            self.detach()
+
+    # -- results ---------------------------------------------------------------------------
+    def reports(self) -> list[RaceReport]:
+        return self.engine.reports()
+
+    def report_texts(self) -> list[str]:
+        return [r.text() for r in self.reports()]
+
+    def render(self) -> str:
+        return render(self.reports())
+
+    # -- runtime events --------------------------------------------------------------------
+    def _key(self, stream):
+        """The engine key of a runtime stream (the stream itself), named on first use."""
+        self.engine.domain(stream, stream.name, inline=getattr(stream, "inline", False))
+        return stream
+
+    def on_alloc(self, rt, *, block, stream, ptr, nbytes) -> None:
+        self.engine.allocate(block, self._key(stream), ptr, nbytes, stack=self._capture())
+
+    def on_free(self, rt, *, block, stream, ptr, nbytes, deferred_to) -> None:
+        self.engine.free(block, deferred_to=[self._key(s) for s in deferred_to], stack=self._capture())
+
+    def on_record_stream(self, rt, *, block, stream) -> None:
+        self.engine.record_stream(block, self._key(stream))
+
+    def on_launch(self, rt, *, stream, name, reads, writes) -> None:
+        key = self._key(stream)
+        stack = self._capture()
+        engine = self.engine
+        for r in reads:
+            engine.access(key, r.ptr, r.nbytes, write=False, op=name, stack=stack)
+        for w in writes:
+            engine.access(key, w.ptr, w.nbytes, write=True, op=name, stack=stack)
+
+    def on_event_record(self, rt, *, event, stream) -> None:
+        self.engine.record_event(event, self._key(stream))
+
+    def on_event_wait(self, rt, *, event, stream) -> None:
+        self.engine.wait_event(event, self._key(stream))
+
+    def on_host_sync(self, rt, *, stream, event) -> None:
+        if stream is not None:
+            self.engine.host_sync_stream(self._key(stream))
+        elif event is not None:
+            self.engine.host_sync_event(event)
+        else:
+            self.engine.host_sync_all()
+
+    # -- host-side PyTorch operations ------------------------------------------------------
+    def _inside_launch(self) -> bool:
+        """Whether the op runs inside Runtime.launch's function (the inline default stream's work,
+        or CUDA's kernels): on_launch already reported its accesses."""
+        code = self._launch_code
+        frame = sys._getframe(2)
+        while frame is not None:
+            if frame.f_code is code:
+                return True
+            frame = frame.f_back
+        return False
+
+    def _host_op(self, func, args, kwargs, out) -> None:
+        plan = plan_for(func)
+        if plan.kind is OpKind.SKIP or plan.kind is OpKind.RECORD_STREAM:
+            return
+        reads, writes = plan.tensors(args, kwargs or {}, out)
+        engine = self.engine
+        touched = []
+        for tensors, is_write in ((reads, False), (writes, True)):
+            for t in tensors:
+                ptr, nbytes = byte_range(t)
+                if nbytes and engine.allocation_at(ptr) is not None:
+                    touched.append((ptr, nbytes, is_write))
+        if not touched or self._inside_launch():
+            return
+        key = self._key(self._runtime.current_stream())
+        stack = self._capture()
+        for ptr, nbytes, is_write in touched:
+            # [Note: host-side reads] below: a read is checked, not remembered.
+            engine.access(key, ptr, nbytes, write=is_write, op=plan.name, stack=stack, record=is_write)
+
+
+# [Note: host-side reads]
+# A host-issued read of a runtime buffer is checked against the writes it must be ordered after
+# (reading data another stream has not been made to finish is a race on any device), but it is not
+# remembered for later write-after-read or reuse checks. On a GPU the same line of code may be a
+# kernel on the current stream or a device-to-host copy that synchronizes (`.cpu()`, `.item()`):
+# the emulation, where runtime buffers are host memory and `.cpu()` is the identity, cannot tell
+# them apart, and remembering the read would report correct code that hands results to the host.
+# Host-issued writes are remembered and checked like launched ones.
+
+
+class _HostOps(TorchDispatchMode):
+    """Reports host-issued PyTorch operations on the runtime's buffers to the detector."""
+
+    def __init__(self, detector: RaceDetector, rt: Runtime) -> None:
+        super().__init__()
+        self.detector = detector
+        self.device_type = rt.device.type
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if self.detector._runtime is not None:
+            self.detector._host_op(func, args, kwargs, out)
+        return out

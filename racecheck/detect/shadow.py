@@ -1,0 +1,121 @@
+"""Shadow memory: the last accesses to every tracked byte, as sorted, non-overlapping cells.
+
+A cell is a byte range whose bytes share one access history in the FastTrack style: the last
+write, and the last read by each clock domain since that write. Cells are split where an access
+starts or ends inside one (views and offsets), created over bytes seen for the first time, and
+merged again when one write covers several. History is *not* dropped when a block is freed: the
+accesses of a freed buffer stay on its bytes until an allocation that reuses them has been checked
+against them (see engine.py, [Note: reuse]).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+
+
+class Access:
+    """One read or write of a byte range by a clock domain at an epoch (its own clock entry)."""
+
+    __slots__ = ("domain", "epoch", "is_write", "op", "alloc", "stack")
+
+    def __init__(self, domain, epoch: int, is_write: bool, op: str, alloc, stack) -> None:
+        self.domain = domain
+        self.epoch = epoch
+        self.is_write = is_write
+        self.op = op
+        self.alloc = alloc  # the Allocation (generation of the bytes) it touched
+        self.stack = stack
+
+
+class Cell:
+    __slots__ = ("start", "end", "write", "reads")
+
+    def __init__(self, start: int, end: int, write: Access | None = None, reads: dict | None = None) -> None:
+        self.start = start
+        self.end = end
+        self.write = write
+        self.reads = reads  # domain -> Access, or None when there is none
+
+    def split(self, at: int) -> "Cell":
+        """Cut this cell at `at`; it keeps [start, at) and the returned cell gets [at, end)."""
+        right = Cell(at, self.end, self.write, dict(self.reads) if self.reads else None)
+        self.end = at
+        return right
+
+    def accesses(self) -> list[Access]:
+        out = [] if self.write is None else [self.write]
+        if self.reads:
+            out.extend(self.reads.values())
+        return out
+
+    @property
+    def empty(self) -> bool:
+        return self.write is None and not self.reads
+
+
+class ShadowMemory:
+    def __init__(self) -> None:
+        self._starts: list[int] = []
+        self._cells: list[Cell] = []
+
+    def __len__(self) -> int:
+        return len(self._cells)
+
+    def _boundary(self, addr: int) -> int:
+        """Make sure no cell straddles `addr`; the index of the first cell starting at or after it."""
+        i = bisect_right(self._starts, addr) - 1
+        if i >= 0:
+            cell = self._cells[i]
+            if cell.start == addr:
+                return i
+            if cell.end > addr:
+                self._cells.insert(i + 1, cell.split(addr))
+                self._starts.insert(i + 1, addr)
+            return i + 1
+        return 0
+
+    def span(self, start: int, end: int, *, fill: bool) -> tuple[int, int]:
+        """Index range [i, j) of the cells tiling [start, end), split at both ends. With `fill`,
+        bytes never seen before get empty cells, so the range is covered without gaps."""
+        i = bisect_right(self._starts, start) - 1
+        if i >= 0:  # fast path: the range is exactly one existing cell (a whole-tensor access)
+            cell = self._cells[i]
+            if cell.start == start and cell.end == end:
+                return i, i + 1
+        i = self._boundary(start)
+        j = self._boundary(end)
+        if fill:
+            pos, k = start, i
+            while pos < end:
+                if k < j and self._cells[k].start == pos:
+                    pos = self._cells[k].end
+                    k += 1
+                    continue
+                gap_end = self._cells[k].start if k < j else end
+                self._cells.insert(k, Cell(pos, gap_end))
+                self._starts.insert(k, pos)
+                j += 1
+                k += 1
+                pos = gap_end
+        return i, j
+
+    def cells(self, i: int, j: int) -> list[Cell]:
+        return self._cells[i:j]
+
+    def coalesce(self, i: int, j: int) -> None:
+        """Merge cells [i, j) into one; they must be contiguous and hold the same history (as
+        after one write covered them all)."""
+        if j - i < 2:
+            return
+        first = self._cells[i]
+        first.end = self._cells[j - 1].end
+        del self._cells[i + 1:j]
+        del self._starts[i + 1:j]
+
+    def drop_empty(self, i: int, j: int) -> None:
+        """Remove cells in [i, j) that hold no access any more."""
+        keep_cells = [c for c in self._cells[i:j] if not c.empty]
+        if len(keep_cells) == j - i:
+            return
+        self._cells[i:j] = keep_cells
+        self._starts[i:j] = [c.start for c in keep_cells]

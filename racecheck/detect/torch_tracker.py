@@ -1,0 +1,343 @@
+"""Race detection for plain PyTorch code on CUDA: code that is not written against racecheck's
+runtime (a training loop, someone else's FSDP), in one run, with no perturbation.
+
+    with TorchRaceTracker() as tracker:
+        train_step()
+    for report in tracker.reports():
+        print(report.text())
+
+It is built on torch.cuda._sanitizer's machinery: a TorchDispatchMode sees every operator and its
+arguments (read and written by the sanitizer's schema rules, see dispatch.py), and a subclass of the
+sanitizer's EventHandler receives the CUDA trace callbacks (allocations, frees, event record and
+wait, stream, event and device synchronization), registered the way the sanitizer registers its
+own. Where the sanitizer misses the motivating race, this tracker does not:
+- a free keeps the block's history: the sanitizer deletes a pointer's accesses at the free, so the
+  allocation that reuses the block starts clean; here the bytes stay tracked and the reusing
+  allocation, on its stream, is checked against every access not ordered before it (engine.py,
+  [Note: reuse]). The allocation stream is the stream current when the allocator was called;
+- accesses are byte ranges of storages (views at offsets, split blocks), not data pointers;
+- record_stream, which the sanitizer skips, defers the reuse as the allocator does;
+- a c10d collective is charged to the stream it runs on: the current stream for synchronous
+  collectives on PyTorch >= 2.8, otherwise ProcessGroupNCCL's internal stream, recognized as the
+  stream that waits on an event while the collective is issued; its accesses are placed before
+  the first event that stream records (the collective's end event), so `work.wait()` orders them.
+Its cost is kept low by compiling each operator's schema once, capturing compact stacks (code
+objects, user frames only) and formatting nothing until a report is asked for.
+
+Limits: memory allocated before the tracker started is adopted at its first access without an
+allocation stream (its first reuse is not checked); on PyTorch < 2.8, ProcessGroupNCCL's own
+record_stream calls are invisible (set TORCH_NCCL_AVOID_RECORD_STREAMS=1); one device.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from racecheck.detect import stacks
+from racecheck.detect.dispatch import (OpKind, _plans, byte_range, plan_for, sanitizer_module,
+                                      set_trace_handler)
+from racecheck.detect.engine import HappensBefore
+from racecheck.detect.report import RaceReport, render
+
+
+def _handler_base():
+    return sanitizer_module().EventHandler
+
+
+class _InFlight:
+    """A collective being issued: the stream it runs on, once known, and whether its accesses
+    have been charged."""
+
+    __slots__ = ("plan", "args", "kwargs", "issuer", "stream", "charged")
+
+    def __init__(self, plan, args, kwargs, issuer: int) -> None:
+        self.plan, self.args, self.kwargs = plan, args, kwargs
+        self.issuer = issuer
+        self.stream: int | None = None  # a stream other than the issuer that waited during the call
+        self.charged = False
+
+
+class TorchRaceTracker:
+    def __init__(self, *, device_type: str = "cuda", stacks_on: bool = True,
+                 current_stream: Callable[[], int] | None = None,
+                 stream_handle: Callable[[object], int] | None = None) -> None:
+        """`device_type`, `current_stream` and `stream_handle` exist for tests on the CPU, which
+        drive the trace handler by hand; on CUDA leave them alone."""
+        self.engine = HappensBefore()
+        self.device_type = device_type
+        self._capture = stacks.capture if stacks_on else (lambda skip=0: ())
+        self._current = current_stream
+        self._stream_handle = stream_handle or _cuda_stream_handle
+        self._names: dict[int, str] = {}
+        self._domains = self.engine._domains
+        self._pending: dict[int, tuple] = {}  # ptr -> (stream, clock at allocation, stack)
+        self._inflight: _InFlight | None = None
+        self.handler = _make_handler(self)
+        self._mode: _TrackerMode | None = None
+        self.errors: list[str] = []  # internal failures (callbacks must never raise into PyTorch)
+        self.stats = collections.Counter()
+        self.ops = 0  # operators with tracked accesses
+
+    # -- lifetime --------------------------------------------------------------------------
+    def __enter__(self) -> "TorchRaceTracker":
+        if self.device_type == "cuda":
+            if self._current is None:
+                self._current = _cuda_current_stream_fn()
+            self.name_stream(torch.cuda.default_stream().cuda_stream, "default")
+            torch._C._activate_gpu_trace()
+            set_trace_handler(self.handler, attached=True)
+        self._mode = _TrackerMode(self)
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._mode is not None:
+            self._mode.__exit__(*exc)
+            self._mode = None
+        if self.device_type == "cuda":
+            set_trace_handler(self.handler, attached=False)
+
+    def name_stream(self, stream, name: str) -> None:
+        """Name a stream (a torch.cuda.Stream or its handle) in reports."""
+        handle = stream if isinstance(stream, int) else self._stream_handle(stream)
+        self._names[handle] = name
+        self.engine.rename(handle, name)
+
+    # -- results ---------------------------------------------------------------------------
+    def reports(self) -> list[RaceReport]:
+        return self.engine.reports()
+
+    def render(self) -> str:
+        return render(self.reports())
+
+    # -- streams ---------------------------------------------------------------------------
+    def _key(self, handle: int) -> int:
+        if handle not in self._domains:
+            name = self._names.get(handle) or ("default" if handle == 0 else f"stream {handle:#x}")
+            self.engine.domain(handle, name)
+        return handle
+
+    # -- trace callbacks (through the handler) ---------------------------------------------
+    # [Note: pending allocations]
+    # The allocation callback gives only the block's address; its size is learnt when an operator
+    # returns or touches the new storage, and the reuse is checked then, against the allocating
+    # stream's clock *at the allocation*. That clock only grows by waits and host
+    # synchronizations, so it is copied lazily: right before the tracker applies one (`_freeze`).
+    # The callbacks themselves are the handler's _handle_memory_(de)allocation below.
+    def _freeze(self) -> None:
+        for entry in self._pending.values():
+            if entry[1] is None:
+                entry[1] = self.engine.clock_now(entry[0])
+
+    def _on_event_record(self, event: int, stream: int) -> None:
+        flight = self._inflight
+        if flight is not None and not flight.charged and flight.stream == stream:
+            self._charge(flight, None)  # the collective's kernel precedes its end event
+        self.engine.record_event(event, self._key(stream))
+
+    def _on_event_wait(self, event: int, stream: int) -> None:
+        flight = self._inflight
+        if flight is not None and stream != flight.issuer and flight.stream is None:
+            flight.stream = stream  # the internal stream the collective runs on
+            self._names.setdefault(stream, f"collective stream {stream:#x}")
+        if self._pending:
+            self._freeze()
+        self.engine.wait_event(event, self._key(stream))
+
+    def _on_host_sync(self, kind: str, arg=None) -> None:
+        if self._pending:
+            self._freeze()
+        if kind == "device":
+            self.engine.host_sync_all()
+        elif kind == "stream":
+            self.engine.host_sync_stream(self._key(arg))
+        else:
+            self.engine.host_sync_event(arg)
+
+    # -- operators (through the dispatch mode) ---------------------------------------------
+    def _op(self, plan, args, kwargs, out, stream: int | None = None) -> None:
+        reads, writes = plan.tensors(args, kwargs, out)
+        pending = self._pending
+        stack = None  # captured once, when first needed
+        if pending and out is not None and not plan.writes_returns:
+            stack = self._capture()
+            self._resolve_returns(out, stack)  # empty(), *_like factories: sized by what they return
+        if not reads and not writes:
+            return
+        cuda = self.device_type == "cuda"
+        engine = self.engine
+        live_at = engine._live_at
+        items = []
+        for tensors, is_write in ((reads, False), (writes, True)):
+            for t in tensors:
+                if t.is_cuda is not cuda:
+                    continue
+                ptr = t.data_ptr()
+                if pending and ptr in pending:
+                    if stack is None:
+                        stack = self._capture()
+                    self._resolve(t, stack)
+                numel = t.numel()
+                if not numel:
+                    continue
+                nbytes = numel * t.element_size() if t.is_contiguous() else byte_range(t)[1]
+                alloc = live_at.get(ptr) or engine.allocation_at(ptr) or self._adopt(t, stack)
+                items.append((ptr, nbytes, is_write, alloc))
+        if not items:
+            return
+        key = self._key(self._current() if stream is None else stream)
+        engine.access_many(key, items, op=plan.name, stack=stack if stack is not None else self._capture())
+        self.ops += 1
+
+    def _resolve_returns(self, out, stack) -> None:
+        if isinstance(out, torch.Tensor):
+            if out.data_ptr() in self._pending:
+                self._resolve(out, stack)
+        elif isinstance(out, (tuple, list)):
+            for t in out:
+                if isinstance(t, torch.Tensor) and t.data_ptr() in self._pending:
+                    self._resolve(t, stack)
+
+    def _resolve(self, t: torch.Tensor, stack):
+        """The pending allocation whose block `t` starts (see [Note: pending allocations])."""
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        found = self._pending.pop(ptr, None)
+        if found is None:
+            return None
+        s, clock, alloc_stack = found
+        if alloc_stack is None:
+            alloc_stack = stack if stack is not None else self._capture()
+        return self.engine.allocate(ptr, s, ptr, storage.nbytes(), stack=alloc_stack, clock=clock)
+
+    def _adopt(self, t: torch.Tensor, stack=None):
+        """A storage the tracker has no live allocation for: allocated while no op could tell its
+        size (resolved now) or before the tracker started (adopted without a stream)."""
+        alloc = self._resolve(t, stack)
+        if alloc is not None:
+            return alloc
+        self.stats["adopted"] += 1
+        storage = t.untyped_storage()
+        return self.engine.allocate(storage.data_ptr(), None, storage.data_ptr(), storage.nbytes())
+
+    def _record_stream(self, args) -> None:
+        tensor, stream = args[0], args[1]
+        alloc = self.engine.allocation_at(tensor.data_ptr())
+        if alloc is not None:
+            self.engine.record_stream(alloc.key, self._key(self._stream_handle(stream)))
+
+    def _collective(self, func, plan, args, kwargs):
+        flight = _InFlight(plan, args, kwargs, self._current())
+        self._inflight = flight
+        try:
+            out = func(*args, **kwargs)
+        finally:
+            self._inflight = None
+        if not flight.charged:
+            self._guard(self._charge, flight, out)
+        return out
+
+    def _charge(self, flight: _InFlight, out) -> None:
+        flight.charged = True
+        self._op(flight.plan, flight.args, flight.kwargs, out,
+                 stream=flight.stream if flight.stream is not None else flight.issuer)
+        self.stats["collectives"] += 1
+
+    def _guard(self, fn, *args) -> None:
+        try:
+            fn(*args)
+        except Exception as exc:  # never break the program under test
+            self.errors.append(f"{type(exc).__name__}: {exc}")
+
+
+def _make_handler(tracker: TorchRaceTracker):
+    """An EventHandler of torch.cuda._sanitizer whose callbacks feed the racecheck engine instead
+    of the sanitizer's per-pointer history (which a free erases)."""
+
+    class TraceHandler(_handler_base()):
+        def __init__(self) -> None:
+            super().__init__()
+            self.tracker = tracker
+
+        def _handle_event_creation(self, event):
+            pass
+
+        def _handle_event_deletion(self, event):
+            tracker._guard(tracker.engine.forget_event, event)
+
+        def _handle_event_record(self, event, stream):
+            tracker._guard(tracker._on_event_record, event, stream)
+
+        def _handle_event_wait(self, event, stream):
+            tracker._guard(tracker._on_event_wait, event, stream)
+
+        def _handle_memory_allocation(self, data_ptr):  # the most frequent: no extra call layer
+            try:
+                # The stack is the allocating operator's: _op captures it when it resolves this.
+                tracker._pending[data_ptr] = [tracker._key(tracker._current()), None, None]
+            except Exception as exc:
+                tracker.errors.append(f"{type(exc).__name__}: {exc}")
+
+        def _handle_memory_deallocation(self, data_ptr):
+            try:
+                if tracker._pending.pop(data_ptr, None) is None:  # else: no op ever touched it
+                    tracker.engine.free(data_ptr, stack=tracker._capture())
+            except Exception as exc:
+                tracker.errors.append(f"{type(exc).__name__}: {exc}")
+
+        def _handle_stream_creation(self, stream):
+            pass
+
+        def _handle_device_synchronization(self):
+            tracker._guard(tracker._on_host_sync, "device")
+
+        def _handle_stream_synchronization(self, stream):
+            tracker._guard(tracker._on_host_sync, "stream", stream)
+
+        def _handle_event_synchronization(self, event):
+            tracker._guard(tracker._on_host_sync, "event", event)
+
+    return TraceHandler()
+
+
+class _TrackerMode(TorchDispatchMode):
+    def __init__(self, tracker: TorchRaceTracker) -> None:
+        super().__init__()
+        self.tracker = tracker
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        tracker = self.tracker
+        plan = _plans.get(func) or plan_for(func)
+        kind = plan.kind
+        if kind is OpKind.PLAIN:
+            out = func(*args, **kwargs)
+            try:
+                tracker._op(plan, args, kwargs, out)
+            except Exception as exc:  # never break the program under test
+                tracker.errors.append(f"{type(exc).__name__}: {exc}")
+            return out
+        if kind is OpKind.COLLECTIVE:
+            return tracker._collective(func, plan, args, kwargs)
+        if kind is OpKind.RECORD_STREAM:
+            tracker._guard(tracker._record_stream, args)
+        return func(*args, **kwargs)
+
+
+def _cuda_current_stream_fn() -> Callable[[], int]:
+    index = torch.cuda.current_device()
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return lambda: raw(index)
+    return lambda: torch.cuda.current_stream(index).cuda_stream
+
+
+def _cuda_stream_handle(stream) -> int:
+    if isinstance(stream, torch.cuda.Stream):
+        return stream.cuda_stream
+    return torch.cuda.Stream(stream_id=stream.stream_id, device_index=stream.device_index,
+                             device_type=stream.device_type).cuda_stream

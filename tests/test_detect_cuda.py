@@ -1,0 +1,89 @@
+"""The detector on a GPU: the runtime's own events on racecheck's CUDA backend, and the tracker for
+plain PyTorch code. The same patterns as tests/test_detect.py, where the CPU emulation runs them;
+skipped without a GPU (run on the GPU machine with `pytest tests/test_detect_cuda.py`)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from racecheck.detect import RaceKind
+
+pytestmark = [pytest.mark.cuda,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+N = 1 << 20  # 4 MiB buffers
+
+
+@pytest.fixture
+def rt():
+    from racecheck.device.cuda import CudaRuntime
+
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    runtime = CudaRuntime()
+    yield runtime
+    runtime.synchronize()
+
+
+def copy(out, src):
+    out.copy_(src)
+
+
+@pytest.mark.parametrize("fix", [None, "record_stream", "hold_until_wait", "wait_stream"])
+def test_runtime_detector_on_cuda(rt, fix):
+    from racecheck.detect import RaceDetector
+
+    side = rt.new_stream("side")
+    with RaceDetector().attached(rt) as det:
+        a = rt.zeros(N)
+        side.wait_stream(rt.default_stream())  # producer default (zeros), consumer side
+        with rt.stream(side):
+            out = rt.empty(N)
+            rt.launch("consume", copy, reads=(a,), writes=(out,))
+            if fix == "record_stream":
+                rt.record_stream(a, side)
+        if fix == "hold_until_wait":
+            ev = rt.new_event()
+            ev.record(side)
+            rt.default_stream().wait_event(ev)
+        elif fix == "wait_stream":
+            rt.default_stream().wait_stream(side)
+        del a
+        b = rt.zeros(N)  # the caching allocator hands out a's block when it may
+        rt.synchronize()
+    assert [r.kind for r in det.reports()] == ([RaceKind.REUSE] if fix is None else [])
+    del out, b
+
+
+@pytest.mark.parametrize("fix", [None, "record_stream", "hold_until_wait", "fixed"])
+def test_torch_tracker_on_plain_pytorch(fix):
+    from racecheck.detect import TorchRaceTracker
+
+    torch.cuda.synchronize()
+    default, rs = torch.cuda.current_stream(), torch.cuda.Stream()
+    with TorchRaceTracker() as tracker:
+        grad = torch.randn(N, device="cuda")
+        a = None if fix == "fixed" else torch.zeros(N, device="cuda")
+        rs.wait_stream(default)
+        with torch.cuda.stream(rs):
+            if a is None:
+                a = torch.zeros(N, device="cuda")  # allocated on the consuming stream
+            a.add_(grad)
+            torch.cuda._sleep(1_000_000)
+            b = torch.empty(N, device="cuda")
+            b.copy_(a)
+            if fix == "record_stream":
+                a.record_stream(rs)
+            ev = torch.cuda.Event()
+            ev.record(rs)
+        if fix == "hold_until_wait":
+            default.wait_event(ev)
+        del a
+        c = torch.zeros(N, device="cuda")
+        default.wait_stream(rs)
+        torch.cuda.synchronize()
+    assert tracker.errors == []
+    kinds = [r.kind for r in tracker.reports()]
+    assert kinds == ([RaceKind.REUSE] if fix is None else []), tracker.render() if kinds else ""
+    del b, c

@@ -1,0 +1,176 @@
+"""The tracker for plain PyTorch code, driven on the CPU: its dispatch mode sees real operators on
+CPU tensors, and the CUDA trace callbacks (allocation, free, event record and wait, syncs) are
+called by hand in the order the caching allocator and CUDA would call them. The streams are plain
+integers standing for cudaStream_t handles. The same code runs on a GPU in
+bench/sanitizer_compare.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from racecheck.detect import RaceKind
+from racecheck.detect.dispatch import plan_for
+from racecheck.detect.torch_tracker import TorchRaceTracker, _InFlight
+
+DEFAULT, RS, NCCL = 0, 0x100, 0x200
+N = 1024
+
+
+class Streams:
+    """The current stream of the (pretend) CUDA thread."""
+
+    def __init__(self) -> None:
+        self.current = DEFAULT
+
+    def __call__(self) -> int:
+        return self.current
+
+
+@pytest.fixture
+def cur():
+    return Streams()
+
+
+@pytest.fixture
+def tracker(cur):
+    t = TorchRaceTracker(device_type="cpu", current_stream=cur, stream_handle=lambda s: s)
+    t.name_stream(DEFAULT, "default")
+    t.name_stream(RS, "reduce_scatter")
+    with t:
+        yield t
+    assert t.errors == []
+
+
+def alloc(tracker, cur, stream, numel=N, *, block: torch.Tensor | None = None) -> torch.Tensor:
+    """A tensor as the caching allocator would hand it out on `stream`: the trace callback fires
+    (with the stream current), then the factory op runs. `block` reuses another tensor's memory."""
+    saved, cur.current = cur.current, stream
+    try:
+        t = torch.empty(numel) if block is None else block.view(-1)[:numel]
+        tracker.handler._handle_memory_allocation(t.untyped_storage().data_ptr())
+        t.zero_()
+        return t
+    finally:
+        cur.current = saved
+
+
+def free(tracker, t: torch.Tensor) -> None:
+    tracker.handler._handle_memory_deallocation(t.untyped_storage().data_ptr())
+
+
+def record(tracker, event: int, stream: int) -> None:
+    tracker.handler._handle_event_record(event, stream)
+
+
+def wait(tracker, event: int, stream: int) -> None:
+    tracker.handler._handle_event_wait(event, stream)
+
+
+def motivating(tracker, cur, *, fix: str | None):
+    """main_grad A on default, accumulated and read by the reduce-scatter stream, then dropped;
+    the next default-stream allocation gets A's block."""
+    grad = alloc(tracker, cur, DEFAULT).normal_()
+    a = alloc(tracker, cur, DEFAULT)
+    record(tracker, 1, DEFAULT)
+    wait(tracker, 1, RS)  # rs.wait_stream(default)
+    cur.current = RS
+    a.add_(grad)
+    b = alloc(tracker, cur, RS)
+    b.copy_(a)  # the reduce-scatter reads A
+    if fix == "record_stream":
+        tracker._record_stream((a, RS))  # what the dispatch mode does for aten.record_stream
+    cur.current = DEFAULT
+    if fix == "hold_until_wait":
+        record(tracker, 2, RS)
+        wait(tracker, 2, DEFAULT)
+    free(tracker, a)
+    alloc(tracker, cur, DEFAULT, block=a)  # the caching allocator hands A's block out again
+    return b
+
+
+def test_reuse_after_free_is_reported(tracker, cur):
+    motivating(tracker, cur, fix=None)
+    (report,) = tracker.reports()
+    assert report.kind is RaceKind.REUSE
+    assert report.streams() == ("reduce_scatter", "default")
+    assert "aten.copy_" in report.text()
+
+
+@pytest.mark.parametrize("fix", ["record_stream", "hold_until_wait"])
+def test_fixed_versions_are_not_reported(tracker, cur, fix):
+    motivating(tracker, cur, fix=fix)
+    assert tracker.reports() == []
+
+
+def test_stream_synchronize_then_reuse_is_not_reported(tracker, cur):
+    grad = alloc(tracker, cur, DEFAULT)
+    a = alloc(tracker, cur, DEFAULT)
+    record(tracker, 1, DEFAULT)
+    wait(tracker, 1, RS)
+    cur.current = RS
+    a.add_(grad)
+    cur.current = DEFAULT
+    tracker.handler._handle_stream_synchronization(RS)
+    free(tracker, a)
+    alloc(tracker, cur, DEFAULT, block=a)
+    assert tracker.reports() == []
+
+
+def test_unsynchronized_read_is_reported(tracker, cur):
+    a = alloc(tracker, cur, DEFAULT)
+    a.fill_(1.0)
+    cur.current = RS
+    a.sum()  # no wait on default
+    (report,) = tracker.reports()
+    assert report.kind is RaceKind.READ_AFTER_WRITE
+
+
+def test_collective_is_charged_to_the_stream_that_waited_during_it(tracker, cur):
+    """PyTorch < 2.8 (or async_op=True): ProcessGroupNCCL records an event on the current stream,
+    makes its own stream wait for it, launches there and records its end event there."""
+    grad = alloc(tracker, cur, DEFAULT)
+    flight = _InFlight(plan_for(torch.ops.aten.add_.Tensor), (grad, grad), {}, DEFAULT)
+    tracker._inflight = flight
+    record(tracker, 7, DEFAULT)
+    wait(tracker, 7, NCCL)
+    record(tracker, 8, NCCL)  # the end event: the accesses are charged before it
+    tracker._inflight = None
+    assert flight.charged and flight.stream == NCCL
+    free(tracker, grad)
+    alloc(tracker, cur, DEFAULT, block=grad)  # nobody waited for the end event
+    (report,) = tracker.reports()
+    assert report.kind is RaceKind.REUSE and report.earlier.domain.key == NCCL
+
+
+def test_collective_end_event_waited_orders_the_reuse(tracker, cur):
+    grad = alloc(tracker, cur, DEFAULT)
+    flight = _InFlight(plan_for(torch.ops.aten.add_.Tensor), (grad, grad), {}, DEFAULT)
+    tracker._inflight = flight
+    record(tracker, 7, DEFAULT)
+    wait(tracker, 7, NCCL)
+    record(tracker, 8, NCCL)
+    tracker._inflight = None
+    wait(tracker, 8, DEFAULT)  # work.wait()
+    free(tracker, grad)
+    alloc(tracker, cur, DEFAULT, block=grad)
+    assert tracker.reports() == []
+
+
+def test_tensors_from_before_the_tracker_are_adopted(cur):
+    before = torch.ones(N)
+    with TorchRaceTracker(device_type="cpu", current_stream=cur, stream_handle=lambda s: s) as t:
+        before.add_(1.0)
+        cur.current = RS
+        before.sum()
+    assert t.stats["adopted"] >= 1  # `before` (and, on the CPU, the scalar sum() returns)
+    assert [r.kind for r in t.reports()] == [RaceKind.READ_AFTER_WRITE]
+
+
+def test_c10d_plans_follow_argument_names():
+    rs = plan_for(torch.ops.c10d._reduce_scatter_base_.default)
+    assert [(name, w) for _, name, w, _ in rs.args] == [("output_tensor", True), ("input_tensor", False)]
+    ar = plan_for(torch.ops.c10d.allreduce_.default)
+    assert ("tensors", True) in [(name, w) for _, name, w, _ in ar.args]
+    assert plan_for(torch.ops.aten.view.default).kind.value == "skip"
