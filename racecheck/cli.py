@@ -5,13 +5,15 @@ Heavy imports (torch, pandas) happen inside commands so that `racecheck --help` 
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
 from pathlib import Path
 
 import click
 
-from racecheck.exitcodes import ExitCode, InfrastructureError
+from racecheck.exitcodes import ExitCode, InfrastructureError, InputError
+from racecheck.trials import run_options
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -30,7 +32,7 @@ def _register_analysis_commands() -> None:
 def main() -> None:
     """Console entry point: maps racecheck's own errors to the documented exit codes."""
     try:
-        rc = cli.main(standalone_mode=False)
+        rc = cli.main(prog_name="racecheck", standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("racecheck: aborted", err=True)
         sys.exit(130)
@@ -42,101 +44,225 @@ def main() -> None:
     except click.ClickException as exc:
         click.echo(f"racecheck: error: {exc.format_message()}", err=True)
         sys.exit(exc.exit_code)
+    except InputError as exc:
+        click.echo(f"racecheck: error: {exc}", err=True)
+        sys.exit(ExitCode.USAGE)
     except InfrastructureError as exc:
         click.echo(f"racecheck: infrastructure error: {exc}", err=True)
         sys.exit(ExitCode.INFRASTRUCTURE)
     sys.exit(rc if isinstance(rc, int) else ExitCode.OK)
 
 
-def _parse_trials(ctx, param, value: str) -> int:
+def _parse_trials(ctx, param, value):
+    if value is None or value == "auto":
+        return value
     try:
         n = int(value)
     except ValueError:
-        raise click.BadParameter(f"{value!r} is not a whole number") from None
+        raise click.BadParameter(f"{value!r} is not a whole number or 'auto'") from None
     if n < 1:
         raise click.BadParameter("must be at least 1")
     return n
 
 
-@cli.command("run", context_settings={"ignore_unknown_options": False})
-@click.option("--scenario", "scenario_names", default="main_grad_reuse", show_default=True,
-              help="Scenario name(s), comma separated, or 'all' (then every arm of each scenario).")
-@click.option("--arms", default=None, help="Arms to alternate, comma separated (default: the scenario's).")
-@click.option("--trials", default="10", show_default=True, callback=_parse_trials,
-              help="Trials per arm.")
+def _parse_shard(ctx, param, value):
+    from racecheck.trials.schedule import Shard
+
+    if value is None:
+        return None
+    try:
+        return Shard.parse(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def _parse_stop(ctx, param, value):
+    if value is None:
+        return ()
+    from racecheck.trials.stopping import parse_rules
+
+    try:
+        return parse_rules(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def _rate(ctx, param, value):
+    from racecheck.trials.cli_commands import _rate as check
+
+    return check(ctx, param, value)
+
+
+@cli.command("run")
+@click.option("--scenario", "scenario_names", default=None,
+              help="Catalogue scenario(s), comma separated, or 'all' (then every arm of each). "
+                   "Default: the suite of ./pyproject.toml's [tool.racecheck], else main_grad_reuse.")
+@click.option("--config", "config_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Run the suite and arms of this TOML file ([tool.racecheck] or top-level keys).")
+@click.option("--arms", default=None, help="Arms to run, comma separated (default: the suite's).")
+@click.option("--trials", default=None, callback=_parse_trials, metavar="N|auto",
+              help="Trials per arm [default: 10; on --resume, the run's]; 'auto' = enough to bound a "
+                   "clean arm and separate the arms (racecheck plan).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Output folder for trials.jsonl and summary.csv (default: racecheck-out/run-TIME).")
-@click.option("--perturb", default=None, help="Perturbation profile or rules (default: the scenario's).")
+@click.option("--resume", "resume_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Continue the run in this folder up to --trials (its settings come from run.json).")
+@click.option("--perturb", default=None, help="Perturbation profile or rules (default: the suite's; "
+                                              "an arm's own profile wins).")
 @click.option("--no-perturb", is_flag=True, help="Run without perturbation: the natural failure rate.")
 @click.option("--delay-ms", type=click.FloatRange(min=0), default=None,
               help="Resize every sleep of the profile to this many milliseconds.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Base seed; trial t uses seed+t.")
 @click.option("--isolation", type=click.Choice(["session", "process"]), default="session", show_default=True,
-              help="session: all trials in one process world (fast); process: a fresh world per trial.")
+              help="session: many trials per process world (fast, trials share state); "
+                   "process: a fresh world per trial (independent, pays start-up every trial).")
+@click.option("--order", type=click.Choice(["alternate", "random"]), default="alternate", show_default=True,
+              help="Arms inside each trial: in the given order (A B A B) or a seeded permutation.")
+@click.option("--chunk", type=click.IntRange(min=1), default=5, show_default=True,
+              help="session isolation, arms that need their own process (env, pytest args, git): "
+                   "trials per session; the arms' sessions alternate chunk by chunk.")
+@click.option("--shard", default=None, callback=_parse_shard, metavar="i/N",
+              help="Run slice i of N of the trials (merge the slices with 'racecheck merge').")
 @click.option("--timeout", type=click.FloatRange(min=1), default=300, show_default=True,
-              help="Seconds without a finished test before the trial counts as hung and is killed.")
+              help="Seconds without a test starting or finishing before the trial counts as hung "
+                   "and its process tree is killed; the run goes on (start-up gets at least 120 s).")
+@click.option("--max-time", type=click.FloatRange(min=1), default=None, metavar="SECONDS",
+              help="Stop at the next trial boundary after this long.")
+@click.option("--stop-when", "stop_rules", default=None, callback=_parse_stop, metavar="RULES",
+              help="Stop a suite once all rules hold, e.g. 'baseline:failures>=3,fixed:clean>=20'.")
 @click.option("--backend", type=click.Choice(["auto", "sim", "cuda"]), default="auto", show_default=True,
               help="Stream runtime: the CPU emulation, CUDA, or CUDA when a GPU is present.")
+@click.option("--world-size", type=click.IntRange(min=1), default=None,
+              help="Ranks per session (default: the suite's world_size).")
 @click.option("--detect", is_flag=True, help="Run the happens-before detector in every trial.")
 @click.option("--scenarios", "scenarios_dir", default=None, help="The catalogue folder (default: ./scenarios).")
+@click.option("--gate", is_flag=True, help="After the run, apply the gate (see 'racecheck gate') and "
+                                           "exit with its code: 0 pass, 1 fail, 4 undecided.")
+@click.option("--fixed", default=None, metavar="ARM", help="With --gate: the arm that must not fail.")
+@click.option("--baseline", default=None, metavar="ARM", help="With --gate: the arm that must still fail.")
+@click.option("--max-rate", type=float, default=0.0, show_default=True, callback=_rate,
+              help="With --gate: highest failure rate allowed for the fixed arm.")
+@click.option("--min-rate", type=float, default=None, callback=_rate,
+              help="With --gate: lowest failure rate required of the baseline.")
+@click.option("--confidence", type=float, default=None, callback=_rate,
+              help="With --gate: judge Wilson bounds at this confidence.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.argument("pytest_args", nargs=-1, type=click.UNPROCESSED)
-def run_command(scenario_names, arms, trials, out_dir, perturb, no_perturb, delay_ms, seed, isolation,
-                timeout, backend, detect, scenarios_dir, quiet, pytest_args):
-    """Run scenario suites under their arms, trial by trial, and tally the failures.
+@click.pass_context
+def run_command(ctx, **opts):
+    """Run a suite under its arms, trial by trial, and tally the failures.
 
     Arguments after `--` go to pytest (for example a node id to run one test)."""
-    from racecheck.trials.catalogue import CatalogueError, find_catalogue, load_catalogue, select
-    from racecheck.perturb.profiles import parse_profile
+    from racecheck.trials.runner import Runner
 
-    if perturb and no_perturb:
-        raise click.UsageError("--perturb and --no-perturb exclude each other")
-    try:
-        catalogue = load_catalogue(find_catalogue(scenarios_dir))
-        chosen = select(catalogue, scenario_names)
-        arm_list = tuple(a.strip() for a in arms.split(",") if a.strip()) if arms else None
-        if arms is not None and not arm_list:
-            raise click.BadParameter("no arm named", param_hint="--arms")
-        for s in chosen:
-            for a in arm_list or ():
-                s.arm(a)
-    except CatalogueError as exc:
-        raise click.UsageError(str(exc)) from None
-    spec = "off" if no_perturb else perturb
-    if spec is not None or delay_ms is not None:
-        try:
-            specs = {s.name: parse_profile(spec if spec is not None else s.default_perturb) for s in chosen}
-        except ValueError as exc:
-            raise click.BadParameter(str(exc), param_hint="--perturb") from None
-        if delay_ms is not None:
-            if len({p.to_spec() for p in specs.values()}) > 1:
-                raise click.UsageError("--delay-ms needs --perturb when the scenarios' profiles differ")
-            spec = next(iter(specs.values())).with_delay(delay_ms / 1e3).to_spec()
-    if out_dir is None:
-        out_dir = Path("racecheck-out") / time.strftime("run-%Y%m%d-%H%M%S")
-    if (out_dir / "trials.jsonl").exists():
-        raise click.UsageError(f"{out_dir} already holds a run; choose another --out")
+    if opts["resume_dir"] is not None:
+        config = run_options.resumed_config(ctx, opts)
+    else:
+        config = run_options.fresh_config(ctx, opts)
+    gate = run_options.gate_options(ctx, opts, config)
 
     from racecheck.trials.progress import Progress
-    from racecheck.trials.runner import RunConfig, Runner
 
-    config = RunConfig(scenarios=tuple(chosen), arms=arm_list, trials=trials, out=out_dir, perturb=spec,
-                       seed=seed, isolation=isolation, timeout=timeout, backend=backend, detect=detect,
-                       pytest_args=tuple(pytest_args), all_arms=scenario_names == "all")
     started = time.monotonic()
-    with Progress(config, enabled=not quiet) as progress:
-        runner = Runner(config, on_record=progress.record, on_expected=progress.expect)
-        runner.run()
-    _finish(out_dir, elapsed=time.monotonic() - started)
+    runner = Runner(config, resume=opts["resume_dir"] is not None)
+    progress = Progress(config, counts=runner.counts, enabled=not opts["quiet"])
+    runner.listener = progress
+    previous = signal.signal(signal.SIGTERM, _interrupt)  # a cancelled CI job cleans up too
+    try:
+        with progress:
+            result = runner.run()
+    except KeyboardInterrupt:
+        _summarize(config.out)
+        click.echo(f"racecheck: interrupted; finished trials are in {config.out}; continue with "
+                   f"'racecheck run --resume {config.out}'", err=True)
+        ctx.exit(130)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    have_records = _summarize(config.out, footer=f"{config.out}/summary.csv and trials.jsonl written "
+                                                 f"({time.monotonic() - started:.1f} s)")
+    if result.stopped:
+        why = "--max-time was reached" if result.stopped == "max-time" else "the stop rules held"
+        click.echo(f"stopped early: {why}; 'racecheck run --resume {config.out}' continues")
+    if not have_records:
+        raise InfrastructureError(f"no test finished (stopped: {result.stopped or 'no'}); see {config.out}/logs")
+    if gate is not None:
+        ctx.exit(run_options.apply_gate(config.out, gate))
 
 
-def _finish(out_dir: Path, *, elapsed: float) -> None:
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _summarize(out_dir: Path, *, footer: str | None = None) -> bool:
+    """Write OUT/summary.csv and, with a footer, print the table and the footer; False when the
+    log holds no record."""
     from racecheck.trials.report import render_terminal
-    from racecheck.trials.tally import load_records, summarize, write_summary
+    from racecheck.trials.tally import load_records, summarize, summary_to_csv
 
-    write_summary(out_dir)
-    click.echo(render_terminal(summarize(load_records(out_dir))))
-    click.echo(f"\n{out_dir}/summary.csv and trials.jsonl written ({elapsed:.1f} s)")
+    try:
+        summary = summarize(load_records(out_dir))
+    except (FileNotFoundError, ValueError):
+        return False
+    summary_to_csv(summary, out_dir / "summary.csv")
+    if footer is not None:
+        click.echo(render_terminal(summary))
+        click.echo(f"\n{footer}")
+    return True
+
+
+@cli.command("merge")
+@click.argument("inputs", nargs=-1, required=True, type=click.Path(file_okay=False, path_type=Path))
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="The folder to write the merged run into.")
+def merge_command(inputs, out_dir):
+    """Join run folders (shards from --shard i/N, other machines, CI jobs) into one run in OUT."""
+    from racecheck.trials.merge import MergeError, merge
+
+    try:
+        n = merge(list(inputs), out_dir)
+    except MergeError as exc:
+        raise click.UsageError(str(exc)) from None
+    _summarize(out_dir, footer=f"{n} records from {len(inputs)} runs merged into {out_dir} "
+                               f"(trials.jsonl, summary.csv)")
+
+
+@cli.command("list")
+@click.option("--scenarios", "scenarios_dir", default=None, help="The catalogue folder (default: ./scenarios).")
+@click.option("--config", "config_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also list the suite of this config (default: ./pyproject.toml's, if any).")
+def list_command(scenarios_dir, config_file):
+    """The catalogue's scenarios (and the project's own suite): arms, expectations, profiles."""
+    from racecheck.trials.catalogue import CatalogueError, find_catalogue, load_catalogue
+    from racecheck.trials.config import find_config, load_config
+
+    suites = []
+    try:
+        config_file = config_file or find_config()
+        if config_file is not None:
+            suites.append(load_config(config_file))
+        try:
+            suites += load_catalogue(find_catalogue(scenarios_dir)).values()
+        except CatalogueError:
+            if scenarios_dir or not suites:
+                raise
+    except CatalogueError as exc:
+        raise click.UsageError(str(exc)) from None
+    for s in suites:
+        where = f"config {s.config_file}" if s.config_file else f"scenario {s.path.name}/"
+        click.echo(f"{s.name}  ({where}; world size {s.world_size}; default perturb {s.default_perturb})")
+        if s.summary:
+            click.echo(f"  {s.summary}")
+        width = max(len(a) for a in s.arms) + 1
+        for name, arm in s.arms.items():
+            mark = "*" if name in s.default_arms else " "
+            extra = [f"git {arm.git}"] if arm.git else []
+            extra += [f"env {' '.join(f'{k}={v}' for k, v in arm.env)}"] if arm.env else []
+            extra += [f"pytest {' '.join(arm.pytest_args)}"] if arm.pytest_args else []
+            extra += [f"perturb {arm.perturb}"] if arm.perturb else []
+            text = "; ".join(([arm.summary] if arm.summary else []) + extra)
+            click.echo(f"  {mark}{name:<{width}} {arm.expect or '-':<5} {text}".rstrip())
+        click.echo("")
+    click.echo("* default arm; expect: race (must reproduce) / safe (must stay clean)")
 
 
 _register_analysis_commands()

@@ -13,3 +13,8 @@ class ExitCode(enum.IntEnum):
 
 class InfrastructureError(Exception):
     """Raised when racecheck itself cannot do its job (launch failed, run timed out as a whole)."""
+
+
+class InputError(Exception):
+    """Raised when the user's input cannot be run as given, found only once racecheck tries (a suite
+    pytest cannot collect, arguments pytest rejects, a git revision that does not exist): exit 2."""

@@ -1,9 +1,11 @@
 """The racecheck pytest plugin (entry point `pytest11`): trial/arm bookkeeping and outcome capture.
 
-In one pytest session it cycles the arms given with --racecheck-arms over pytest-repeat's steps
-(step k runs arm k mod len(arms) in trial start + k div len(arms)), so arms alternate trial by trial
-(A B A B) inside one process world. Every test's outcome is written, as soon as it is known, as
-one JSON line to the per-rank log given with --racecheck-log; the trial runner merges the ranks.
+In one pytest session it maps pytest-repeat's steps to blocks (one trial of one arm): step k runs
+block k of the schedule given with --racecheck-schedule (the trial runner writes it), or, without
+one, arm k mod len(arms) in trial start + k div len(arms), with the arms of each trial in the order
+--racecheck-order says (schedule.py). Every test's outcome is written, as soon as it is known, as
+one JSON line to the per-process log given with --racecheck-log; the trial runner merges the ranks.
+Under pytest-xdist every worker writes its own file (the worker id is added to the name).
 torch is imported lazily so that loading the plugin costs nothing for suites that do not use it.
 """
 
@@ -18,7 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from racecheck.trials.catalogue import check_profile
 from racecheck.trials.record import Outcome, worst
+from racecheck.trials.schedule import ORDERS, Block, arm_order, read_schedule
 
 REPEAT_PARAM = "__pytest_repeat_step_number"  # pytest-repeat's parametrized fixture
 
@@ -27,6 +31,7 @@ REPEAT_PARAM = "__pytest_repeat_step_number"  # pytest-repeat's parametrized fix
 class ItemTrial:
     """Per-item data, kept in item.stash: which trial and arm this item runs, and what happened."""
 
+    step: int  # the pytest-repeat step (the block's position in the session)
     trial: int
     arm: str
     test: str  # node id without pytest-repeat's suffix
@@ -39,6 +44,10 @@ class ItemTrial:
 
 
 ITEM_TRIAL = pytest.StashKey[ItemTrial]()
+_LOG_KEY = pytest.StashKey["_ProcessLog | None"]()
+_STOPPED_KEY = pytest.StashKey[bool]()
+_ARM_PERTURB_KEY = pytest.StashKey[dict]()
+_SCHEDULE_KEY = pytest.StashKey[list]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -47,48 +56,83 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="arms to cycle over pytest-repeat steps in this session (trial by trial)")
     group.addoption("--racecheck-trial-start", type=int, default=0, metavar="N",
                     help="index of this session's first trial")
+    group.addoption("--racecheck-order", default="alternate", choices=ORDERS,
+                    help="order of the arms inside each trial: as given, or a seeded permutation")
+    group.addoption("--racecheck-schedule", default=None, metavar="PATH",
+                    help="JSON list of the (trial, arm) block each repeat step runs (the runner's)")
     group.addoption("--racecheck-seed", type=int, default=0, metavar="S",
                     help="base seed; trial t runs with seed S + t")
     group.addoption("--racecheck-perturb", default=None, metavar="PROFILE",
                     help="perturbation profile (default: the scenario's own; 'off' disables)")
+    group.addoption("--racecheck-arm-perturb", action="append", default=[], metavar="ARM=PROFILE",
+                    help="perturbation profile of one arm, overriding --racecheck-perturb (repeatable)")
     group.addoption("--racecheck-detect", action="store_true", default=False,
                     help="run the happens-before detector and report races it finds")
     group.addoption("--racecheck-log", default=None, metavar="PATH",
-                    help="per-rank JSONL outcome log; '{rank}' in PATH is replaced by the rank")
+                    help="per-process JSONL outcome log; '{rank}' in PATH is replaced by the rank")
+    group.addoption("--racecheck-stop-file", default=None, metavar="PATH",
+                    help="stop before trial T once PATH exists and holds T (the runner's graceful stop)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "racecheck_world(n): the test needs a process world of n ranks")
     if config.getoption("--racecheck-trial-start") < 0:
         raise pytest.UsageError("--racecheck-trial-start must be >= 0")
-    perturb = config.getoption("--racecheck-perturb")
-    if perturb is not None:
-        from racecheck.perturb.profiles import parse_profile
-
+    perturbs = {}
+    for item in config.getoption("--racecheck-arm-perturb"):
+        arm, sep, spec = item.partition("=")
+        if not sep or not arm:
+            raise pytest.UsageError(f"--racecheck-arm-perturb: {item!r} is not ARM=PROFILE")
+        perturbs[arm] = spec
+    global_spec = config.getoption("--racecheck-perturb")
+    for spec in [global_spec, *perturbs.values()]:
         try:
-            parse_profile(perturb)
+            check_profile(spec)
         except ValueError as exc:
             raise pytest.UsageError(f"--racecheck-perturb: {exc}") from None
+    config.stash[_ARM_PERTURB_KEY] = perturbs
+    schedule = config.getoption("--racecheck-schedule")
+    if schedule is not None:
+        try:
+            config.stash[_SCHEDULE_KEY] = read_schedule(schedule)
+        except ValueError as exc:
+            raise pytest.UsageError(f"--racecheck-schedule: {exc}") from None
+        count = config.getoption("count", 1) or 1
+        if len(config.stash[_SCHEDULE_KEY]) != count:
+            raise pytest.UsageError(f"--racecheck-schedule lists {len(config.stash[_SCHEDULE_KEY])} blocks "
+                                    f"but --count is {count}")
     log = config.getoption("--racecheck-log")
-    config.stash[_LOG_KEY] = _RankLog(log) if log else None
+    config.stash[_LOG_KEY] = _ProcessLog(log) if log else None
+    if log:
+        config.pluginmanager.register(_CollectErrors(config.stash[_LOG_KEY]), "racecheck-collect-errors")
+    config.stash[_STOPPED_KEY] = False
 
 
-_LOG_KEY = pytest.StashKey["_RankLog | None"]()
+def _blocks(config: pytest.Config, count: int) -> list[Block]:
+    """The block of every repeat step: the schedule file's, or arms cycled from the trial start."""
+    if _SCHEDULE_KEY in config.stash:
+        return config.stash[_SCHEDULE_KEY]  # as many as --count (pytest_configure checks)
+    arms = [a for a in config.getoption("--racecheck-arms").split(",") if a] or [""]
+    start, seed = config.getoption("--racecheck-trial-start"), config.getoption("--racecheck-seed")
+    order = config.getoption("--racecheck-order")
+    trials = range(start, start + -(-count // len(arms)))
+    blocks = [Block(t, a) for t in trials for a in arm_order(arms, t, seed=seed, order=order)]
+    return blocks[:count]
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list) -> None:
-    arms = [a for a in config.getoption("--racecheck-arms").split(",") if a] or [""]
-    start = config.getoption("--racecheck-trial-start")
     count = config.getoption("count", 1) or 1
+    blocks = _blocks(config, count)
     for item in items:
         callspec = getattr(item, "callspec", None)
         step = callspec.params.get(REPEAT_PARAM, 0) if callspec is not None else 0
         test = strip_repeat_suffix(item.nodeid, count)
         params = test[test.index("[") + 1:-1] if test.endswith("]") and "[" in test else ""
-        item.stash[ITEM_TRIAL] = ItemTrial(trial=start + step // len(arms), arm=arms[step % len(arms)],
-                                           test=test, params=params)
-    # Trial-major order, arms alternating within each trial; stable inside (pytest's own order).
-    items.sort(key=lambda it: (it.stash[ITEM_TRIAL].trial, arms.index(it.stash[ITEM_TRIAL].arm)))
+        block = blocks[step]
+        item.stash[ITEM_TRIAL] = ItemTrial(step=step, trial=block.trial, arm=block.arm, test=test,
+                                           params=params)
+    # Block order (trial-major, arms in each trial's order); stable inside (pytest's own order).
+    items.sort(key=lambda it: it.stash[ITEM_TRIAL].step)
 
 
 def strip_repeat_suffix(nodeid: str, count: int) -> str:
@@ -115,8 +159,11 @@ def racecheck_seed(request: pytest.FixtureRequest) -> int:
 
 @pytest.fixture
 def racecheck_perturb(request: pytest.FixtureRequest):
-    """The perturbation spec given on the command line, or None for the scenario's default."""
-    return request.config.getoption("--racecheck-perturb")
+    """This arm's perturbation spec (--racecheck-arm-perturb), else --racecheck-perturb's, else
+    None for the scenario's default."""
+    arm = request.node.stash[ITEM_TRIAL].arm
+    per_arm = request.config.stash[_ARM_PERTURB_KEY]
+    return per_arm.get(arm, request.config.getoption("--racecheck-perturb"))
 
 
 @pytest.fixture
@@ -136,6 +183,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         log.write({"event": "collected", "count": len(session.items)})
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     log = item.config.stash[_LOG_KEY]
     if log is not None and ITEM_TRIAL in item.stash:
@@ -165,14 +213,33 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem):
     result = yield
-    log = item.config.stash[_LOG_KEY]
+    config = item.config
+    log = config.stash[_LOG_KEY]
     t = item.stash.get(ITEM_TRIAL, None)
     if log is not None and t is not None:
         log.write({"event": "outcome", "test": t.test, "params": t.params, "trial": t.trial,
-                   "arm": t.arm, "seed": item.config.getoption("--racecheck-seed") + t.trial,
+                   "arm": t.arm, "seed": config.getoption("--racecheck-seed") + t.trial,
                    "outcome": worst(t.outcomes).value, "signature": t.signature, "message": t.message,
-                   "duration": round(t.duration, 4), "device": _device(), "detected": len(t.reports), "reports": t.reports})
+                   "duration": round(t.duration, 4), "device": _device(),
+                   "detected": len(t.reports), "reports": t.reports})
+    following = nextitem.stash.get(ITEM_TRIAL, None) if nextitem is not None else None
+    if t is not None and following is not None and following.trial != t.trial:
+        if _stop_requested(config, following.trial):
+            config.stash[_STOPPED_KEY] = True
+            item.session.shouldstop = f"racecheck: stop requested before trial {following.trial}"
     return result
+
+
+def _stop_requested(config: pytest.Config, trial: int) -> bool:
+    """Whether the runner asked this session to stop before `trial` (a trial boundary)."""
+    path = config.getoption("--racecheck-stop-file")
+    if not path:
+        return False
+    try:
+        text = Path(path).read_text().strip()
+    except OSError:
+        return False
+    return text.isdigit() and trial >= int(text)
 
 
 def _device() -> str:
@@ -211,25 +278,58 @@ def first_line(excinfo: pytest.ExceptionInfo, limit: int = 300) -> str:
     return line[:limit]
 
 
-class _RankLog:
-    """This rank's outcome stream: one JSON object per line, flushed at once."""
+def _error_line(text: str, limit: int = 300) -> str:
+    """The most telling line of a collection error: its last `E   ...` line, else its last line."""
+    lines = [l.strip() for l in text.splitlines() if l.strip()]
+    marked = [l[1:].strip() for l in lines if l.startswith("E ")]
+    return (marked[-1] if marked else lines[-1] if lines else "collection error")[:limit]
+
+
+class _CollectErrors:
+    """Logs collection errors (an object, because collect reports carry no config)."""
+
+    def __init__(self, log: "_ProcessLog") -> None:
+        self.log = log
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        if report.failed:
+            self.log.write({"event": "collecterror", "nodeid": report.nodeid,
+                            "message": _error_line(report.longreprtext)})
+
+
+class _ProcessLog:
+    """This process's outcome stream: one JSON object per line, flushed at once. The file is
+    opened at the first write, so an xdist controller, which runs no test, leaves none."""
 
     def __init__(self, pattern: str) -> None:
         rank = os.environ.get("RANK", "0")
-        self.path = Path(pattern.replace("{rank}", rank))
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+        path = Path(pattern.replace("{rank}", rank))
+        if self.worker:  # every xdist worker writes its own file; a worker is not a rank
+            path = path.with_name(f"{path.stem}-{self.worker}{path.suffix}")
+        self.path = path
         self.rank = int(rank)
-        self._fh = open(self.path, "a", encoding="utf-8")
+        self._fh = None
 
     def write(self, record: dict) -> None:
-        record = {"rank": self.rank, "time": time.time(), **record}
+        if self._fh is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._fh = open(self.path, "a", encoding="utf-8")
+        record = {"rank": self.rank, "worker": self.worker, "time": time.time(), **record}
         self._fh.write(json.dumps(record) + "\n")
         self._fh.flush()
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
+    config = session.config
+    log = config.stash.get(_LOG_KEY, None)
+    if log is None:
+        return
+    stopped = config.stash.get(_STOPPED_KEY, False)
+    log.write({"event": "finish", "status": int(exitstatus), "stopped": stopped})
     # Under the trial runner, failing tests are data: every rank exits 0 so that a launcher such
-    # as torchrun does not tear down ranks that are still writing their last outcomes.
-    if session.config.stash.get(_LOG_KEY, None) is not None and exitstatus == pytest.ExitCode.TESTS_FAILED:
+    # as torchrun does not tear down ranks that are still writing their last outcomes. A stop the
+    # runner asked for is no failure either.
+    if exitstatus == pytest.ExitCode.TESTS_FAILED or (stopped and exitstatus == pytest.ExitCode.INTERRUPTED):
         session.exitstatus = pytest.ExitCode.OK

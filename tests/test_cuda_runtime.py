@@ -5,6 +5,8 @@ Streams are held with torch.cuda._sleep (rt.sleep); HOLD_S is far longer than an
 a launch and the check that follows it. Block reuse is seen by comparing the data_ptr of the next
 allocation. The layouts these tests rely on are those of the default allocator (2 MiB segments for
 requests up to 1 MiB, 20 MiB ones for 1-10 MiB); the fixture empties the cache before each test.
+With lazy module loading (CUDA's default) the first launch of a kernel loads it and synchronizes
+the device, draining any held stream; the fixture launches every kernel used here once first.
 """
 
 from __future__ import annotations
@@ -28,13 +30,23 @@ HOLD_S = 0.2  # seconds a stream is held by a spinning kernel
 LARGE = 1 << 20  # floats: a 4 MiB buffer, from the large pool
 
 
+def warm_kernels(device: torch.device) -> None:
+    """Launch once each kernel these tests use, so that no later first launch syncs the device."""
+    for n in (1, LARGE):
+        x = torch.zeros(n, device=device)
+        x.fill_(1.0).add_(1.0).mul_(3.0)
+        torch.empty_like(x).copy_(x)
+        bool((x == 1.0).all()), x.sum()
+    torch.cuda.synchronize(device)
+
+
 @pytest.fixture
 def rt():
     from racecheck.device.cuda import CudaRuntime
 
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()  # no cached blocks left over from earlier tests
     runtime = CudaRuntime()
+    warm_kernels(runtime.device)
+    torch.cuda.empty_cache()  # no cached blocks left over from earlier tests or the warm-up
     yield runtime
     runtime.close()
 
@@ -156,7 +168,8 @@ def test_wait_stream_orders_all_earlier_work_only(rt):
         y = rt.empty(LARGE)
         rt.launch("c", copy, reads=(x,), writes=(y,))
     consumer.synchronize()
-    assert bool((y == 2.0).all()) and not later.query()
+    assert not later.query()  # checked first: the comparison below syncs the device
+    assert bool((y == 2.0).all())
     producer.synchronize()
 
 
@@ -263,6 +276,17 @@ def test_queued_work_holds_no_reference_to_its_buffers(rt):
     rt.synchronize()
 
 
+def test_poison_fills_a_freed_block_on_the_stream(rt):
+    """Poison-on-free (base.Runtime.poison): all-ones bytes, NaN as floats, written by a kernel on
+    the given stream over a block that no tensor owns; the next allocation there reads them."""
+    a = rt.zeros(1024)
+    ptr = a.data_ptr()
+    del a
+    rt.poison(ptr, 4096, stream=rt.default_stream())
+    b = rt.empty(1024)
+    assert b.data_ptr() == ptr and bool(b.isnan().all())
+
+
 def test_observers_see_the_same_calls_as_the_emulation(rt):
     """The sequence test_sim_semantics.py pins for the emulation, call for call."""
     side = rt.new_stream("side")
@@ -311,6 +335,7 @@ def _nccl_worker(rank: int, world: int, port: int) -> None:
     dist.init_process_group("nccl", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=120))
     rt = CudaRuntime()
+    warm_kernels(rt.device)
     try:
         group = rt.new_group(range(world))
         rt.all_reduce(rt.zeros(1), group=group)  # creates the communicator (a blocking host call)

@@ -7,6 +7,10 @@ and collectives are torch.distributed's NCCL ones. What this module adds is the 
 lets observers see the same calls as on the CPU emulation: which stream allocated a buffer, when
 its storage dies (on_free), and which streams record_stream deferred it to.
 
+Kernels load lazily by default (CUDA_MODULE_LOADING=LAZY), and the first launch of a kernel in a
+process synchronizes the device: first launches are serialized, so races rarely show in a process's
+first iteration. Warm up, or set CUDA_MODULE_LOADING=EAGER before CUDA starts.
+
 [Note: collectives and buffer lifetime]
 Queued work must hold raw memory, never ownership (base.py, [Note: allocator semantics]). What
 ProcessGroupNCCL does with a collective's tensors depends on the PyTorch version:
@@ -52,7 +56,8 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-from racecheck.device.base import CommGroup, Event, MemRange, ReduceOp, Runtime, Stream, as_shape
+from racecheck.device.base import (POISON_BYTE, CommGroup, Event, MemRange, ReduceOp, Runtime, Stream,
+                                   as_shape)
 
 ROUND_BYTES = 512  # the caching allocator's kMinBlockSize: request sizes round up to it
 _CALIBRATION_CYCLES = 20_000_000  # about 10 ms at H200 clocks
@@ -69,7 +74,7 @@ def sleep_cycles_per_second(device: torch.device) -> float:
             # A private stream: the measurement neither waits for nor delays the caller's work.
             with torch.cuda.device(device), torch.cuda.stream(torch.cuda.Stream(device)):
                 torch.cuda._sleep(1000)  # the first launch loads the module; keep it out of the timing
-                for _ in range(2):  # the second run sees the clocks already raised by the first
+                for _ in range(3):  # clocks rise from idle while the first run spins: keep the fastest
                     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                     start.record()
                     torch.cuda._sleep(_CALIBRATION_CYCLES)
@@ -175,6 +180,8 @@ class CudaRuntime(Runtime):
         return found if found is not None else self._wrap(ts, f"external-{ts.cuda_stream:#x}", own=False)
 
     def new_stream(self, name: str) -> CudaStream:
+        # torch hands out pooled CUDA streams (32 per priority and device): a runtime with more
+        # live side streams than that would alias two of them to one queue.
         return self._wrap(torch.cuda.Stream(self.device), name, own=True)
 
     @contextlib.contextmanager
@@ -239,6 +246,13 @@ class CudaRuntime(Runtime):
         alloc = self._allocation_of(tensor)
         return None if alloc is None else alloc.stream
 
+    def poison(self, ptr: int, nbytes: int, *, stream: Stream) -> None:
+        # A tensor over the raw bytes that owns nothing: its death frees no block. Version 2 of
+        # the interface has no "stream" entry, so torch adds no synchronization of its own.
+        raw = torch.as_tensor(_RawBytes(ptr, nbytes), device=self.device)
+        with torch.cuda.stream(stream.torch_stream):
+            raw.fill_(POISON_BYTE)  # a fill kernel queued on `stream`; not reported to observers
+
     # -- work -------------------------------------------------------------------------------
     def launch(self, name, fn, *, reads=(), writes=()) -> None:
         stream = self.current_stream()
@@ -293,6 +307,14 @@ class CudaRuntime(Runtime):
             os.environ["TORCH_NCCL_AVOID_RECORD_STREAMS"] = "1"
         # One communicator per rank list is enough: see [Note: one NCCL group per rank list].
         return CudaCommGroup(ranks, dist.new_group(ranks, backend="nccl"))
+
+
+class _RawBytes:
+    """Device bytes [ptr, ptr + nbytes) described by __cuda_array_interface__, for torch.as_tensor."""
+
+    def __init__(self, ptr: int, nbytes: int) -> None:
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False),
+                                         "version": 2}
 
 
 def _nccl_op(op: ReduceOp):

@@ -26,6 +26,7 @@ class SessionSpec:
     env: dict
     cwd: Path
     log_path: Path  # combined stdout/stderr of the session
+    user_args: tuple[str, ...] = ()  # the suite's own part of pytest_args (for messages)
 
 
 def command(spec: SessionSpec) -> list[str]:
@@ -49,11 +50,20 @@ def start(spec: SessionSpec) -> subprocess.Popen:
 
 def kill_tree(proc: subprocess.Popen, *, grace: float = 3.0) -> None:
     """Terminate the session and every descendant (SIGTERM, then SIGKILL after `grace` seconds)."""
+    kill_process_tree(proc.pid, grace=grace)
     try:
-        root = psutil.Process(proc.pid)
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def kill_process_tree(pid: int, *, grace: float = 3.0) -> None:
+    """kill_tree for a process that is not our child (a session a killed runner left behind)."""
+    try:
+        root = psutil.Process(pid)
         family = root.children(recursive=True) + [root]
     except psutil.NoSuchProcess:
-        family = []
+        return
     for p in family:
         try:
             p.send_signal(signal.SIGTERM)
@@ -66,7 +76,3 @@ def kill_tree(proc: subprocess.Popen, *, grace: float = 3.0) -> None:
         except psutil.NoSuchProcess:
             pass
     psutil.wait_procs(alive, timeout=grace)
-    try:
-        proc.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        pass

@@ -1,28 +1,30 @@
-"""The runner's terminal feedback: a progress bar with live per-arm tallies, and one replay line
-per failing trial."""
+"""The runner's terminal feedback: a progress bar over trials (one per arm and trial index) with
+live per-arm tallies, and one replay line per failing trial."""
 
 from __future__ import annotations
 
 import sys
-from collections import defaultdict
 
 from tqdm import tqdm
 
 from racecheck.trials.record import Outcome, TrialRecord
+from racecheck.trials.runner import RunListener
+from racecheck.trials.schedule import Block
+from racecheck.trials.stopping import LiveCounts
 
 
-class Progress:
-    def __init__(self, config, *, enabled: bool = True) -> None:
+class Progress(RunListener):
+    def __init__(self, config, *, counts: LiveCounts, enabled: bool = True) -> None:
         self.config = config
+        self.counts = counts
         self.enabled = enabled
         self._bar: tqdm | None = None
-        self._failed_trials: dict[str, set] = defaultdict(set)  # "scenario/arm" -> failing trials
-        self._seen_trials: dict[str, set] = defaultdict(set)
-        self._expected = 0
+        self._reported: set[tuple[str, str, int]] = set()  # failing trials already printed
+        self._multi = len(config.scenarios) > 1
 
     def __enter__(self) -> "Progress":
         if self.enabled:
-            self._bar = tqdm(total=None, unit="test", dynamic_ncols=True, file=sys.stderr,
+            self._bar = tqdm(total=None, unit="trial", dynamic_ncols=True, file=sys.stderr,
                              desc="trials", leave=True)
         return self
 
@@ -30,27 +32,39 @@ class Progress:
         if self._bar is not None:
             self._bar.close()
 
-    def expect(self, count: int) -> None:
-        """A session collected `count` test runs: grow the bar's total."""
-        self._expected += count
+    def planned(self, total: int, done: int) -> None:
         if self._bar is not None:
-            self._bar.total = self._expected
-            self._bar.refresh()
+            self._bar.reset(total=total)
+            self._bar.update(done)
+            self._tallies()
 
     def record(self, record: TrialRecord) -> None:
-        key = f"{record.scenario}/{record.arm}" if len(self.config.scenarios) > 1 else record.arm
-        self._seen_trials[key].add(record.trial)
-        if Outcome(record.outcome).is_failure and record.trial not in self._failed_trials[key]:
-            self._failed_trials[key].add(record.trial)
-            self._write(f"{record.outcome}: {key} trial {record.trial} {record.test.split('::')[-1]}"
-                        f" ({record.signature}); replay: {record.replay}")
+        key = (record.scenario, record.arm, record.trial)
+        if Outcome(record.outcome).is_failure and key not in self._reported:
+            self._reported.add(key)
+            label = f"{record.scenario}/{record.arm}" if self._multi else record.arm
+            self.note(f"{record.outcome}: {label} trial {record.trial} {record.test.split('::')[-1]}"
+                      f" ({record.signature}); replay: {record.replay}")
+        self._tallies()
+
+    def block(self, suite: str, block: Block, outcome: str) -> None:
         if self._bar is not None:
             self._bar.update(1)
-            self._bar.set_postfix_str("  ".join(
-                f"{k} {len(self._failed_trials[k])}/{len(v)} failed" for k, v in self._seen_trials.items()))
+        self._tallies()
 
-    def _write(self, line: str) -> None:
+    def note(self, line: str) -> None:
         if self._bar is not None:
             self._bar.write(line, file=sys.stderr)
         else:
             print(line, file=sys.stderr)
+
+    def _tallies(self) -> None:
+        if self._bar is None:
+            return
+        parts = []
+        for s in self.config.scenarios:
+            for arm in self.config.arms_for(s):
+                label = f"{s.name}/{arm}" if self._multi else arm
+                parts.append(f"{label} {self.counts.failures(s.name, arm)}/"
+                             f"{self.counts.seen(s.name, arm)} failed")
+        self._bar.set_postfix_str("  ".join(parts), refresh=True)

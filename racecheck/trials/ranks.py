@@ -2,7 +2,8 @@
 
 Each rank's plugin appends `start` and `outcome` events to its own JSONL file. A test's merged
 outcome is the worst over ranks; it is emitted once every rank has reported it. When a session
-ends early, tests that some ranks started but not all finished become `crash` (or `timeout`).
+ends early, tests that some ranks started but not all finished become `crash` (or `timeout`);
+session.py decides which.
 """
 
 from __future__ import annotations
@@ -46,28 +47,34 @@ Key = tuple[int, str, str]  # (trial, arm, test)
 
 
 class RankMerger:
-    """Collects events from `world_size` ranks and yields merged outcomes as they complete."""
+    """Collects events from `world_size` ranks and yields merged outcomes as they complete.
+
+    Events carry `rank` and, under pytest-xdist, `worker`: an xdist worker is not a rank (each
+    test is reported by one worker of each rank), so a test is complete once every rank reported it.
+    """
 
     def __init__(self, world_size: int) -> None:
         self.world_size = world_size
         self._pending: dict[Key, dict[int, dict]] = {}
-        self._started: dict[int, Key] = {}  # rank -> test it is running
+        self._open: dict[Key, set] = {}  # tests started but not reported, by (rank, worker)
         self.collected = 0
 
     def add(self, event: dict) -> dict | None:
         """Feed one event; returns a merged outcome when this event completes a test."""
         rank = int(event.get("rank", 0))
         kind = event.get("event")
-        if kind == "collected":
-            self.collected = max(self.collected, int(event.get("count", 0)))
+        if kind not in ("start", "outcome"):
             return None
         key = (int(event["trial"]), event["arm"], event["test"])
+        process = (rank, event.get("worker", ""))
         if kind == "start":
-            self._started[rank] = key
+            self._open.setdefault(key, set()).add(process)
             return None
-        if kind != "outcome":
-            return None
-        self._started.pop(rank, None)
+        opened = self._open.get(key)
+        if opened is not None:
+            opened.discard(process)
+            if not opened:
+                del self._open[key]
         by_rank = self._pending.setdefault(key, {})
         by_rank[rank] = event
         if len(by_rank) < self.world_size:
@@ -75,19 +82,25 @@ class RankMerger:
         del self._pending[key]
         return merge_ranks(list(by_rank.values()))
 
-    def abandon(self, outcome: Outcome) -> list[dict]:
-        """The session ended: tests some rank started or reported but not every rank finished
-        get `outcome` (crash or timeout) unless a rank already reported something worse."""
-        keys = set(self._pending) | set(self._started.values())
+    @property
+    def unfinished(self) -> list[Key]:
+        """Tests some rank started or reported that are not complete."""
+        return sorted(set(self._pending) | set(self._open))
+
+    def abandon(self, outcome: Outcome, *, signature: str = "", keys: list[Key] | None = None) -> list[dict]:
+        """The session ended: `keys` (default: every unfinished test), which some rank started or
+        reported but not every rank finished, get `outcome` (crash or timeout) unless a rank already
+        reported something worse. Every other unfinished test is dropped."""
         merged = []
-        for key in sorted(keys):
-            reports = list(self._pending.pop(key, {}).values())
+        for key in sorted(self.unfinished if keys is None else keys):
+            reports = list(self._pending.get(key, {}).values())
             trial, arm, test = key
             filler = {"trial": trial, "arm": arm, "test": test, "outcome": outcome.value,
-                      "signature": f"{outcome.value}: not every rank finished the test",
+                      "signature": signature or f"{outcome.value}: not every rank finished the test",
                       "message": f"the session ended ({outcome.value}) before every rank reported"}
             merged.append(merge_ranks(reports + [filler]))
-        self._started.clear()
+        self._pending.clear()
+        self._open.clear()
         return merged
 
 

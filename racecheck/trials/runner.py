@@ -1,69 +1,108 @@
-"""The trial runner: runs a scenario's suite under its arms for many trials and logs every outcome.
+"""The trial runner: runs suites under their arms for many trials and logs every outcome.
 
-Two isolation modes:
-- `session` (default, fast): one pytest session (one process world) runs every trial; pytest-repeat
-  repeats the suite and the plugin alternates the arms trial by trial (A B A B). Trials share a
-  process, so state that leaks between tests (allocator pools, warm caches) is shared too.
-- `process`: a fresh process world per trial and arm; trials are independent, at the price of one
-  process start-up (torch import, process-group rendezvous) per trial.
+Two isolation modes (schedule.py, [Note: sessions]):
+- `session` (default, fast): one pytest session (one process world) runs many trials; pytest-repeat
+  repeats the suite and the plugin gives each repeat step its block (trial, arm). Trials share a
+  process, so state that leaks between tests (allocator pools, warm caches, module globals) is
+  shared too, and one trial can mask or cause a failure in the next. Arms that need a process of
+  their own (env, pytest args, git revision) run in separate sessions of `chunk` trials each.
+- `process`: a fresh process world per trial and arm: trials are independent, at the price of one
+  process start-up (interpreter, imports, process-group rendezvous) per trial.
 
-Outcomes are appended to OUT/trials.jsonl as each test finishes on every rank. A session that hangs
-(no test finished within --timeout) is killed with its whole process tree, the test in flight is
-recorded as `timeout`, and the run goes on with the next trial.
+Outcomes are appended to OUT/trials.jsonl as each test finishes on every rank, and each finished
+block to OUT/completed.jsonl (state.py); a session that crashes or hangs is recorded and the run
+goes on with the next block in a fresh session (session.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
-import json
+import os
 import platform
 import shlex
 import time
 import uuid
-from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 
 from racecheck.exitcodes import InfrastructureError
-from racecheck.trials import launch
+from racecheck.trials import launch, schedule, state
 from racecheck.trials.catalogue import Scenario
-from racecheck.trials.ranks import RankMerger, RankTail
-from racecheck.trials.record import Outcome, TrialLog, TrialRecord
+from racecheck.trials.gitarms import Worktrees, pythonpath
+from racecheck.trials.record import Outcome, TrialLog, TrialRecord, read_log
+from racecheck.trials.schedule import Block, SessionPlan, Shard
+from racecheck.trials.session import Ending, SessionRun
+from racecheck.trials.stopping import LiveCounts, StopRule
 
 ISOLATION_MODES = ("session", "process")
 
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
+    """What to run. `source` says where the suites came from, so that --resume can reload them."""
+
     scenarios: tuple[Scenario, ...]
-    arms: tuple[str, ...] | None  # None: each scenario's default arms
+    arms: tuple[str, ...] | None  # None: each suite's default arms
     trials: int
     out: Path
-    perturb: str | None = None  # None: each scenario's default profile
+    perturb: str | None = None  # None: each suite's default profile (an arm's own profile wins)
     seed: int = 0
     isolation: str = "session"
-    timeout: float = 300.0  # seconds without a finished test before a session counts as hung
+    order: str = "alternate"
+    chunk: int = 5  # trials per session for arms that need separate processes (session mode)
+    timeout: float = 300.0  # seconds without a test starting or finishing before a session is killed
     backend: str = "auto"
     detect: bool = False
-    pytest_args: tuple[str, ...] = ()
+    pytest_args: tuple[str, ...] = ()  # from the command line, after `--`
     all_arms: bool = False  # every arm of each scenario (for --scenario all)
+    world_size: int | None = None  # overrides the suites' world size
+    shard: Shard = Shard()
+    max_time: float | None = None  # seconds; then the run stops at the next trial boundary
+    stop_rules: tuple[StopRule, ...] = ()
+    revisions: dict = dataclasses.field(default_factory=dict)  # "suite/arm" -> resolved commit
+    source: dict = dataclasses.field(default_factory=dict)
 
     def arms_for(self, scenario: Scenario) -> tuple[str, ...]:
         if self.arms:
             return self.arms
         return tuple(scenario.arms) if self.all_arms else scenario.default_arms
 
-    def perturb_for(self, scenario: Scenario) -> str:
+    def perturb_for(self, scenario: Scenario, arm: str | None = None) -> str:
+        own = scenario.arms[arm].perturb if arm in scenario.arms else None
+        if own is not None:
+            return own
         return scenario.default_perturb if self.perturb is None else self.perturb
 
+    def world_for(self, scenario: Scenario) -> int:
+        return self.world_size or scenario.world_size
 
-@dataclasses.dataclass(frozen=True)
-class Session:
-    scenario: Scenario
-    arms: tuple[str, ...]
-    trial_start: int
-    trials: int
+    def to_json(self) -> dict:
+        return {"source": self.source, "arms": list(self.arms) if self.arms else None,
+                "trials": self.trials, "perturb": self.perturb, "seed": self.seed,
+                "isolation": self.isolation, "order": self.order, "chunk": self.chunk,
+                "timeout": self.timeout, "backend": self.backend, "detect": self.detect,
+                "pytest_args": list(self.pytest_args), "all_arms": self.all_arms,
+                "world_size": self.world_size, "shard": str(self.shard), "revisions": self.revisions,
+                "scenarios": {s.name: {"arms": list(self.arms_for(s)),
+                                       "perturb": {a: self.perturb_for(s, a) for a in self.arms_for(s)}}
+                              for s in self.scenarios}}
+
+
+@dataclasses.dataclass
+class RunResult:
+    run_id: str
+    blocks: int  # blocks finished by this invocation
+    stopped: str = ""  # why the run stopped early: "", "max-time", "stop rules"
+
+
+class RunListener:
+    """What the runner reports as it goes (progress.py draws it); every method may be left out."""
+
+    def planned(self, total: int, done: int) -> None: ...
+    def record(self, record: TrialRecord) -> None: ...
+    def block(self, suite: str, block: Block, outcome: str) -> None: ...
+    def note(self, line: str) -> None: ...
 
 
 def versions() -> dict:
@@ -76,161 +115,241 @@ def versions() -> dict:
     return out
 
 
-class Runner:
-    """Executes a RunConfig; `on_record` is called with every TrialRecord as it is logged."""
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
-    def __init__(self, config: RunConfig, *, on_record: Callable[[TrialRecord], None] = lambda r: None,
-                 on_expected: Callable[[int], None] = lambda n: None) -> None:
+
+class Runner:
+    """Executes a RunConfig into config.out; with `resume`, skips the blocks OUT already finished."""
+
+    def __init__(self, config: RunConfig, *, listener: RunListener | None = None,
+                 resume: bool = False) -> None:
         self.config = config
-        self.on_record = on_record
-        self.on_expected = on_expected
+        self.listener = listener or RunListener()
+        self.resume = resume
         self.run_id = uuid.uuid4().hex[:12]
         self.versions = versions()
+        self.counts = LiveCounts()
+        self.worktrees = Worktrees(config.out / "worktrees")
         self._session_count = 0
+        self._blocks_done = 0
+        self._deadline = time.monotonic() + config.max_time if config.max_time else None
+        self._stopped = ""
+        self._rules_held: list[str] = []  # suites the stop rules ended early
+        self._suite: Scenario | None = None
+        self._log: TrialLog | None = None
+        self._completed: state.CompletedLog | None = None
+        self._lock = state.Lock(config.out)
 
-    def plan(self, scenario: Scenario) -> list[Session]:
-        arms = self.config.arms_for(scenario)
-        if self.config.isolation == "process":
-            return [Session(scenario, (arm,), t, 1) for t in range(self.config.trials) for arm in arms]
-        return [Session(scenario, arms, 0, self.config.trials)]
-
-    def run(self) -> None:
+    # -- the run ----------------------------------------------------------------------------------
+    def run(self) -> RunResult:
         out = self.config.out
         out.mkdir(parents=True, exist_ok=True)
-        (out / "run.json").write_text(json.dumps(self._describe(), indent=2) + "\n")
-        with TrialLog(out / "trials.jsonl") as log:
-            for scenario in self.config.scenarios:
-                queue = self.plan(scenario)
-                while queue:
-                    session = queue.pop(0)
-                    last_trial = self._run_session(session, log)
-                    end = session.trial_start + session.trials
-                    if last_trial is not None and last_trial + 1 < end:
-                        # The session ended early (hang or crash): go on with the next trial.
-                        queue.insert(0, Session(scenario, session.arms, last_trial + 1, end - last_trial - 1))
+        try:
+            killed = self._lock.acquire()
+        except ValueError as exc:
+            raise InfrastructureError(str(exc)) from None
+        if killed:
+            self.listener.note(f"killed the session a previous runner left running (pid {killed[0]})")
+        try:
+            self._write_run_json()
+            done = self._load_done() if self.resume else {}
+            plans = {s.name: self._pending(s, done) for s in self.config.scenarios}
+            self.listener.planned(sum(len(p) for p in plans.values()) + len(done), len(done))
+            with TrialLog(out / "trials.jsonl") as log:
+                self._log, self._completed = log, state.CompletedLog(out)
+                try:
+                    for suite in self.config.scenarios:
+                        if self._stopped == "max-time":
+                            break
+                        self._run_suite(suite, plans[suite.name])
+                finally:
+                    self._completed.close()
+        finally:
+            self.worktrees.cleanup()
+            self._lock.release()
+        stopped = self._stopped or ("stop rules" if self._rules_held else "")
+        return RunResult(self.run_id, self._blocks_done, stopped)
 
-    def _describe(self) -> dict:
+    def _write_run_json(self) -> None:
+        attempt = {"run_id": self.run_id, "started": _now(), "trials": self.config.trials,
+                   "versions": self.versions}
+        data = state.read_run(self.config.out) if self.resume else {}
+        data.update(self.config.to_json())
+        data["attempts"] = data.get("attempts", []) + [attempt]
+        data.setdefault("run_id", self.run_id)
+        state.write_run(self.config.out, data)
+
+    def _load_done(self) -> dict:
+        """The finished blocks of an earlier attempt; their records prime the live counts."""
+        done = state.read_completed(self.config.out)
+        log = self.config.out / "trials.jsonl"
+        if log.exists():
+            for r in read_log(log):
+                self.counts.record(r.scenario, r.arm, r.trial, r.outcome)
+        for (suite, arm, trial), outcome in done.items():
+            self.counts.block(suite, arm, trial, outcome)
+        return done
+
+    def _pending(self, suite: Scenario, done: dict) -> list[Block]:
         c = self.config
-        return {"run_id": self.run_id, "trials": c.trials, "seed": c.seed, "isolation": c.isolation,
-                "timeout": c.timeout, "backend": c.backend, "detect": c.detect,
-                "pytest_args": list(c.pytest_args),
-                "scenarios": {s.name: {"arms": list(c.arms_for(s)), "perturb": c.perturb_for(s)}
-                              for s in c.scenarios},
-                "versions": self.versions,
-                "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+        trials = c.shard.trials(c.trials)
+        every = schedule.blocks(c.arms_for(suite), trials, seed=c.seed, order=c.order)
+        return [b for b in every if (suite.name, b.arm, b.trial) not in done]
 
-    # -- one session -----------------------------------------------------------------------------
-    def _session_spec(self, session: Session, rank_pattern: Path, log_path: Path) -> launch.SessionSpec:
-        c, s = self.config, session
-        count = s.trials * len(s.arms)
-        targets = [a for a in c.pytest_args if not a.startswith("-")]
-        args = [] if targets else [str(s.scenario.path)]
-        args += list(c.pytest_args)
-        args += ["-p", "racecheck", "-p", "no:cacheprovider", "-q", "-rN", "--no-header",
-                 f"--rootdir={s.scenario.path.parent.parent}",
-                 f"--racecheck-arms={','.join(s.arms)}", f"--racecheck-trial-start={s.trial_start}",
-                 f"--racecheck-seed={c.seed}", f"--racecheck-perturb={c.perturb_for(s.scenario)}",
-                 f"--racecheck-log={rank_pattern}"]
-        if count > 1:
-            args += [f"--count={count}", "--repeat-scope=session"]
+    def _run_suite(self, suite: Scenario, pending: list[Block]) -> None:
+        c = self.config
+        self._suite = suite
+        if self.counts.met(suite.name, c.stop_rules):
+            return
+        groups: dict[tuple, list[str]] = {}
+        for arm in c.arms_for(suite):
+            groups.setdefault(suite.arm(arm).process_key, []).append(arm)
+        queue = schedule.sessions(pending, groups=[tuple(g) for g in groups.values()],
+                                  isolation=c.isolation, chunk=c.chunk, seed=c.seed, order=c.order)
+        while queue and not self._stopped:
+            if self._should_stop():
+                break
+            plan = queue.pop(0)
+            result = self._run_session(suite, plan)
+            if result.ending is not Ending.STOPPED and result.remaining:
+                # Crashed, hung, or ended early: the rest of its blocks run in a fresh session.
+                queue.insert(0, SessionPlan(tuple(result.remaining)))
+        if self._stopped == "stop rules":
+            self._rules_held.append(suite.name)
+            self._stopped = ""  # the rules stop this suite; the next one starts afresh
+
+    def _should_stop(self) -> bool:
+        if self._deadline is not None and time.monotonic() >= self._deadline:
+            self._stopped = "max-time"
+        elif self._suite is not None and self.counts.met(self._suite.name, self.config.stop_rules):
+            self._stopped = "stop rules"
+        return bool(self._stopped)
+
+    # -- one session ------------------------------------------------------------------------------
+    def _run_session(self, suite: Scenario, plan: SessionPlan):
+        k = self._session_count = self._session_count + 1
+        sid = f"{self.run_id}-{k}"
+        out = self.config.out
+        spec = self._session_spec(suite, plan, sid)
+        run = SessionRun(spec, plan, files=out / "ranks" / sid, timeout=self.config.timeout,
+                         on_merged=lambda merged: self._record(suite, merged),
+                         on_block=lambda block, outcome: self._block(suite, block, outcome),
+                         should_stop=self._should_stop, on_start=self._lock.session)
+        try:
+            return run.run()
+        finally:
+            self._lock.session(None)
+
+    def _session_spec(self, suite: Scenario, plan: SessionPlan, sid: str) -> launch.SessionSpec:
+        c = self.config
+        arm = suite.arm(plan.arms[0])  # every arm of a plan has the same process_key
+        ranks = c.out / "ranks"
+        schedule.write_schedule(ranks / f"{sid}.schedule.json", plan)
+        targets, _ = split_targets(c.pytest_args, suite.run_root)
+        user = list(suite.targets if not targets else ()) + list(suite.pytest_args) + list(arm.pytest_args)
+        user += list(c.pytest_args)
+        # `-p repeat` and `-p racecheck` load the plugins even where PYTEST_DISABLE_PLUGIN_AUTOLOAD is set.
+        args = list(user) + ["-p", "racecheck", "-p", "repeat", "-p", "no:cacheprovider", "-q", "-rN", "--no-header",
+                             f"--racecheck-schedule={ranks / f'{sid}.schedule.json'}",
+                             f"--racecheck-seed={c.seed}",
+                             f"--racecheck-perturb={c.perturb_for(suite)}",
+                             f"--racecheck-log={ranks / sid}-rank-{{rank}}.jsonl",
+                             f"--racecheck-stop-file={ranks / sid}.stop"]
+        args += [f"--racecheck-arm-perturb={a}={suite.arms[a].perturb}" for a in plan.arms
+                 if suite.arms[a].perturb is not None]
+        if len(plan.blocks) > 1:
+            args += [f"--count={len(plan.blocks)}", "--repeat-scope=session"]
         if c.detect:
             args.append("--racecheck-detect")
-        env = {"OMP_NUM_THREADS": "1"}
+        env = {}
+        cwd = suite.run_root
+        if suite.config_file is None:
+            env["OMP_NUM_THREADS"] = "1"
+            args.append(f"--rootdir={cwd}")
+        if arm.git:
+            cwd = self.worktrees.cwd_for(suite.run_root, c.revisions[f"{suite.name}/{arm.name}"])
+            env["PYTHONPATH"] = pythonpath(cwd, os.environ.get("PYTHONPATH"))
+            args = [f"--rootdir={cwd}" if a.startswith("--rootdir=") else a for a in args]
         if c.backend != "auto":
             env["RACECHECK_BACKEND"] = c.backend
-        for arm in s.arms:
-            env.update(dict(s.scenario.arm(arm).env))
-        return launch.SessionSpec(world_size=s.scenario.world_size, pytest_args=tuple(args), env=env,
-                                  cwd=s.scenario.path.parent.parent, log_path=log_path)
+        if c.world_size:
+            env["RACECHECK_WORLD_SIZE"] = str(c.world_size)
+        env.update(dict(arm.env))
+        return launch.SessionSpec(world_size=c.world_for(suite), pytest_args=tuple(args), env=env,
+                                  cwd=cwd, log_path=c.out / "logs" / f"session-{sid}.log",
+                                  user_args=tuple(user))
 
-    def _run_session(self, session: Session, log: TrialLog) -> int | None:
-        """Run one session; returns the last trial index it reached if it ended early, else None."""
-        k = self._session_count = self._session_count + 1
-        out = self.config.out
-        rank_pattern = out / "ranks" / f"session-{k}-rank-{{rank}}.jsonl"
-        spec = self._session_spec(session, rank_pattern, out / "logs" / f"session-{k}.log")
-        world = spec.world_size
-        tails = [RankTail(Path(str(rank_pattern).replace("{rank}", str(r)))) for r in range(world)]
-        merger = RankMerger(world)
-        try:
-            proc = launch.start(spec)
-        except OSError as exc:
-            raise InfrastructureError(f"could not start pytest: {exc}") from None
-        last_progress = time.monotonic()
-        last_trial = session.trial_start
-        any_outcome = False
-        ended: Outcome | None = None
-        while True:
-            exited = proc.poll() is not None
-            for tail in tails:
-                for event in tail.read():
-                    if event.get("event") == "collected" and event.get("rank", 0) == 0:
-                        self.on_expected(int(event["count"]))
-                    merged = merger.add(event)
-                    if event.get("event") in ("start", "outcome"):
-                        last_progress = time.monotonic()
-                    if merged is not None:
-                        any_outcome = True
-                        last_trial = max(last_trial, merged["trial"])
-                        self._log(session.scenario, merged, log)
-            if exited:
-                break
-            if time.monotonic() - last_progress > self.config.timeout:
-                launch.kill_tree(proc)
-                ended = Outcome.TIMEOUT
-                break
-            time.sleep(0.05)
-        rc = proc.returncode
-        if ended is None and rc not in (0, None):
-            ended = Outcome.CRASH
-        if ended is not None:
-            for merged in merger.abandon(ended):
-                any_outcome = True
-                last_trial = max(last_trial, merged["trial"])
-                self._log(session.scenario, merged, log)
-            if not any_outcome:
-                tail = _last_lines(spec.log_path)
-                raise InfrastructureError(f"the pytest session exited with code {rc} before any test "
-                                          f"finished; see {spec.log_path}: {tail}")
-            return last_trial
-        if not any_outcome:
-            raise InfrastructureError(f"the pytest session ran no test (exit code {rc}); see {spec.log_path}")
-        return None
-
-    def _log(self, scenario: Scenario, merged: dict, log: TrialLog) -> None:
+    # -- what a session reports --------------------------------------------------------------------
+    def _record(self, suite: Scenario, merged: dict) -> None:
         c = self.config
-        arm = merged["arm"]
-        expect = scenario.arms[arm].expect if arm in scenario.arms else ""
-        perturb = c.perturb_for(scenario)
+        arm, trial, test = merged["arm"], int(merged["trial"]), merged["test"]
+        params = merged.get("params") or (test[test.index("[") + 1:-1] if test.endswith("]") else "")
         record = TrialRecord(
-            run_id=self.run_id, scenario=scenario.name, arm=arm, expect=expect, trial=merged["trial"],
-            seed=merged["seed"], test=merged["test"], params=merged["params"], outcome=merged["outcome"],
+            run_id=self.run_id, scenario=suite.name, arm=arm,
+            expect=suite.arms[arm].expect if arm in suite.arms else "", trial=trial,
+            seed=c.seed + trial, test=test, params=params, outcome=merged["outcome"],
             signature=merged["signature"], message=merged["message"], duration=merged["duration"],
-            device=merged.get("device", "cpu"), perturb=perturb, detect=c.detect,
-            detected=merged["detected"], reports=merged["reports"], versions=self.versions,
-            time=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+            device=merged.get("device", "cpu"), perturb=c.perturb_for(suite, arm), detect=c.detect,
+            detected=merged["detected"], reports=merged["reports"], versions=self.versions, time=_now())
         if Outcome(record.outcome).is_failure:
-            record.replay = replay_command(record, scenario=scenario.name, perturb=perturb,
-                                           detect=c.detect, backend=c.backend)
-        log.append(record)
-        self.on_record(record)
+            record.replay = replay_command(record, suite=suite, config=c)
+        self._log.append(record)
+        self.counts.record(suite.name, arm, trial, record.outcome)
+        self.listener.record(record)
+
+    def _block(self, suite: Scenario, block: Block, outcome: Outcome) -> None:
+        self._completed.append(suite.name, block, outcome.value, self.run_id)
+        self._blocks_done += 1
+        self.counts.block(suite.name, block.arm, block.trial, outcome.value)
+        self.listener.block(suite.name, block, outcome.value)
 
 
-def replay_command(record: TrialRecord, *, scenario: str, perturb: str, detect: bool, backend: str) -> str:
+# pytest options whose value may follow as the next argument (so it is no target).
+_VALUE_OPTIONS = {"-k", "-m", "-p", "-n", "-c", "-o", "-W", "--deselect", "--ignore", "--ignore-glob",
+                  "--rootdir", "--confcutdir", "--basetemp", "--maxfail", "--dist", "--timeout",
+                  "--count", "--numprocesses", "--import-mode", "--tb", "--durations", "-r"}
+
+
+def split_targets(args, root: Path) -> tuple[list[str], list[str]]:
+    """(targets, options) of pytest arguments: targets name tests (paths, node ids)."""
+    targets, options = [], []
+    takes_value = False
+    for arg in args:
+        if takes_value:
+            options.append(arg)
+            takes_value = False
+            continue
+        if arg.startswith("-"):
+            options.append(arg)
+            takes_value = arg in _VALUE_OPTIONS
+            continue
+        path = arg.split("::", 1)[0]
+        if "::" in arg or path.endswith(".py") or (root / path).exists() or Path(path).exists():
+            targets.append(arg)
+        else:
+            options.append(arg)
+    return targets, options
+
+
+def replay_command(record: TrialRecord, *, suite: Scenario, config: RunConfig) -> str:
     """One command line that reruns exactly this test of this trial under this arm."""
-    parts = ["racecheck", "run", "--scenario", scenario, "--arms", record.arm, "--trials", "1",
-             "--seed", str(record.seed), "--perturb", perturb or "off"]
-    if detect:
+    if suite.config_file is not None:
+        try:
+            where = os.path.relpath(suite.config_file)
+        except ValueError:
+            where = str(suite.config_file)
+        parts = ["racecheck", "run", "--config", where]
+    else:
+        parts = ["racecheck", "run", "--scenario", suite.name]
+    parts += ["--arms", record.arm, "--trials", "1", "--seed", str(record.seed),
+              "--perturb", record.perturb or "off"]
+    if config.detect:
         parts.append("--detect")
-    if backend != "auto":
-        parts += ["--backend", backend]
-    parts += ["--", record.test]
+    if config.backend != "auto":
+        parts += ["--backend", config.backend]
+    if config.world_size:
+        parts += ["--world-size", str(config.world_size)]
+    _, options = split_targets(config.pytest_args, suite.run_root)
+    parts += ["--", *options, record.test]
     return shlex.join(parts)
-
-
-def _last_lines(path: Path, n: int = 3) -> str:
-    try:
-        lines = [l for l in path.read_text(errors="replace").splitlines() if l.strip()]
-    except OSError:
-        return ""
-    return " | ".join(lines[-n:])[-400:]

@@ -1,0 +1,76 @@
+"""Join the logs of several run folders (shards run on other machines or CI jobs) into one.
+
+Shards of one run (`--shard i/N`) hold disjoint trials of the same suites and arms with the same
+seed, so their logs concatenate into the log an unsharded run would have written. The merged
+folder's run.json describes the whole run (no shard), so `racecheck run --resume MERGED` can fill
+in the trials of a shard that never finished.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from racecheck.trials import state
+from racecheck.trials.record import TrialLog, read_log
+
+# Settings that must agree for logs to be one experiment.
+_SAME = ("source", "seed", "order", "perturb", "detect", "backend", "pytest_args", "world_size",
+         "revisions", "all_arms", "arms")
+
+
+class MergeError(ValueError):
+    """Inputs that cannot be merged (missing, overlapping, or different experiments)."""
+
+
+def merge(inputs: list[Path], out: Path) -> int:
+    """Write OUT/trials.jsonl, completed.jsonl and run.json from `inputs`; returns the records written."""
+    if len(inputs) < 2:
+        raise MergeError("give at least two run folders to merge")
+    if (out / "trials.jsonl").exists():
+        raise MergeError(f"{out} already holds a run; choose another --out")
+    runs, owner = [], {}
+    for folder in inputs:
+        if folder.resolve() == out.resolve():
+            raise MergeError(f"{folder} is both an input and the output")
+        if not (folder / "trials.jsonl").is_file():
+            raise MergeError(f"{folder}: no trials.jsonl (not a racecheck run folder)")
+        try:
+            runs.append(state.read_run(folder))
+        except ValueError as exc:
+            raise MergeError(str(exc)) from None
+    first = runs[0]
+    for folder, run in zip(inputs[1:], runs[1:]):
+        for key in _SAME:
+            if run.get(key) != first.get(key):
+                raise MergeError(f"{inputs[0]} and {folder} are different runs: their {key} differs "
+                                 f"({first.get(key)!r} vs {run.get(key)!r})")
+    records = []
+    for folder in inputs:
+        mine = set()
+        for r in read_log(folder / "trials.jsonl"):
+            key = (r.scenario, r.arm, r.trial)
+            if owner.get(key, folder) != folder:
+                raise MergeError(f"{owner[key]} and {folder} both hold trial {r.trial} of arm {r.arm!r}"
+                                 f" ({r.scenario}): shards must hold disjoint trials (--shard i/N)")
+            owner[key] = folder
+            mine.add(key)
+            records.append(r)
+    out.mkdir(parents=True, exist_ok=True)
+    with TrialLog(out / "trials.jsonl") as log:
+        for r in records:
+            log.append(r)
+    with open(out / state.COMPLETED_FILE, "w", encoding="utf-8") as fh:
+        for folder in inputs:
+            try:
+                with open(folder / state.COMPLETED_FILE, encoding="utf-8") as src:
+                    shutil.copyfileobj(src, fh)
+            except FileNotFoundError:
+                pass
+    merged = dict(first)
+    merged["trials"] = max(int(r.get("trials", 0)) for r in runs)
+    merged["shard"] = "1/1"
+    merged["merged_from"] = [str(p) for p in inputs]
+    merged["attempts"] = [a for r in runs for a in r.get("attempts", [])]
+    state.write_run(out, merged)
+    return len(records)

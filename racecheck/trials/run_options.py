@@ -1,0 +1,198 @@
+"""Turning `racecheck run`'s options into a RunConfig (fresh, or from OUT/run.json with --resume),
+and its --gate: the run command's logic, kept out of cli.py so that the command reads as a script.
+
+User mistakes become click.UsageError/BadParameter (one line, exit 2); git and suite problems found
+later raise exitcodes.InputError (exit 2) as well.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import click
+
+# Options that define the experiment: on --resume they come from OUT/run.json.
+_DEFINING = ("scenario_names", "config_file", "arms", "out_dir", "perturb", "no_perturb", "delay_ms",
+             "seed", "isolation", "order", "chunk", "backend", "world_size", "detect",
+             "scenarios_dir", "shard", "pytest_args")
+
+
+def suites_from_options(opts) -> tuple[list, dict]:
+    """The suites to run and their source (kept in run.json for --resume)."""
+    from racecheck.trials.catalogue import CatalogueError, find_catalogue, load_catalogue, select
+    from racecheck.trials.config import find_config, load_config
+
+    names, config_file = opts["scenario_names"], opts["config_file"]
+    if names is not None and config_file is not None:
+        raise click.UsageError("--scenario and --config exclude each other")
+    try:
+        if names is None:
+            config_file = config_file or find_config()
+        if config_file is not None:
+            suite = load_config(config_file)
+            return [suite], {"kind": "config", "path": str(suite.config_file)}
+        folder = find_catalogue(opts["scenarios_dir"])
+        names = names or "main_grad_reuse"
+        return select(load_catalogue(folder), names), {"kind": "catalogue", "dir": str(folder), "names": names}
+    except CatalogueError as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+def fresh_config(ctx, opts):
+    """The RunConfig the command line describes (arms checked, git revisions resolved)."""
+    from racecheck.trials.catalogue import CatalogueError
+    from racecheck.trials.runner import RunConfig
+    from racecheck.trials.schedule import Shard
+
+    suites, source = suites_from_options(opts)
+    all_arms = opts["scenario_names"] == "all"
+    arm_list = None
+    if opts["arms"] is not None:
+        arm_list = tuple(dict.fromkeys(a.strip() for a in opts["arms"].split(",") if a.strip()))
+        if not arm_list:
+            raise click.BadParameter("no arm named", param_hint="--arms")
+    try:
+        for s in suites:
+            for a in arm_list or ():
+                s.arm(a)
+    except CatalogueError as exc:
+        raise click.UsageError(str(exc)) from None
+    spec = perturb_spec(opts, suites)
+    out_dir = opts["out_dir"] or Path("racecheck-out") / time.strftime("run-%Y%m%d-%H%M%S")
+    if (out_dir / "trials.jsonl").exists() and (out_dir / "trials.jsonl").stat().st_size:
+        raise click.UsageError(f"{out_dir} already holds a run; choose another --out, or continue it "
+                               f"with --resume {out_dir}")
+    config = RunConfig(scenarios=tuple(suites), arms=arm_list, trials=trials_value(opts["trials"], 10),
+                       out=out_dir, perturb=spec, seed=opts["seed"], isolation=opts["isolation"],
+                       order=opts["order"], chunk=opts["chunk"], timeout=opts["timeout"],
+                       backend=opts["backend"], detect=opts["detect"], pytest_args=tuple(opts["pytest_args"]),
+                       all_arms=all_arms, world_size=opts["world_size"], shard=opts["shard"] or Shard(),
+                       max_time=opts["max_time"], stop_rules=opts["stop_rules"], source=source)
+    return with_revisions(config)
+
+
+def perturb_spec(opts, suites) -> str | None:
+    if opts["perturb"] and opts["no_perturb"]:
+        raise click.UsageError("--perturb and --no-perturb exclude each other")
+    spec = "off" if opts["no_perturb"] else opts["perturb"]
+    if spec is None and opts["delay_ms"] is None:
+        return None
+    from racecheck.perturb.profiles import parse_profile  # imports torch (racecheck.perturb's package)
+    try:
+        specs = {s.name: parse_profile(spec if spec is not None else s.default_perturb) for s in suites}
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--perturb") from None
+    if opts["delay_ms"] is not None:
+        if len({p.to_spec() for p in specs.values()}) > 1:
+            raise click.UsageError("--delay-ms needs --perturb when the scenarios' profiles differ")
+        spec = next(iter(specs.values())).with_delay(opts["delay_ms"] / 1e3).to_spec()
+    return spec
+
+
+def trials_value(value, default: int) -> int:
+    if value is None:
+        return default
+    if value == "auto":
+        from racecheck.trials.cli_commands import trials_for_auto
+
+        n = trials_for_auto()
+        click.echo(f"--trials auto: {n} trials per arm (bounds a clean arm at or below 30% at 95%, and "
+                   f"separates a 90% baseline from a clean fix at alpha 0.05 with power 0.9)", err=True)
+        return n
+    return value
+
+
+def with_revisions(config):
+    """The config with every git-revision arm resolved to its commit (a bad revision: exit 2)."""
+    import dataclasses
+
+    from racecheck.trials.gitarms import resolve
+
+    from racecheck.trials.catalogue import CatalogueError
+
+    revisions = dict(config.revisions)
+    for s in config.scenarios:
+        for a in config.arms_for(s):
+            try:
+                arm = s.arm(a)
+            except CatalogueError as exc:  # a resumed run whose config lost the arm
+                raise click.UsageError(str(exc)) from None
+            if arm.git and f"{s.name}/{a}" not in revisions:
+                revisions[f"{s.name}/{a}"] = resolve(s.run_root, arm.git)
+    return dataclasses.replace(config, revisions=revisions)
+
+
+def resumed_config(ctx, opts):
+    """The RunConfig of OUT/run.json; only --trials, --timeout, --max-time, --stop-when, the gate
+    options and --quiet may be given anew."""
+    from click.core import ParameterSource
+
+    from racecheck.trials import state
+    from racecheck.trials.catalogue import CatalogueError
+    from racecheck.trials.config import load_suites
+    from racecheck.trials.runner import RunConfig
+    from racecheck.trials.schedule import Shard
+
+    given = [name for name in _DEFINING if ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE]
+    if given:
+        option = "PYTEST_ARGS" if given[0] == "pytest_args" else "--" + given[0].replace("_", "-")
+        raise click.UsageError(f"{option} cannot be given with --resume: the run's settings come from "
+                               f"its run.json")
+    out = opts["resume_dir"]
+    timeout_given = ctx.get_parameter_source("timeout") is ParameterSource.COMMANDLINE
+    try:
+        run = state.read_run(out)
+        suites = load_suites(run["source"])
+        config = RunConfig(
+            scenarios=tuple(suites), arms=tuple(run["arms"]) if run.get("arms") else None,
+            trials=trials_value(opts["trials"], int(run["trials"])), out=out, perturb=run.get("perturb"),
+            seed=int(run["seed"]), isolation=run["isolation"], order=run.get("order", "alternate"),
+            chunk=int(run.get("chunk", 5)), backend=run.get("backend", "auto"),
+            timeout=opts["timeout"] if timeout_given else float(run.get("timeout", 300)),
+            detect=bool(run.get("detect")), pytest_args=tuple(run.get("pytest_args", ())),
+            all_arms=bool(run.get("all_arms")), world_size=run.get("world_size"),
+            shard=Shard.parse(run.get("shard", "1/1")), max_time=opts["max_time"],
+            stop_rules=opts["stop_rules"], revisions=dict(run.get("revisions", {})), source=run["source"])
+    except CatalogueError as exc:
+        raise click.UsageError(f"cannot resume {out}: {exc}") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise click.BadParameter(f"cannot resume it: {exc}", param_hint="--resume") from None
+    return with_revisions(config)
+
+
+def gate_options(ctx, opts, config):
+    """The gate's settings when --gate is given (checked before the run), else None."""
+    from click.core import ParameterSource
+
+    gate_only = ("fixed", "baseline", "max_rate", "min_rate", "confidence")
+    if not opts["gate"]:
+        given = [n for n in gate_only if ctx.get_parameter_source(n) is ParameterSource.COMMANDLINE]
+        if given:
+            raise click.UsageError(f"--{given[0].replace('_', '-')} needs --gate")
+        return None
+    if not opts["fixed"] or not opts["baseline"]:
+        raise click.UsageError("--gate needs --fixed ARM and --baseline ARM")
+    for hint, arm in (("--fixed", opts["fixed"]), ("--baseline", opts["baseline"])):
+        if not any(arm in config.arms_for(s) for s in config.scenarios):
+            raise click.BadParameter(f"arm {arm!r} is not one of the run's arms", param_hint=hint)
+    if opts["fixed"] == opts["baseline"]:
+        raise click.UsageError("--fixed and --baseline name the same arm")
+    if opts["confidence"] is not None and opts["max_rate"] <= 0:
+        raise click.UsageError("--confidence needs --max-rate above 0: no number of trials bounds a rate at 0")
+    return {k: opts[k] for k in gate_only}
+
+
+def apply_gate(out_dir: Path, gate: dict) -> int:
+    from racecheck.trials.gate import evaluate_gate
+    from racecheck.trials.tally import load_records, summarize
+
+    try:
+        result = evaluate_gate(summarize(load_records(out_dir)), **gate)
+    except ValueError as exc:
+        raise click.UsageError(f"--gate: {exc}") from None
+    click.echo("")
+    for line in result.lines:
+        click.echo(line)
+    click.echo(f"gate: {result.decision.value}")
+    return int(result.exit_code)

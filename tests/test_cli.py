@@ -1,0 +1,152 @@
+"""The command line: bad input gets one line and exit 2 (3 for infrastructure), never a traceback;
+`list`, `--trials auto`, `--gate`, replay lines, pytest-xdist, and the motivating scenario."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+
+from test_runner import (ALWAYS, SEEDED_TEST, expected_failures, racecheck, records, summary_counts,
+                         write_suite)
+
+CHECKOUT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _fast_sessions(monkeypatch):
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+
+
+@pytest.fixture
+def project(tmp_path):
+    return write_suite(tmp_path / "p", arms={"often": {"expect": "race"}, "never": {"expect": "safe"}},
+                       tests={"test_seeded.py": SEEDED_TEST})
+
+
+def one_line_error(res, code=2) -> str:
+    assert res.code == code, res
+    assert res.err.count("\n") == 1 and "Traceback" not in res.err, res
+    return res.err.strip()
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--arms", "often,nope"], "unknown arm 'nope' for suite 'tiny'; known: often, never"),
+    (["--trials", "0"], "Invalid value for '--trials': must be at least 1"),
+    (["--trials", "many"], "Invalid value for '--trials': 'many' is not a whole number or 'auto'"),
+    (["--shard", "3/2"], "Invalid value for '--shard': '3/2': need 1 <= i <= N"),
+    (["--shard", "half"], "Invalid value for '--shard': 'half' is not of the form i/N"),
+    (["--stop-when", "often:fails>=2"], "Invalid value for '--stop-when': bad rule 'often:fails>=2'"),
+    (["--config", "missing.toml"], "missing.toml: no such config file"),
+    (["--scenario", "main_grad_reuse", "--config", "pyproject.toml"], "--scenario and --config exclude each other"),
+    (["--gate", "--fixed", "never"], "--gate needs --fixed ARM and --baseline ARM"),
+    (["--fixed", "never"], "--fixed needs --gate"),
+    (["--gate", "--fixed", "never", "--baseline", "gone"], "Invalid value for --baseline: arm 'gone' is not one"),
+    (["--resume", "nowhere"], "Invalid value for --resume: cannot resume it: nowhere: no run.json"),
+])
+def test_bad_options_get_one_line_and_exit_2(project, args, message):
+    assert message in one_line_error(racecheck("run", "-q", *args, cwd=project))
+
+
+def test_an_unknown_scenario_is_a_usage_error(project):
+    res = racecheck("run", "--scenario", "nope", "--scenarios", CHECKOUT / "scenarios", cwd=project)
+    err = one_line_error(res)
+    assert "unknown scenario 'nope'; known: " in err and "main_grad_reuse" in err
+
+
+@pytest.mark.parametrize(("toml", "message"), [
+    ("[tool.racecheck\n", "not valid TOML"),
+    ("[tool.other]\n", "no [tool.racecheck] table"),
+    ("[tool.racecheck]\ncolour = 1\n[tool.racecheck.arms.a]\n", "unknown key(s) colour"),
+    ("[tool.racecheck]\n", "needs at least one [arms.NAME] table"),
+    ("[tool.racecheck.arms.a]\nenv = 'X=1'\n", "arm 'a': env must be a table"),
+    ("[tool.racecheck.arms.a]\nexpect = 'maybe'\n", "arm 'a': expect must be one of race, safe"),
+    ("[tool.racecheck.arms.a]\ngit = 3\n", "arm 'a': git must be a non-empty string"),
+    ("[tool.racecheck]\nworld_size = 0\n[tool.racecheck.arms.a]\n", "world_size must be a positive integer"),
+    ("[tool.racecheck]\ndefault_arms = ['b']\n[tool.racecheck.arms.a]\n", "default arm 'b' is not defined"),
+])
+def test_an_invalid_config_is_a_usage_error(tmp_path, toml, message):
+    (tmp_path / "pyproject.toml").write_text(toml)
+    assert message in one_line_error(racecheck("run", "--config", "pyproject.toml", cwd=tmp_path))
+
+
+def test_an_unreadable_config_is_a_usage_error(tmp_path):
+    (tmp_path / "c.toml").write_bytes(b"\xff\xfe[")
+    assert "c.toml: cannot read it" in one_line_error(racecheck("run", "--config", "c.toml", cwd=tmp_path))
+
+
+@pytest.mark.parametrize(("files", "args", "message"), [
+    ({"test_bad.py": "def test_f(:\n    pass\n"}, [], "pytest could not collect test_bad.py: SyntaxError"),
+    ({}, ["--", "--no-such-option"], "pytest rejected its arguments: unrecognized arguments: --no-such-option"),
+    ({}, ["--", "-k", "nothing_matches"], "pytest collected no tests (pytest -k nothing_matches)"),
+    ({"conftest.py": "import no_such_module\n"}, [], "conftest.py: ModuleNotFoundError: No module named"),
+])
+def test_suites_pytest_cannot_run_are_usage_errors(project, files, args, message):
+    for name, text in files.items():
+        (project / name).write_text(text)
+    assert message in one_line_error(racecheck("run", "--trials", 2, "--out", "o", "-q", *args, cwd=project))
+
+
+def test_a_session_that_dies_before_collecting_is_an_infrastructure_error(project):
+    (project / "conftest.py").write_text("import os\nos._exit(7)\n")
+    err = one_line_error(racecheck("run", "--trials", 2, "--out", "o", "-q", cwd=project), code=3)
+    assert err.startswith("racecheck: infrastructure error: the pytest session ended (crashed, exit code 7)")
+
+
+def test_list_shows_the_project_suite_and_the_catalogue(project):
+    res = racecheck("list", "--scenarios", CHECKOUT / "scenarios", cwd=project)
+    assert res.code == 0, res
+    assert "tiny  (config " in res.out and " *often  race" in res.out and " *never  safe" in res.out
+    assert "main_grad_reuse  (scenario main_grad_reuse/; world size 4; default perturb rs_delay)" in res.out
+    assert " *baseline         race" in res.out and "  record_stream    safe" in res.out
+
+
+def test_trials_auto_and_the_gate(tmp_path):
+    root = write_suite(tmp_path / "p", arms={"bad": {}, "good": {}}, tests={"test_x.py": ALWAYS})
+    res = racecheck("run", "--trials", "auto", "--gate", "--fixed", "good", "--baseline", "bad",
+                    "--out", tmp_path / "pass", "-q", cwd=root)
+    assert res.code == 0, res
+    assert "--trials auto: 9 trials per arm" in res.err and res.out.rstrip().endswith("gate: PASS")
+    assert summary_counts(tmp_path / "pass")[("good", "*")] == (0, 9)
+    res = racecheck("run", "--trials", 2, "--gate", "--fixed", "bad", "--baseline", "good",
+                    "--out", tmp_path / "fail", "-q", cwd=root)
+    assert res.code == 1 and res.out.rstrip().endswith("gate: FAIL"), res
+    res = racecheck("run", "--trials", 2, "--gate", "--fixed", "good", "--baseline", "bad", "--max-rate", 0.2,
+                    "--confidence", 0.95, "--out", tmp_path / "undecided", "-q", cwd=root)
+    assert res.code == 4 and res.out.rstrip().endswith("gate: UNDECIDED"), res
+
+
+def test_a_replay_line_reruns_the_failing_trial(project, tmp_path):
+    assert racecheck("run", "--trials", 4, "--seed", 2, "--out", tmp_path / "out", "-q", cwd=project).code == 0
+    failing = next(r for r in records(tmp_path / "out") if r.outcome == "failed")
+    argv = shlex.split(failing.replay)
+    assert argv[:2] == ["racecheck", "run"]
+    cut = argv.index("--")
+    res = racecheck(*argv[1:cut], "--out", tmp_path / "replay", "-q", *argv[cut:], cwd=project)
+    assert res.code == 0, res
+    (again,) = records(tmp_path / "replay")
+    assert (again.test, again.arm, again.seed, again.outcome, again.signature) == (
+        failing.test, failing.arm, failing.seed, "failed", failing.signature)
+
+
+def test_pytest_xdist_workers_are_merged_into_one_outcome_per_test(project, tmp_path):
+    pytest.importorskip("xdist")
+    res = racecheck("run", "--trials", 3, "--out", tmp_path / "out", "-q", "--", "-p", "xdist", "-n", "2",
+                    cwd=project)
+    assert res.code == 0, res
+    recs = records(tmp_path / "out")
+    assert len(recs) == len({(r.arm, r.trial, r.test) for r in recs}) == 12
+    assert summary_counts(tmp_path / "out") == expected_failures({"often": 0.6, "never": 0.0}, range(3))
+
+
+def test_the_motivating_scenario_reproduces_in_baseline_and_not_in_fixed(tmp_path):
+    """The one test that launches the real 4-rank main_grad_reuse scenario (torchrun, gloo)."""
+    res = racecheck("run", "--arms", "fixed,baseline", "--trials", 1, "--out", tmp_path / "out", "-q",
+                    cwd=CHECKOUT)
+    assert res.code == 0, res
+    counts = summary_counts(tmp_path / "out")
+    assert counts[("baseline", "*")] == (1, 1) and counts[("fixed", "*")] == (0, 1)
+    recs = records(tmp_path / "out")
+    assert len(recs) == 8 and {r.expect for r in recs} == {"race", "safe"}
+    assert all("--scenario main_grad_reuse --arms baseline" in r.replay for r in recs if r.outcome == "failed")

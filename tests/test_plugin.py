@@ -1,0 +1,135 @@
+"""The pytest plugin on its own: options, markers, repeat steps mapped to blocks, the per-process
+log (per xdist worker), the graceful stop, and exit statuses under the runner."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+# Imported here, once: pytester's in-process runs unload modules they import, and torch (which
+# racecheck.perturb imports to check a profile) cannot be imported twice in one process.
+import racecheck.perturb.profiles  # noqa: F401
+from racecheck.plugin import strip_repeat_suffix
+from racecheck.trials.schedule import Block, SessionPlan, arm_order, write_schedule
+
+pytest_plugins = ["pytester"]
+
+RECORDING = """
+import pytest
+from racecheck.plugin import ITEM_TRIAL
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_p(n, racecheck_arm, racecheck_seed, racecheck_perturb, request):
+    t = request.node.stash[ITEM_TRIAL]
+    assert (t.arm, t.trial) == (racecheck_arm, racecheck_seed - 100)
+    assert racecheck_perturb == ("sleep@before_reduce_scatter:1ms" if racecheck_arm == "b" else "off")
+    assert not (racecheck_arm == "b" and n == 2), "b fails n=2"
+"""
+
+
+def events(path, kind=None):
+    lines = [json.loads(l) for l in path.read_text().splitlines()]
+    return [e for e in lines if kind is None or e["event"] == kind]
+
+
+def test_options_are_grouped_and_markers_registered(pytester):
+    help_text = pytester.runpytest("--help").stdout.str()
+    group = help_text[help_text.index("racecheck: arms, trials, perturbation and outcome logging:"):]
+    for option in ("--racecheck-arms", "--racecheck-trial-start", "--racecheck-order", "--racecheck-schedule",
+                   "--racecheck-seed", "--racecheck-perturb", "--racecheck-arm-perturb", "--racecheck-detect",
+                   "--racecheck-log", "--racecheck-stop-file"):
+        assert option in group
+    assert "racecheck_world(n): the test needs a process world of n ranks" in pytester.runpytest("--markers").stdout.str()
+
+
+def test_a_schedule_maps_repeat_steps_to_blocks_and_the_log_says_so(pytester, tmp_path):
+    pytester.makepyfile(test_rec=RECORDING)
+    plan = SessionPlan((Block(3, "b"), Block(3, "a"), Block(4, "a")))
+    write_schedule(tmp_path / "s.json", plan)
+    log = tmp_path / "log-{rank}.jsonl"
+    result = pytester.runpytest("-p", "racecheck", "--count=3", "--repeat-scope=session",
+                                f"--racecheck-schedule={tmp_path / 's.json'}", "--racecheck-seed=100",
+                                "--racecheck-perturb=off",
+                                "--racecheck-arm-perturb=b=sleep@before_reduce_scatter:1ms",
+                                f"--racecheck-log={log}")
+    assert result.ret == 0  # failing tests are data under the runner
+    outcomes = events(tmp_path / "log-0.jsonl", "outcome")
+    assert [(e["trial"], e["arm"], e["test"], e["outcome"]) for e in outcomes] == [
+        (3, "b", "test_rec.py::test_p[1]", "passed"), (3, "b", "test_rec.py::test_p[2]", "failed"),
+        (3, "a", "test_rec.py::test_p[1]", "passed"), (3, "a", "test_rec.py::test_p[2]", "passed"),
+        (4, "a", "test_rec.py::test_p[1]", "passed"), (4, "a", "test_rec.py::test_p[2]", "passed")]
+    bad = outcomes[1]
+    assert (bad["seed"], bad["params"]) == (103, "2")
+    assert bad["signature"] == "AssertionError at test_rec.py:9 in test_p" and bad["message"] == "b fails n=2"
+    assert events(tmp_path / "log-0.jsonl", "collected")[0]["count"] == 6
+    assert events(tmp_path / "log-0.jsonl", "finish")[0]["stopped"] is False
+
+
+def test_without_a_schedule_arms_cycle_in_the_requested_order(pytester, tmp_path):
+    pytester.makepyfile(test_rec=RECORDING.replace("racecheck_seed - 100", "racecheck_seed - 7"))
+    log = tmp_path / "log.jsonl"
+    pytester.runpytest("-p", "racecheck", "--count=6", "--racecheck-arms=a,c,d", "--racecheck-order=random",
+                       "--racecheck-trial-start=2", "--racecheck-seed=7", "--racecheck-perturb=off", f"--racecheck-log={log}")
+    got = [(e["trial"], e["arm"]) for e in events(log, "outcome")][::2]
+    assert got == [(t, a) for t in (2, 3) for a in arm_order("acd", t, seed=7, order="random")]
+
+
+def test_a_stop_file_ends_the_session_at_the_next_trial_boundary(pytester, tmp_path):
+    pytester.makepyfile(test_rec=RECORDING)
+    (tmp_path / "stop").write_text("1\n")
+    log = tmp_path / "log.jsonl"
+    result = pytester.runpytest("-p", "racecheck", "--count=6", "--racecheck-arms=a,c", "--racecheck-seed=100",
+                                "--racecheck-perturb=off", f"--racecheck-log={log}",
+                                f"--racecheck-stop-file={tmp_path / 'stop'}")
+    assert result.ret == 0
+    assert {(e["trial"], e["arm"]) for e in events(log, "outcome")} == {(0, "a"), (0, "c")}
+    assert events(log, "finish")[0]["stopped"] is True
+
+
+def test_exit_status_is_pytests_own_without_the_runner_log(pytester):
+    pytester.makepyfile(test_rec="def test_f():\n    assert False\n")
+    assert pytester.runpytest("-p", "racecheck").ret == 1
+
+
+def test_collection_errors_are_logged(pytester, tmp_path):
+    pytester.makepyfile(test_bad="def test_f(:\n    pass\n")
+    log = tmp_path / "log.jsonl"
+    pytester.runpytest("-p", "racecheck", f"--racecheck-log={log}")
+    (error,) = events(log, "collecterror")
+    assert error["nodeid"] == "test_bad.py" and "SyntaxError" in error["message"]
+
+
+def test_bad_plugin_options_are_usage_errors(pytester, tmp_path):
+    result = pytester.runpytest("-p", "racecheck", "--racecheck-perturb=nonsense@x")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "ERROR: --racecheck-perturb: " in result.stderr.str() and "nonsense" in result.stderr.str()
+    result = pytester.runpytest("-p", "racecheck", f"--racecheck-schedule={tmp_path / 'missing.json'}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR and "cannot read the schedule" in result.stderr.str()
+
+
+def test_xdist_workers_write_one_file_each_and_report_each_test_once(pytester, tmp_path):
+    pytest.importorskip("xdist")
+    pytester.makepyfile(test_many="import pytest\n\n@pytest.mark.parametrize('i', range(8))\n"
+                                  "def test_i(i):\n    pass\n")
+    log = tmp_path / "log-{rank}.jsonl"
+    result = pytester.runpytest_subprocess("-p", "racecheck", "-p", "xdist", "-n", "2", "--count=2",
+                                           "--racecheck-arms=a", f"--racecheck-log={log}")
+    assert result.ret == 0
+    files = sorted(p.name for p in tmp_path.glob("log-*.jsonl"))
+    assert files == ["log-0-gw0.jsonl", "log-0-gw1.jsonl", "log-0.jsonl"]
+    assert [e["event"] for e in events(tmp_path / "log-0.jsonl")] == ["finish"]  # the controller runs no test
+    outcomes = [e for f in tmp_path.glob("log-0-gw*.jsonl") for e in events(f, "outcome")]
+    assert sorted((e["trial"], e["test"]) for e in outcomes) == sorted(
+        (t, f"test_many.py::test_i[{i}]") for t in range(2) for i in range(8))
+    assert {e["worker"] for e in outcomes} == {"gw0", "gw1"}
+
+
+@pytest.mark.parametrize(("nodeid", "count", "stripped"), [
+    ("t.py::test_x[1-True-3-10]", 10, "t.py::test_x[1-True]"),
+    ("t.py::test_x[3-10]", 10, "t.py::test_x"),
+    ("t.py::test_x[3-10]", 1, "t.py::test_x[3-10]"),
+    ("t.py::test_x[a-3-12]", 10, "t.py::test_x[a-3-12]"),
+])
+def test_strip_repeat_suffix(nodeid, count, stripped):
+    assert strip_repeat_suffix(nodeid, count) == stripped
