@@ -167,3 +167,27 @@ def test_compare_arms_uses_fisher(two_arms):
         tally.compare_arms(summary, "nope", "fixed")
     with pytest.raises(ValueError):
         tally.summarize(tally.load_records(two_arms).iloc[0:0])
+
+
+def test_signature_counts_only_matching_failures(tmp_path):
+    """An unrelated failure (another exception, elsewhere) is not counted as the race."""
+    race = dict(signature="AssertionError at scenarios/x.py:77 in test_hsdp", message="update off by 60%")
+    other = dict(signature="ConnectionError at tests/net.py:12 in fetch", message="connection reset")
+    recs = [record("fixed", 0, "1-True", "failed", expect="safe", **other),
+            record("fixed", 1, "1-True", "passed", expect="safe"),
+            record("baseline", 0, "1-True", "failed", expect="race", **race),
+            record("baseline", 0, "1-False", "failed", expect="race", **other),
+            record("baseline", 1, "1-True", "failed", expect="race", **other)]
+    out = write(tmp_path, recs)
+    plain = tally.summarize(tally.load_records(out))
+    assert "other_failures" not in plain.columns
+    assert row(plain, "fixed").failures == 1 and row(plain, "baseline").failures == 2
+
+    filtered = tally.summarize(tally.load_records(out), signature=r"AssertionError.*test_hsdp")
+    fixed, baseline = row(filtered, "fixed"), row(filtered, "baseline")
+    assert (fixed.trials, fixed.failures, fixed.other_failures) == (2, 0, 1)
+    # trial 0 failed by the race (its other failure does not count again); trial 1 only otherwise
+    assert (baseline.trials, baseline.failures, baseline.other_failures) == (2, 1, 1)
+    assert row(filtered, "baseline", "1-False").other_failures == 1
+    with pytest.raises(ValueError, match="invalid failure signature"):
+        tally.summarize(tally.load_records(out), signature="(")

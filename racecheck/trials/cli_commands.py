@@ -27,7 +27,7 @@ def _rate(ctx, param, value):
     return value
 
 
-def _load(ctx, out_dir: Path):
+def _load(ctx, out_dir: Path, signature: str | None = None):
     """The records and summary of OUT, or a one-line usage error naming what is wrong."""
     from racecheck.trials import tally
 
@@ -36,7 +36,16 @@ def _load(ctx, out_dir: Path):
         records = tally.load_records(out_dir)
     except (FileNotFoundError, ValueError) as exc:
         raise click.BadParameter(str(exc), ctx, param) from None
-    return records, tally.summarize(records)
+    try:
+        return records, tally.summarize(records, signature=signature)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx, param_hint="--signature") from None
+
+
+_signature_option = click.option(
+    "--signature", default=None, metavar="REGEX",
+    help="Count only failures whose signature or message matches REGEX (e.g. 'AssertionError.*"
+         "test_hsdp'); other failures are not evidence of the race and are reported apart.")
 
 
 @click.command("report")
@@ -47,8 +56,10 @@ def _load(ctx, out_dir: Path):
               help="Write to FILE instead of stdout.")
 @click.option("--github-summary", is_flag=True,
               help="Also append the Markdown report to $GITHUB_STEP_SUMMARY (kept under 1 MiB).")
+@_signature_option
 @click.pass_context
-def report_command(ctx, out_dir: Path, fmt: str, output: Path | None, github_summary: bool):
+def report_command(ctx, out_dir: Path, fmt: str, output: Path | None, github_summary: bool,
+                   signature: str | None):
     """Render the trials in OUT (its trials.jsonl): a table, Markdown, CSV, JSON, JUnit or HTML."""
     summary_file = os.environ.get("GITHUB_STEP_SUMMARY") if github_summary else None
     if github_summary and not summary_file:
@@ -56,7 +67,7 @@ def report_command(ctx, out_dir: Path, fmt: str, output: Path | None, github_sum
                                "it)", ctx)
     from racecheck.trials import report
 
-    records, summary = _load(ctx, out_dir)
+    records, summary = _load(ctx, out_dir, signature)
     text = report.render(fmt, summary=summary, records=records)
     if output is None:
         click.echo(text, nl=False)
@@ -84,15 +95,16 @@ def report_command(ctx, out_dir: Path, fmt: str, output: Path | None, github_sum
               help="Judge Wilson bounds at this confidence (e.g. 0.95) instead of observed rates.")
 @click.option("--scenario", default=None, help="Gate one scenario (default: every scenario that "
                                                "ran both arms).")
+@_signature_option
 @click.pass_context
-def gate_command(ctx, out_dir, fixed, baseline, max_rate, min_rate, confidence, scenario):
+def gate_command(ctx, out_dir, fixed, baseline, max_rate, min_rate, confidence, scenario, signature):
     """Pass when the fixed arm's failure rate is low enough AND the baseline still reproduces.
 
     Exit 0 PASS, 1 FAIL, 4 UNDECIDED (too few trials: the output says how many more would decide).
     """
     from racecheck.trials.gate import evaluate_gate
 
-    _, summary = _load(ctx, out_dir)
+    _, summary = _load(ctx, out_dir, signature)
     arms = list(dict.fromkeys(summary["arm"]))
     for hint, arm in (("--fixed", fixed), ("--baseline", baseline)):
         if arm not in arms:

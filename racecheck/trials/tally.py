@@ -13,11 +13,16 @@ with at least one detector report. A skip is no evidence either way: `trials` co
 which the test ran (passed+failed+timeout+crash+error), and `skipped`, an addition to the contract's
 columns, counts those that skipped it; a row whose trials all skipped has `trials` 0, an empty
 `failure_rate` and the uninformative interval (0, 1).
+
+With a failure `signature` (a regular expression searched in each record's signature and message),
+only matching failures count as failures: a failure with another signature is not evidence of the
+race under study, and the column `other_failures` counts those trials instead.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -76,11 +81,14 @@ def _aggregate(rows: pd.DataFrame, *, with_detected: bool) -> pd.DataFrame:
     out = out.join(counts.reindex(columns=list(OUTCOME_COLUMNS), fill_value=0))
     if with_detected:
         out["detected"] = grouped["has_report"].sum()
+    if "is_other" in rows:
+        out["other_failures"] = grouped["is_other"].sum().astype(int)
     return out.reset_index()
 
 
-def summarize(df: pd.DataFrame) -> pd.DataFrame:
-    """The summary table of a record frame (see the module docstring for its contract).
+def summarize(df: pd.DataFrame, *, signature: str | None = None) -> pd.DataFrame:
+    """The summary table of a record frame (see the module docstring for its contract);
+    `signature` keeps only the failures it matches (ValueError for an invalid expression).
 
     A (scenario, arm, trial, test) seen twice (a resumed run re-ran it) counts once, as its last
     record. Rows are sorted by scenario, then arm in order of first appearance, then test with `*`
@@ -90,6 +98,15 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
         raise ValueError("no trial records to summarize")
     df = latest_records(df).copy()
     df["is_failure"] = df["outcome"].map(lambda o: Outcome(o).is_failure)
+    if signature is not None:
+        try:
+            pattern = re.compile(signature)
+        except re.error as exc:
+            raise ValueError(f"invalid failure signature expression {signature!r}: {exc}") from None
+        text = df["signature"].fillna("") + "\n" + df["message"].fillna("")
+        matches = text.map(lambda t: bool(pattern.search(t)))
+        df["is_other"] = df["is_failure"] & ~matches
+        df["is_failure"] = df["is_failure"] & matches
     df["ran"] = df["outcome"] != Outcome.SKIPPED.value
     reports = df["reports"].map(lambda r: bool(r) if isinstance(r, list) else False)
     df["has_report"] = (df["detected"].fillna(0).astype(int) > 0) | reports
@@ -101,7 +118,10 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
     per_trial = df.assign(rank=df["outcome"].map(_TRIAL_RANK)).groupby(
         ["scenario", "arm", "trial"], sort=False).agg(
         rank=("rank", "max"), is_failure=("is_failure", "any"),
-        has_report=("has_report", "any"), expect=("expect", "first")).reset_index()
+        has_report=("has_report", "any"), expect=("expect", "first"),
+        **({"is_other": ("is_other", "any")} if signature is not None else {})).reset_index()
+    if signature is not None:  # a trial that failed by the race is not also an "other" failure
+        per_trial["is_other"] = per_trial["is_other"] & ~per_trial["is_failure"]
     by_rank = {rank: outcome for outcome, rank in _TRIAL_RANK.items()}
     per_trial["outcome"] = per_trial["rank"].map(by_rank)
     per_trial["ran"] = per_trial["outcome"] != Outcome.SKIPPED.value
@@ -120,7 +140,8 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
     summary = summary.assign(
         _arm=summary["arm"].map(arm_order), _star=summary["test"] != ALL_TESTS).sort_values(
         ["scenario", "_arm", "_star", "test"], kind="stable")
-    columns = list(SUMMARY_COLUMNS) + (["detected"] if with_detected else [])
+    columns = (list(SUMMARY_COLUMNS) + (["detected"] if with_detected else [])
+               + (["other_failures"] if signature is not None else []))
     return summary[columns].reset_index(drop=True)
 
 
