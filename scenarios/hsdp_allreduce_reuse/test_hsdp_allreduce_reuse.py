@@ -11,26 +11,12 @@ single-process reference.
 """
 
 import pytest
-import torch
 import torch.distributed as dist
-from torch import nn
 
-from racecheck.fsdp import Mesh, MeshConfig, fully_shard
-from racecheck.harness import check_parity, full_parameters, update_errors
+from racecheck.fsdp import Mesh, MeshConfig
+from racecheck.mlp_parity import train_against_reference
 
-WIDTH = 64
-LAYERS = 4
-GLOBAL_BATCH = 24
-STEPS = 2
-LR = 0.05
-
-
-def make_model() -> nn.Sequential:
-    torch.manual_seed(4321)
-    layers = []
-    for _ in range(LAYERS):
-        layers += [nn.Linear(WIDTH, WIDTH), nn.Tanh()]
-    return nn.Sequential(*layers[:-1])
+HOLD = {"hold_until_wait": True, "drop_after_all_reduce": False}
 
 
 @pytest.fixture(scope="module")
@@ -44,43 +30,6 @@ def mesh(world):
 
 @pytest.mark.parametrize("num_microbatches", [1, 2])
 def test_hsdp_training_matches_reference(num_microbatches, mesh, runtime, racecheck_arm):
-    arm = racecheck_arm or "hold_until_wait"
-    hold = {"hold_until_wait": True, "drop_after_all_reduce": False}[arm]
-    world, rank = dist.get_world_size(), dist.get_rank()
-    device = runtime.device
-    reference = make_model().to(device)
-    model = make_model().to(device)
-    initial = {n: p.detach().clone() for n, p in model.named_parameters()}
-    for layer in model:
-        if isinstance(layer, nn.Linear):
-            fully_shard(layer, mesh=mesh, hold_reduce_output=hold, runtime=runtime)
-    fully_shard(model, mesh=mesh, hold_reduce_output=hold, runtime=runtime)
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
-    ref_opt = torch.optim.SGD(reference.parameters(), lr=LR)
-
-    gen = torch.Generator().manual_seed(7)
-    losses, ref_losses = [], []
-    for _ in range(STEPS):
-        x = torch.randn(GLOBAL_BATCH, WIDTH, generator=gen).to(device)
-        y = torch.randn(GLOBAL_BATCH, WIDTH, generator=gen).to(device)
-        ref_opt.zero_grad()
-        ref_loss = nn.functional.mse_loss(reference(x), y)
-        ref_loss.backward()
-        ref_opt.step()
-        ref_losses.append(ref_loss.item())
-
-        model.zero_grad()
-        local = 0.0
-        for xb, yb in zip(x.chunk(world)[rank].chunk(num_microbatches),
-                          y.chunk(world)[rank].chunk(num_microbatches)):
-            loss = nn.functional.mse_loss(model(xb), yb) / num_microbatches
-            loss.backward()
-            local += loss.item()
-        opt.step()
-        total = torch.tensor([local], device=device)
-        dist.all_reduce(total)
-        losses.append(total.item() / world)
-
-    replicas = full_parameters(model, world=world)
-    errors = update_errors(initial, replicas, dict(reference.named_parameters()))
-    check_parity(losses=losses, ref_losses=ref_losses, errors=errors, rtol=1e-4)
+    train_against_reference(mesh=mesh, runtime=runtime,
+                            shard_options={"hold_reduce_output": HOLD[racecheck_arm or "hold_until_wait"]},
+                            num_microbatches=num_microbatches, model_seed=4321, data_seed=7)
