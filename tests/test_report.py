@@ -199,3 +199,23 @@ def test_report_command_usage_errors(tmp_path):
         result = runner.invoke(report_command, args)
         assert result.exit_code == 2 and message in result.output, result.output
         assert "Traceback" not in result.output
+
+
+def test_detector_reports_appear_merged_by_their_first_line(tmp_path):
+    text = "racecheck detected a race: free-while-in-use: a 16.0 KiB buffer ...\n  stacks ..."
+    with TrialLog(tmp_path / "trials.jsonl") as log:
+        for trial in range(3):
+            for arm, reports in (("baseline", [text]), ("fixed", [])):
+                log.append(TrialRecord(run_id="r", scenario="main_grad_reuse", arm=arm, expect="",
+                                       trial=trial, seed=trial, test="t.py::test_x", params="",
+                                       outcome="failed" if reports else "passed", detect=True,
+                                       detected=len(reports), reports=reports))
+    records = tally.load_records(tmp_path)
+    summary = tally.summarize(records)
+    terminal = report.render("terminal", summary=summary, records=records)
+    assert "detector reports" in terminal
+    assert "main_grad_reuse / baseline: in 3 trial(s): racecheck detected a race" in terminal
+    assert "fixed: in" not in terminal
+    markdown = report.render("markdown", summary=summary, records=records)
+    assert markdown.count("<details>") == 1 and "  stacks ..." in markdown
+    assert "detector reports" not in report.render("terminal", summary=summary, records=None)

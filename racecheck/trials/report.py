@@ -167,13 +167,47 @@ def render_json(summary) -> str:
     return json.dumps({"summary": rows}, indent=2, sort_keys=False) + "\n"
 
 
+def detector_findings(records) -> list[dict]:
+    """The detector's distinct reports per scenario and arm, merged by their first line (the race
+    in one sentence): how many trials saw each, and the full text of its first occurrence."""
+    if records is None or "reports" not in records.columns:
+        return []
+    found: dict[tuple, dict] = {}
+    for row in records.itertuples():
+        for text in row.reports if isinstance(row.reports, list) else ():
+            key = (row.scenario, row.arm, text.strip().splitlines()[0] if text.strip() else "")
+            entry = found.setdefault(key, {"scenario": row.scenario, "arm": row.arm,
+                                           "sentence": key[2], "trials": set(), "text": text})
+            entry["trials"].add(row.trial)
+    return [{**f, "trials": len(f["trials"])} for f in found.values()]
+
+
+def render_findings(findings: list[dict], *, markdown: bool) -> str:
+    """A section listing the detector's findings (empty when there are none)."""
+    if not findings:
+        return ""
+    if not markdown:
+        lines = ["detector reports"]
+        lines += [f"  {f['scenario']} / {f['arm']}: in {f['trials']} trial(s): {f['sentence']}"
+                  for f in findings]
+        return "\n" + "\n".join(lines) + "\n"
+    lines = ["", "### Detector reports", ""]
+    for f in findings:
+        lines += [f"<details><summary><b>{_md(f['scenario'])} / {_md(f['arm'])}</b>, "
+                  f"{f['trials']} trial(s): {_md(f['sentence'])}</summary>", "", "```",
+                  f["text"].rstrip(), "```", "</details>", ""]
+    return "\n".join(lines)
+
+
 def render(fmt: str | Format, *, summary, records=None) -> str:
-    """Render in `fmt`; JUnit needs the trial `records` (a tally.load_records frame)."""
+    """Render in `fmt`; JUnit needs the trial `records` (a tally.load_records frame); the
+    terminal and Markdown renderings add the detector's reports when `records` hold any."""
     fmt = Format(fmt)
     if fmt is Format.TERMINAL:
-        return render_terminal(summary)
+        return render_terminal(summary) + render_findings(detector_findings(records), markdown=False)
     if fmt is Format.MARKDOWN:
-        return render_markdown(summary)
+        findings = render_findings(detector_findings(records), markdown=True)
+        return render_markdown(summary, max_bytes=MARKDOWN_LIMIT - len(findings.encode())) + findings
     if fmt is Format.CSV:
         return summary_to_csv(summary)
     if fmt is Format.JSON:
