@@ -67,6 +67,8 @@ class PlainParamGroup:
         return self._main_grad
 
     def reduce_partial_gradients(self, grad: torch.Tensor) -> None:
+        # Producer: autograd wrote `grad` on the current (default) stream; consumer: the
+        # accumulation and reduce-scatter on the rs stream.
         self.rs_stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(self.rs_stream):
             # The gradient comes from autograd on the default stream and is dropped by the caller

@@ -80,10 +80,12 @@ def run_pattern(version: str, *, numel: int, groups: int, steps: int, sleep_cycl
                 b = torch.empty(numel, device=dev)
                 reduce_scatter(b, a)
                 if version == "record_stream":
+                    # Producer: default allocated A; consumer: rs, which the allocator waits for
+                    # before A's block goes back to the default pool.
                     a.record_stream(rs)
                 elif version == "hold_until_wait":
                     ev = torch.cuda.Event()
-                    ev.record(rs)
+                    ev.record(rs)  # marks rs's last read of A; the default stream waits on it below
                     held.append((a, ev))
                 reduced.append(b)
             main_grads[g] = None

@@ -14,6 +14,7 @@ import click
 
 from racecheck.exitcodes import ExitCode, InfrastructureError, InputError
 from racecheck.trials import run_options
+from racecheck.trials.cli_commands import COMMANDS, check_rate
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -22,20 +23,13 @@ def cli() -> None:
     """Make stream/allocator races happen on demand, prove fixes, and gate CI on the evidence."""
 
 
-def _register_analysis_commands() -> None:
-    from racecheck.trials.cli_commands import COMMANDS
-
-    for command in COMMANDS:
-        cli.add_command(command)
-
-
 def main() -> None:
     """Console entry point: maps racecheck's own errors to the documented exit codes."""
     try:
         rc = cli.main(prog_name="racecheck", standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("racecheck: aborted", err=True)
-        sys.exit(130)
+        sys.exit(ExitCode.INTERRUPTED)
     except click.UsageError as exc:
         # One line, no traceback: usage mistakes exit 2 as click's own convention does.
         hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx else ""
@@ -87,12 +81,6 @@ def _parse_stop(ctx, param, value):
         raise click.BadParameter(str(exc)) from None
 
 
-def _rate(ctx, param, value):
-    from racecheck.trials.cli_commands import _rate as check
-
-    return check(ctx, param, value)
-
-
 @cli.command("run")
 @click.option("--scenario", "scenario_names", default=None,
               help="Catalogue scenario(s), comma separated, or 'all' (then every arm of each). "
@@ -140,11 +128,11 @@ def _rate(ctx, param, value):
                                            "exit with its code: 0 pass, 1 fail, 4 undecided.")
 @click.option("--fixed", default=None, metavar="ARM", help="With --gate: the arm that must not fail.")
 @click.option("--baseline", default=None, metavar="ARM", help="With --gate: the arm that must still fail.")
-@click.option("--max-rate", type=float, default=0.0, show_default=True, callback=_rate,
+@click.option("--max-rate", type=float, default=0.0, show_default=True, callback=check_rate,
               help="With --gate: highest failure rate allowed for the fixed arm.")
-@click.option("--min-rate", type=float, default=None, callback=_rate,
+@click.option("--min-rate", type=float, default=None, callback=check_rate,
               help="With --gate: lowest failure rate required of the baseline.")
-@click.option("--confidence", type=float, default=None, callback=_rate,
+@click.option("--confidence", type=float, default=None, callback=check_rate,
               help="With --gate: judge Wilson bounds at this confidence.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.argument("pytest_args", nargs=-1, type=click.UNPROCESSED)
@@ -175,7 +163,7 @@ def run_command(ctx, **opts):
         _summarize(config.out)
         click.echo(f"racecheck: interrupted; finished trials are in {config.out}; continue with "
                    f"'racecheck run --resume {config.out}'", err=True)
-        ctx.exit(130)
+        ctx.exit(ExitCode.INTERRUPTED)
     finally:
         signal.signal(signal.SIGTERM, previous)
     have_records = _summarize(config.out, footer=f"{config.out}/summary.csv and trials.jsonl written "
@@ -265,4 +253,5 @@ def list_command(scenarios_dir, config_file):
     click.echo("* default arm; expect: race (must reproduce) / safe (must stay clean)")
 
 
-_register_analysis_commands()
+for _command in COMMANDS:  # report, gate, plan
+    cli.add_command(_command)

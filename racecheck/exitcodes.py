@@ -9,6 +9,7 @@ class ExitCode(enum.IntEnum):
     USAGE = 2  # bad command line or input (click's own code for usage errors)
     INFRASTRUCTURE = 3  # could not start, or the run timed out as a whole
     UNDECIDED = 4  # a gate cannot decide with the trials at hand
+    INTERRUPTED = 130  # Ctrl-C or SIGTERM (128 + SIGINT, the shell's convention); finished trials are kept
 
 
 class InfrastructureError(Exception):

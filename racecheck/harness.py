@@ -47,7 +47,11 @@ def hsdp_mesh_config(world_size: int) -> MeshConfig:
     spec = os.environ.get("RACECHECK_MESH")
     if spec:
         shard, _, replicate = spec.lower().partition("x")
-        return MeshConfig(shard=int(shard), replicate=int(replicate or 1))
+        try:
+            return MeshConfig(shard=int(shard), replicate=int(replicate or 1))
+        except ValueError:
+            raise ValueError(f"RACECHECK_MESH={spec!r}: expected SHARDxREPLICATE with positive "
+                             f"integers, e.g. 2x2") from None
     if world_size > 2 and world_size % 2 == 0:
         return MeshConfig(shard=2, replicate=world_size // 2)
     return MeshConfig(shard=world_size, replicate=1)
@@ -76,7 +80,7 @@ def full_parameters(model: nn.Module, *, world: int) -> list[dict[str, torch.Ten
     gathered = []
     for g in groups:
         shard = g.flat_param_shard.detach().clone()
-        out = torch.empty(world * shard.numel(), device=shard.device)
+        out = torch.empty(world * shard.numel(), dtype=shard.dtype, device=shard.device)
         if world > 1:
             dist.all_gather_into_tensor(out, shard)
         else:
@@ -105,16 +109,22 @@ def update_errors(initial: dict[str, torch.Tensor], replicas: list[dict[str, tor
     errs = torch.zeros(len(names), dtype=torch.float64)
     for i, name in enumerate(names):
         ref_update = (reference[name] - initial[name]).double()
-        for params in replicas:
-            diff = (params[name] - reference[name]).double()
-            errs[i] = max(errs[i], (diff.norm() / ref_update.norm().clamp_min(1e-30)).item())
-    if dist.is_initialized():
-        # NCCL reduces device tensors only; gloo takes either.
-        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
-        errs = errs.to(device)
-        dist.all_reduce(errs, op=dist.ReduceOp.MAX)
-        errs = errs.cpu()
-    return [ParamError(n, float(e)) for n, e in zip(names, errs)]
+        per_replica = [((params[name] - reference[name]).double().norm()
+                        / ref_update.norm().clamp_min(1e-30)) for params in replicas]
+        errs[i] = torch.stack(per_replica).max()  # torch's max keeps a NaN (Python's max drops it)
+    return [ParamError(n, float(e)) for n, e in zip(names, _max_over_ranks(errs))]
+
+
+def _max_over_ranks(errs: torch.Tensor) -> torch.Tensor:
+    """Elementwise maximum of `errs` (a CPU tensor) over every rank, so all ranks agree. A NaN
+    becomes +inf first: a MAX reduction may drop a NaN of another rank (gloo's does)."""
+    if not dist.is_initialized():
+        return errs
+    # NCCL reduces device tensors only; gloo takes either.
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+    errs = torch.nan_to_num(errs, nan=float("inf"), posinf=float("inf")).to(device)
+    dist.all_reduce(errs, op=dist.ReduceOp.MAX)
+    return errs.cpu()
 
 
 def check_parity(*, losses: list[float], ref_losses: list[float], errors: list[ParamError],
@@ -132,7 +142,6 @@ def check_parity(*, losses: list[float], ref_losses: list[float], errors: list[P
         f"losses {['%.6f' % x for x in losses]} vs reference {['%.6f' % x for x in ref_losses]}")
 
 
-
 def check_values(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], *,
                  rtol: float, what: str = "value") -> None:
     """Fail naming the worst tensor and its relative L2 error when any of `actual` differs from
@@ -143,11 +152,7 @@ def check_values(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tens
         want = expected[name].detach().cpu().double()
         got = actual[name].detach().cpu().double()
         errs[i] = ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
-    if dist.is_initialized():
-        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
-        errs = errs.to(device)
-        dist.all_reduce(errs, op=dist.ReduceOp.MAX)
-        errs = errs.cpu()
+    errs = _max_over_ranks(errs)
     bad = [n for n, e in zip(names, errs.tolist()) if not e <= rtol]
     if not bad:
         return

@@ -15,6 +15,7 @@ import dataclasses
 import json
 import os
 import re
+import sys
 import time
 from pathlib import Path
 
@@ -244,8 +245,6 @@ def _stop_requested(config: pytest.Config, trial: int) -> bool:
 
 def _device() -> str:
     """The device the tests ran on, as the process's racecheck runtime knows it."""
-    import sys
-
     device_mod = sys.modules.get("racecheck.device")
     rt = getattr(device_mod, "_runtime", None) if device_mod else None
     return "cuda" if rt is not None and rt.backend == "cuda" else "cpu"

@@ -44,9 +44,50 @@ def one_line_error(res, code=2) -> str:
     (["--fixed", "never"], "--fixed needs --gate"),
     (["--gate", "--fixed", "never", "--baseline", "gone"], "Invalid value for --baseline: arm 'gone' is not one"),
     (["--resume", "nowhere"], "Invalid value for --resume: cannot resume it: nowhere: no run.json"),
+    (["--stop-when", "gone:failures>=1"], "Invalid value for --stop-when: rule 'gone:failures>=1' names arm 'gone'"),
+    (["--out", "pyproject.toml/o"], "Invalid value for --out: cannot create pyproject.toml/o: Not a directory"),
 ])
 def test_bad_options_get_one_line_and_exit_2(project, args, message):
     assert message in one_line_error(racecheck("run", "-q", *args, cwd=project))
+
+
+def test_backend_cuda_without_a_gpu_is_a_usage_error(project):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    err = one_line_error(racecheck("run", "-q", "--backend", "cuda", "--out", "o", cwd=project))
+    assert "Invalid value for --backend: cuda: no CUDA device is available" in err
+    assert not (project / "o").exists()
+
+
+@pytest.mark.parametrize(("line", "message"), [
+    ('{"arm": "a"}', "trials.jsonl:2: not a trial record: missing field(s) run_id"),
+    ("[1, 2]", "trials.jsonl:2: not a trial record: not a JSON object"),
+])
+def test_a_log_line_that_is_no_record_is_a_usage_error(tmp_path, line, message):
+    record = ('{"run_id": "r", "scenario": "s", "arm": "a", "expect": "", "trial": 0, "seed": 0, '
+              '"test": "t", "params": "", "outcome": "passed"}')
+    (tmp_path / "trials.jsonl").write_text(f"{record}\n{line}\n")
+    (tmp_path / "run.json").write_text("{}")
+    for args in (["report", tmp_path], ["gate", tmp_path, "--fixed", "a", "--baseline", "b"],
+                 ["merge", tmp_path, tmp_path / "other", "--out", tmp_path / "m"]):
+        if args[0] == "merge":
+            (tmp_path / "other").mkdir(exist_ok=True)
+            (tmp_path / "other" / "trials.jsonl").write_text(f"{record}\n")
+            (tmp_path / "other" / "run.json").write_text("{}")
+        assert message in one_line_error(racecheck(*args, cwd=tmp_path)), args
+
+
+def test_report_output_that_cannot_be_written_and_a_folder_merged_twice(tmp_path):
+    record = ('{"run_id": "r", "scenario": "s", "arm": "a", "expect": "", "trial": 0, "seed": 0, '
+              '"test": "t", "params": "", "outcome": "passed"}')
+    (tmp_path / "trials.jsonl").write_text(record + "\n")
+    (tmp_path / "run.json").write_text("{}")
+    err = one_line_error(racecheck("report", tmp_path, "--output", tmp_path / "no" / "r.txt", cwd=tmp_path))
+    assert "Invalid value for --output: cannot write" in err
+    err = one_line_error(racecheck("merge", tmp_path, tmp_path / ".", "--out", tmp_path / "m", cwd=tmp_path))
+    assert "are the same run folder" in err
 
 
 def test_an_unknown_scenario_is_a_usage_error(project):

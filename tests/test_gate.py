@@ -10,9 +10,10 @@ from click.testing import CliRunner
 
 from racecheck.exitcodes import ExitCode
 from racecheck.trials import tally
-from racecheck.trials.cli_commands import gate_command, plan_command, trials_for_auto
+from racecheck.trials.cli_commands import gate_command, plan_command
 from racecheck.trials.gate import Decision, evaluate_gate
 from racecheck.trials.record import TrialLog, TrialRecord
+from racecheck.trials.stats import trials_for_auto
 
 TEST = "scenarios/main_grad_reuse/test_main_grad_reuse.py::test_hsdp_losses_match_baseline[{}]"
 PARAMS = ("1-True", "1-False", "3-True", "3-False")

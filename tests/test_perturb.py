@@ -62,6 +62,8 @@ def test_rule_fields_and_round_trip():
     ("random:depth=0", "depth"),
     ("random:speed=3", "unknown random schedule option"),
     ("random:max=3", "max"),
+    ("sleep@reshard:1.2.3ms", "ACTION@POINT"),
+    ("random:sleep=abc", "bad value 'abc' for random schedule option 'sleep'"),
 ])
 def test_bad_specs_say_why(spec, words):
     with pytest.raises(ValueError, match=words):

@@ -342,12 +342,11 @@ class HappensBefore:
                                 self._report(RaceKind.WRITE_AFTER_READ, r, acc)
                     cell.reads = None
                 cell.write = acc
-            elif not record:
-                pass
-            elif cell.reads is None:
-                cell.reads = {d: acc}
-            else:
-                cell.reads[d] = acc
+            elif record:
+                if cell.reads is None:
+                    cell.reads = {d: acc}
+                else:
+                    cell.reads[d] = acc
         if write and j - i > 1:
             shadow.coalesce(i, j)
         self.accesses += 1

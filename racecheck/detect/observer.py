@@ -60,7 +60,7 @@ class RaceDetector(RuntimeObserver):
         self._key(rt.default_stream())
         rt.add_observer(self)
         if self.host_ops:
-            self._mode = _HostOps(self, rt)
+            self._mode = _HostOps(self)
             self._mode.__enter__()
 
     def detach(self) -> None:
@@ -84,9 +84,6 @@ class RaceDetector(RuntimeObserver):
     # -- results ---------------------------------------------------------------------------
     def reports(self) -> list[RaceReport]:
         return self.engine.reports()
-
-    def report_texts(self) -> list[str]:
-        return [r.text() for r in self.reports()]
 
     def render(self) -> str:
         return render(self.reports())
@@ -175,10 +172,9 @@ class RaceDetector(RuntimeObserver):
 class _HostOps(TorchDispatchMode):
     """Reports host-issued PyTorch operations on the runtime's buffers to the detector."""
 
-    def __init__(self, detector: RaceDetector, rt: Runtime) -> None:
+    def __init__(self, detector: RaceDetector) -> None:
         super().__init__()
         self.detector = detector
-        self.device_type = rt.device.type
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))

@@ -259,12 +259,8 @@ def _make_handler(tracker: TorchRaceTracker):
     of the sanitizer's per-pointer history (which a free erases)."""
 
     class TraceHandler(_handler_base()):
-        def __init__(self) -> None:
-            super().__init__()
-            self.tracker = tracker
-
         def _handle_event_creation(self, event):
-            pass
+            """Nothing to track (overrides the sanitizer's bookkeeping): an event matters once recorded."""
 
         def _handle_event_deletion(self, event):
             tracker._guard(tracker.engine.forget_event, event)
@@ -290,7 +286,7 @@ def _make_handler(tracker: TorchRaceTracker):
                 tracker.errors.append(f"{type(exc).__name__}: {exc}")
 
         def _handle_stream_creation(self, stream):
-            pass
+            """Nothing to track (overrides the sanitizer's bookkeeping): streams are named at first use."""
 
         def _handle_device_synchronization(self):
             tracker._guard(tracker._on_host_sync, "device")

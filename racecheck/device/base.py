@@ -33,6 +33,13 @@ import torch
 
 # All-ones bytes: NaN in every IEEE float format (fp64, fp32, bf16, fp16), -1 in signed integers.
 POISON_BYTE = 0xFF
+# The caching allocator's kMinBlockSize: request sizes round up to a multiple of it.
+ROUND_BYTES = 512
+
+
+def block_size(nbytes: int) -> int:
+    """The size of the block the caching allocator hands out for a request of `nbytes`."""
+    return max(ROUND_BYTES, -(-nbytes // ROUND_BYTES) * ROUND_BYTES)
 
 
 class ReduceOp(enum.Enum):

@@ -57,9 +57,8 @@ import torch
 import torch.distributed as dist
 
 from racecheck.device.base import (POISON_BYTE, CommGroup, Event, MemRange, ReduceOp, Runtime, Stream,
-                                   as_shape)
+                                   as_shape, block_size)
 
-ROUND_BYTES = 512  # the caching allocator's kMinBlockSize: request sizes round up to it
 _CALIBRATION_CYCLES = 20_000_000  # about 10 ms at H200 clocks
 _cycles_per_second: float | None = None  # torch.cuda._sleep's rate, measured once per process
 _calibration_lock = threading.Lock()
@@ -222,9 +221,8 @@ class CudaRuntime(Runtime):
             if self._live.get(alloc.ptr) is alloc:
                 del self._live[alloc.ptr]
             deferred_to = sorted(alloc.recorded, key=lambda s: s.name)
-        rounded = max(ROUND_BYTES, -(-alloc.nbytes // ROUND_BYTES) * ROUND_BYTES)
-        self._notify("on_free", block=alloc.block, stream=alloc.stream, ptr=alloc.ptr, nbytes=rounded,
-                     deferred_to=deferred_to)
+        self._notify("on_free", block=alloc.block, stream=alloc.stream, ptr=alloc.ptr,
+                     nbytes=block_size(alloc.nbytes), deferred_to=deferred_to)
 
     def _allocation_of(self, tensor: torch.Tensor) -> _Allocation | None:
         with self._lock:

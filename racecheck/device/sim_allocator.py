@@ -21,12 +21,12 @@ import enum
 import itertools
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import numpy as np
 import torch
 
-ROUND_BYTES = 512
+from racecheck.device.base import block_size
 
 
 class BlockState(enum.Enum):
@@ -75,14 +75,12 @@ class SimCachingAllocator:
         self._on_alloc = on_alloc
         self._on_free = on_free
         self.stats = AllocatorStats()
-        # Every handout as (block id, stream name, ptr); lets tests see which block went where.
-        self.history: list[tuple[int, str, int]] = []
 
     def allocate(self, shape: tuple[int, ...], dtype: torch.dtype, stream) -> torch.Tensor:
         itemsize = torch.empty((), dtype=dtype).element_size()
         numel = int(np.prod(shape)) if shape else 1
         nbytes = numel * itemsize
-        rounded = max(ROUND_BYTES, -(-nbytes // ROUND_BYTES) * ROUND_BYTES)
+        rounded = block_size(nbytes)
         with self._lock:
             self._process_deferred()
             block = self._take_cached(stream, rounded)
@@ -96,7 +94,6 @@ class SimCachingAllocator:
             block.recorded = set()
             self._live[block.ptr] = block
             self.stats.allocations += 1
-            self.history.append((block.id, getattr(stream, "name", str(stream)), block.ptr))
         # The tracked view: its death (with the tensor's storage) is the free.
         view = block.segment[:nbytes]
         weakref.finalize(view, self._free, block)
@@ -180,7 +177,3 @@ class SimCachingAllocator:
         if nbytes > block.size:
             raise ValueError(f"{nbytes} bytes requested from a block of {block.size}")
         return block.segment[:nbytes]
-
-    def cached_blocks(self, stream) -> Sequence[Block]:
-        with self._lock:
-            return tuple(self._pools.get(stream, ()))

@@ -5,7 +5,7 @@ its own stream; gradient accumulation, mixed precision, clipping, state dicts, m
 Modules, one responsibility each: mesh (who holds what), config (per-group options), flat_param
 (the flat layout), param_group (unshard/reshard), reduce (gradient reduction and clipping), main_grad (the
 gradient buffer's lifetime policies), autograd (how groups plug into autograd), schedule (prefetch
-and end of backward), streams, optim (clipping), state_dict, parity (the reference workload), api.
+and end of backward), streams, state_dict, parity (the reference workload), api.
 """
 
 from racecheck.fsdp.api import FSDPModule, fully_shard

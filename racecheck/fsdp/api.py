@@ -10,6 +10,7 @@ the Schedule that every group under it shares (schedule.py).
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Callable, Iterator
 
 import torch
@@ -26,6 +27,10 @@ from racecheck.fsdp.param_group import ParamGroup
 from racecheck.fsdp.reduce import clip_grad_norm_
 from racecheck.fsdp.schedule import Schedule
 from racecheck.fsdp.streams import fsdp_streams
+
+# Group names: unique in the process and, as every rank shards its model in the same order, equal
+# on every rank (an address would be neither).
+_GROUP_NUMBERS = itertools.count(1)
 
 
 class FSDPState:
@@ -157,7 +162,7 @@ def fully_shard(module: nn.Module, *, mesh: Mesh, main_grad_policy: str | MainGr
     materialize_buffers(module, runtime.device)
     group = None
     if any(not getattr(p, SHARD_MARK, False) for p in module.parameters()):
-        name = type(module).__name__ + f"#{id(module) & 0xffff:04x}"
+        name = f"{type(module).__name__}#{next(_GROUP_NUMBERS)}"
         group = ParamGroup(module, name=name, mesh=mesh, streams=fsdp_streams(runtime), runtime=runtime,
                            options=options)
     state = FSDPState(module, group, runtime=runtime, options=options)

@@ -104,6 +104,9 @@ class MainGrad:
         """After the reduction: release held buffers once the default stream has waited for them."""
         default = self.runtime.default_stream()
         for held in self._held:
+            # Producer: the reduce-scatter stream's last read of A (the held event); consumer: the
+            # default stream, A's allocation stream, whose later allocations may reuse A's block
+            # once the reference below is dropped.
             default.wait_event(held.event)
         self._held.clear()
 

@@ -192,10 +192,6 @@ class ParamGroup:
         self._full = self._gather = None
         self.state = GroupState.SHARDED
 
-    @property
-    def is_unsharded(self) -> bool:
-        return self.state is not GroupState.SHARDED
-
     # -- gradients ---------------------------------------------------------------------------------
     def post_backward(self, grads) -> None:
         """UnshardParams.backward: every parameter's gradient of this backward is known."""

@@ -125,8 +125,11 @@ def _world() -> tuple[int, int]:
 
 
 def _max_over_world(values: list[float], device: torch.device) -> list[float]:
+    """Elementwise maximum over every rank; a NaN becomes +inf first (a MAX reduction may drop a
+    NaN of another rank: gloo's does)."""
     t = torch.tensor(values, dtype=torch.float64, device=device)
     if dist.is_initialized():
+        t = torch.nan_to_num(t, nan=float("inf"), posinf=float("inf"))
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.tolist()
 

@@ -263,6 +263,7 @@ class _Inside:
 
     def __init__(self, local: threading.local) -> None:
         self.local = local
+        self.prev = False  # the flag's value before __enter__, restored by __exit__
 
     def __enter__(self) -> None:
         self.prev = getattr(self.local, "on", False)

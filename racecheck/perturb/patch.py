@@ -32,6 +32,7 @@ import sys
 import threading
 import weakref
 
+from racecheck.device.base import POISON_BYTE, block_size
 from racecheck.perturb.points import COLLECTIVE_POINTS, FREE
 from racecheck.perturb.profiles import Profile, parse_profile
 from racecheck.perturb.schedule import Pressure, Sleep, make_schedule
@@ -49,7 +50,6 @@ WRAPPED = {
     "_reduce_scatter_base": ("reduce_scatter", "input"),
 }
 PATCH_POINTS = frozenset(COLLECTIVE_POINTS.values()) | {FREE}
-ROUND_BYTES = 512  # the caching allocator's size granularity
 
 
 class CudaActions:
@@ -103,10 +103,9 @@ class CudaActions:
     def pressure(self, nbytes: int) -> None:
         import torch
 
-        rounded = max(ROUND_BYTES, -(-nbytes // ROUND_BYTES) * ROUND_BYTES)
         with torch.cuda.stream(torch.cuda.default_stream()):
-            block = torch.empty(rounded, dtype=torch.uint8, device="cuda")
-            block.fill_(0xFF)  # NaN in every float format
+            block = torch.empty(block_size(nbytes), dtype=torch.uint8, device="cuda")
+            block.fill_(POISON_BYTE)  # NaN in every float format
         del block
 
 
@@ -245,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     as __main__ with patch mode installed (under torchrun: `-m racecheck.perturb.patch`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     usage = "usage: python -m racecheck.perturb.patch [--perturb SPEC] [--seed N] SCRIPT [ARGS...]"
-    while argv and argv[0].startswith("--"):
+    while argv and argv[0].startswith("-"):
         opt = argv.pop(0)
         if opt in ("-h", "--help"):
             print(usage + "\n\n" + __doc__)
@@ -256,6 +255,9 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["RACECHECK_PERTURB" if opt == "--perturb" else "RACECHECK_SEED"] = argv.pop(0)
     if not argv:
         print(usage, file=sys.stderr)
+        return 2
+    if not os.path.isfile(argv[0]):
+        print(f"racecheck.perturb.patch: {argv[0]}: no such script", file=sys.stderr)
         return 2
     try:
         install_from_env()

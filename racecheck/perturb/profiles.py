@@ -45,9 +45,10 @@ PROFILES = {
 DEFAULT_SLEEP_S = 0.01
 DEFAULT_HOLD_S = 0.05
 
-_RULE = re.compile(r"^(?P<action>\w+)@(?P<point>\w+)(?:>(?P<until>\w+))?"
-                   r"(?::(?P<size>[\d.]+)(?P<unit>us|ms|s))?(?:/(?P<stream>[\w.-]+))?$")
-_SIZE = re.compile(r"^(?P<size>[\d.]+)(?P<unit>us|ms|s)$")
+_NUMBER = r"\d+(?:\.\d*)?|\.\d+"  # what float() takes, without signs or exponents
+_RULE = re.compile(rf"^(?P<action>\w+)@(?P<point>\w+)(?:>(?P<until>\w+))?"
+                   rf"(?::(?P<size>{_NUMBER})(?P<unit>us|ms|s))?(?:/(?P<stream>[\w.-]+))?$")
+_SIZE = re.compile(rf"^(?P<size>{_NUMBER})(?P<unit>us|ms|s)$")
 _UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
 
 
@@ -159,6 +160,9 @@ def _parse_random(text: str) -> RandomConfig:
         key, sep, value = item.partition("=")
         if not sep:
             raise ValueError(f"bad random schedule option {item!r}: expected KEY=VALUE")
+        if key not in ("max", "sleep", "poison", "pressure", "depth", "horizon"):
+            raise ValueError(f"unknown random schedule option {key!r}; known: max, sleep, poison, "
+                             f"pressure, depth, horizon")
         try:
             if key == "max":
                 m = _SIZE.match(value)
@@ -169,15 +173,12 @@ def _parse_random(text: str) -> RandomConfig:
                 values[key] = float(value)
                 if not 0.0 <= values[key] <= 1.0:
                     raise ValueError
-            elif key in ("depth", "horizon"):
+            else:  # depth, horizon
                 values[key] = int(value)
                 if values[key] < 1:
                     raise ValueError
-            else:
-                raise ValueError(f"unknown random schedule option {key!r}; known: max, sleep, poison, "
-                                 f"pressure, depth, horizon")
-        except ValueError as exc:
-            raise ValueError(str(exc) or f"bad value {value!r} for random schedule option {key!r}") from None
+        except ValueError:
+            raise ValueError(f"bad value {value!r} for random schedule option {key!r}") from None
     return RandomConfig(**values)
 
 

@@ -2,7 +2,9 @@
 
 A schedule only decides; the injector (or patch mode) acts. Decisions are pure functions of
 (profile, seed, rank, point name, occurrence number of that point on this rank), never of wall time
-or of how the host interleaves other points, so a failing trial replays from its seed.
+or of how the host interleaves other points, so a failing trial replays from its seed. (One
+exception: the random schedule's change points count host steps over all marked points and event
+waits together; program order fixes that count on each rank, so a seed still replays.)
 
 [Note: the random schedule]
 Exploration for races that no fixed profile targets, in the spirit of PCT (Burckhardt et al.,

@@ -168,6 +168,10 @@ def load_scenario(folder: Path) -> Scenario:
     arms = parse_arms(data.get("arms"), str(path))
     default_arms = check_default_arms(data.get("default_arms"), arms, str(path))
     world = check_world_size(data.get("world_size", 1), str(path))
+    # default_perturb's rules are checked where the profile is used (parsing needs torch).
+    for key in ("name", "summary", "default_perturb"):
+        if not isinstance(data.get(key, ""), str):
+            raise CatalogueError(f"{path}: {key} must be a string")
     return Scenario(name, Path(folder).resolve(), data.get("summary", ""), world,
                     data.get("default_perturb", "off"), default_arms, arms)
 

@@ -16,7 +16,7 @@ import click
 FORMATS = ("terminal", "markdown", "csv", "json", "junit", "html")
 
 
-def _rate(ctx, param, value):
+def check_rate(ctx, param, value):
     """click callback: a rate must lie in [0, 1] (a confidence, alpha or power strictly inside)."""
     if value is None:
         return value
@@ -72,7 +72,11 @@ def report_command(ctx, out_dir: Path, fmt: str, output: Path | None, github_sum
     if output is None:
         click.echo(text, nl=False)
     else:
-        output.write_text(text, encoding="utf-8")
+        try:
+            output.write_text(text, encoding="utf-8")
+        except OSError as exc:
+            raise click.BadParameter(f"cannot write {output}: {exc.strerror or exc}", ctx,
+                                     param_hint="--output") from None
     if summary_file:
         # The step summary's 1 MiB limit covers what earlier steps already wrote there.
         used = Path(summary_file).stat().st_size if Path(summary_file).exists() else 0
@@ -85,13 +89,13 @@ def report_command(ctx, out_dir: Path, fmt: str, output: Path | None, github_sum
 @click.argument("out_dir", metavar="OUT", type=click.Path(path_type=Path))
 @click.option("--fixed", required=True, metavar="ARM", help="The arm that must not fail.")
 @click.option("--baseline", required=True, metavar="ARM", help="The arm that must still fail.")
-@click.option("--max-rate", type=float, default=0.0, show_default=True, callback=_rate,
+@click.option("--max-rate", type=float, default=0.0, show_default=True, callback=check_rate,
               help="Highest failure rate allowed for the fixed arm (its upper bound with "
                    "--confidence).")
-@click.option("--min-rate", type=float, default=None, callback=_rate,
+@click.option("--min-rate", type=float, default=None, callback=check_rate,
               help="Lowest failure rate required of the baseline (its lower bound with "
                    "--confidence). Default: at least one failing trial.")
-@click.option("--confidence", type=float, default=None, callback=_rate,
+@click.option("--confidence", type=float, default=None, callback=check_rate,
               help="Judge Wilson bounds at this confidence (e.g. 0.95) instead of observed rates.")
 @click.option("--scenario", default=None, help="Gate one scenario (default: every scenario that "
                                                "ran both arms).")
@@ -122,17 +126,17 @@ def gate_command(ctx, out_dir, fixed, baseline, max_rate, min_rate, confidence, 
 
 
 @click.command("plan")
-@click.option("--bound", type=float, callback=_rate,
+@click.option("--bound", type=float, callback=check_rate,
               help="Plan to bound a clean arm's failure rate at or below this rate.")
-@click.option("--confidence", type=float, default=0.95, show_default=True, callback=_rate,
+@click.option("--confidence", type=float, default=0.95, show_default=True, callback=check_rate,
               help="Confidence of the Wilson bound (with --bound).")
-@click.option("--baseline-rate", type=float, callback=_rate,
+@click.option("--baseline-rate", type=float, callback=check_rate,
               help="Expected failure rate of the baseline arm (to plan a separation).")
-@click.option("--fixed-rate", type=float, default=0.0, show_default=True, callback=_rate,
+@click.option("--fixed-rate", type=float, default=0.0, show_default=True, callback=check_rate,
               help="Expected failure rate of the fixed arm.")
-@click.option("--alpha", type=float, default=0.05, show_default=True, callback=_rate,
+@click.option("--alpha", type=float, default=0.05, show_default=True, callback=check_rate,
               help="Significance level of the one-sided Fisher exact test.")
-@click.option("--power", type=float, default=0.9, show_default=True, callback=_rate,
+@click.option("--power", type=float, default=0.9, show_default=True, callback=check_rate,
               help="Required probability that the test separates the arms.")
 @click.pass_context
 def plan_command(ctx, bound, confidence, baseline_rate, fixed_rate, alpha, power):
@@ -161,12 +165,3 @@ def plan_command(ctx, bound, confidence, baseline_rate, fixed_rate, alpha, power
 
 
 COMMANDS = (report_command, gate_command, plan_command)
-
-
-def trials_for_auto(**kwargs) -> int:
-    """Trials per arm for the runner's `--trials auto` (stats.trials_for_auto; 9 by default:
-    bounds a clean fixed arm at or below 30% at 95%, and separates a 90% baseline from a 0% fix
-    with one-sided Fisher at alpha 0.05 with power 0.9, which alone needs 5)."""
-    from racecheck.trials import stats
-
-    return stats.trials_for_auto(**kwargs)

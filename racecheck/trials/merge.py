@@ -29,10 +29,13 @@ def merge(inputs: list[Path], out: Path) -> int:
         raise MergeError("give at least two run folders to merge")
     if (out / "trials.jsonl").exists():
         raise MergeError(f"{out} already holds a run; choose another --out")
-    runs, owner = [], {}
+    runs, owner, seen = [], {}, {}
     for folder in inputs:
         if folder.resolve() == out.resolve():
             raise MergeError(f"{folder} is both an input and the output")
+        if folder.resolve() in seen:
+            raise MergeError(f"{seen[folder.resolve()]} and {folder} are the same run folder")
+        seen[folder.resolve()] = folder
         if not (folder / "trials.jsonl").is_file():
             raise MergeError(f"{folder}: no trials.jsonl (not a racecheck run folder)")
         try:
@@ -47,14 +50,16 @@ def merge(inputs: list[Path], out: Path) -> int:
                                  f"({first.get(key)!r} vs {run.get(key)!r})")
     records = []
     for folder in inputs:
-        mine = set()
-        for r in read_log(folder / "trials.jsonl"):
+        try:
+            mine = list(read_log(folder / "trials.jsonl"))
+        except (OSError, ValueError) as exc:  # unreadable, or a line that is not a trial record
+            raise MergeError(str(exc)) from None
+        for r in mine:
             key = (r.scenario, r.arm, r.trial)
             if owner.get(key, folder) != folder:
                 raise MergeError(f"{owner[key]} and {folder} both hold trial {r.trial} of arm {r.arm!r}"
                                  f" ({r.scenario}): shards must hold disjoint trials (--shard i/N)")
             owner[key] = folder
-            mine.add(key)
             records.append(r)
     out.mkdir(parents=True, exist_ok=True)
     with TrialLog(out / "trials.jsonl") as log:

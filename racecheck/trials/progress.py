@@ -28,8 +28,12 @@ class Progress(RunListener):
                              desc="trials", leave=True)
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, exc, tb) -> None:
         if self._bar is not None:
+            if exc_type is not None:
+                # The run failed (its error is printed in one line next) or was interrupted:
+                # clear the bar instead of leaving it above the message.
+                self._bar.leave = False
             self._bar.close()
 
     def planned(self, total: int, done: int) -> None:

@@ -57,7 +57,6 @@ class RankMerger:
         self.world_size = world_size
         self._pending: dict[Key, dict[int, dict]] = {}
         self._open: dict[Key, set] = {}  # tests started but not reported, by (rank, worker)
-        self.collected = 0
 
     def add(self, event: dict) -> dict | None:
         """Feed one event; returns a merged outcome when this event completes a test."""

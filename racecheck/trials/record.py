@@ -71,7 +71,15 @@ class TrialRecord:
 
     @classmethod
     def from_dict(cls, data: dict) -> "TrialRecord":
-        names = {f.name for f in dataclasses.fields(cls)}
+        """The record of one parsed log line (unknown keys ignored); ValueError when it is none."""
+        if not isinstance(data, dict):
+            raise ValueError(f"not a JSON object: {str(data)[:60]!r}")
+        fields = dataclasses.fields(cls)
+        missing = [f.name for f in fields if f.name not in data
+                   and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+        if missing:
+            raise ValueError(f"missing field(s) {', '.join(missing)}")
+        names = {f.name for f in fields}
         return cls(**{k: v for k, v in data.items() if k in names})
 
 
@@ -100,13 +108,19 @@ class TrialLog:
 
 
 def read_log(path: str | os.PathLike) -> Iterator[TrialRecord]:
-    """Records of a log; a torn last line (a run killed mid-write) is skipped."""
+    """Records of a log; a torn line (a run killed mid-write) is skipped. ValueError, naming the
+    line, for JSON that is not a trial record."""
     with open(path, encoding="utf-8") as fh:
-        for line in fh:
+        for number, line in enumerate(fh, 1):
             line = line.strip()
             if not line:
                 continue
             try:
-                yield TrialRecord.from_dict(json.loads(line))
+                data = json.loads(line)
             except json.JSONDecodeError:
                 continue
+            try:
+                record = TrialRecord.from_dict(data)
+            except ValueError as exc:
+                raise ValueError(f"{path}:{number}: not a trial record: {exc}") from None
+            yield record

@@ -69,7 +69,30 @@ def fresh_config(ctx, opts):
                        backend=opts["backend"], detect=opts["detect"], pytest_args=tuple(opts["pytest_args"]),
                        all_arms=all_arms, world_size=opts["world_size"], shard=opts["shard"] or Shard(),
                        max_time=opts["max_time"], stop_rules=opts["stop_rules"], source=source)
-    return with_revisions(config)
+    check_run(config)
+    config = with_revisions(config)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise click.BadParameter(f"cannot create {out_dir}: {exc.strerror or exc}",
+                                 param_hint="--out") from None
+    return config
+
+
+def check_run(config) -> None:
+    """What the options can only be checked against once the suites are known: the stop rules
+    name arms of the run, and --backend cuda has a GPU."""
+    arms = {a for s in config.scenarios for a in config.arms_for(s)}
+    for rule in config.stop_rules:
+        if rule.arm not in arms:
+            raise click.BadParameter(f"rule {str(rule)!r} names arm {rule.arm!r}, which the run does not "
+                                     f"have (arms: {', '.join(sorted(arms))})", param_hint="--stop-when")
+    if config.backend == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise click.BadParameter("cuda: no CUDA device is available on this machine",
+                                     param_hint="--backend")
 
 
 def perturb_spec(opts, suites) -> str | None:
@@ -94,11 +117,13 @@ def trials_value(value, default: int) -> int:
     if value is None:
         return default
     if value == "auto":
-        from racecheck.trials.cli_commands import trials_for_auto
+        from racecheck.trials import stats
 
-        n = trials_for_auto()
-        click.echo(f"--trials auto: {n} trials per arm (bounds a clean arm at or below 30% at 95%, and "
-                   f"separates a 90% baseline from a clean fix at alpha 0.05 with power 0.9)", err=True)
+        n = stats.trials_for_auto()
+        click.echo(f"--trials auto: {n} trials per arm (bounds a clean arm at or below "
+                   f"{stats.AUTO_BOUND:.0%} at {stats.AUTO_CONFIDENCE:.0%}, and separates a "
+                   f"{stats.AUTO_BASELINE_RATE:.0%} baseline from a clean fix at alpha "
+                   f"{stats.AUTO_ALPHA:g} with power {stats.AUTO_POWER:g})", err=True)
         return n
     return value
 
@@ -107,9 +132,8 @@ def with_revisions(config):
     """The config with every git-revision arm resolved to its commit (a bad revision: exit 2)."""
     import dataclasses
 
-    from racecheck.trials.gitarms import resolve
-
     from racecheck.trials.catalogue import CatalogueError
+    from racecheck.trials.gitarms import resolve
 
     revisions = dict(config.revisions)
     for s in config.scenarios:
@@ -158,6 +182,7 @@ def resumed_config(ctx, opts):
         raise click.UsageError(f"cannot resume {out}: {exc}") from None
     except (ValueError, KeyError, TypeError) as exc:
         raise click.BadParameter(f"cannot resume it: {exc}", param_hint="--resume") from None
+    check_run(config)
     return with_revisions(config)
 
 

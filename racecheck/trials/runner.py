@@ -26,7 +26,7 @@ import uuid
 from importlib import metadata
 from pathlib import Path
 
-from racecheck.exitcodes import InfrastructureError
+from racecheck.exitcodes import InfrastructureError, InputError
 from racecheck.trials import launch, schedule, state
 from racecheck.trials.catalogue import Scenario
 from racecheck.trials.gitarms import Worktrees, pythonpath
@@ -34,8 +34,6 @@ from racecheck.trials.record import Outcome, TrialLog, TrialRecord, read_log
 from racecheck.trials.schedule import Block, SessionPlan, Shard
 from racecheck.trials.session import Ending, SessionRun
 from racecheck.trials.stopping import LiveCounts, StopRule
-
-ISOLATION_MODES = ("session", "process")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,14 +179,18 @@ class Runner:
         state.write_run(self.config.out, data)
 
     def _load_done(self) -> dict:
-        """The finished blocks of an earlier attempt; their records prime the live counts."""
+        """The finished blocks of an earlier attempt; their records prime the live counts.
+        InputError (exit 2) when the folder's log holds something that is not a trial record."""
         done = state.read_completed(self.config.out)
         log = self.config.out / "trials.jsonl"
-        if log.exists():
-            for r in read_log(log):
-                self.counts.record(r.scenario, r.arm, r.trial, r.outcome)
-        for (suite, arm, trial), outcome in done.items():
-            self.counts.block(suite, arm, trial, outcome)
+        try:
+            if log.exists():
+                for r in read_log(log):
+                    self.counts.record(r.scenario, r.arm, r.trial, r.outcome)
+            for (suite, arm, trial), outcome in done.items():
+                self.counts.block(suite, arm, trial, outcome)
+        except ValueError as exc:  # a line that is not a record, or an unknown outcome
+            raise InputError(f"cannot resume {self.config.out}: {exc}") from None
         return done
 
     def _pending(self, suite: Scenario, done: dict) -> list[Block]:

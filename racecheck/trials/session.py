@@ -61,7 +61,6 @@ class SessionRun:
 
     def __init__(self, spec: launch.SessionSpec, plan: SessionPlan, *, files: Path, timeout: float,
                  on_merged: Callable[[dict], None], on_block: Callable[[Block, Outcome], None],
-                 on_collected: Callable[[int], None] = lambda n: None,
                  should_stop: Callable[[], bool] = lambda: False,
                  on_start: Callable[[int], None] = lambda pid: None) -> None:
         self.spec = spec
@@ -70,7 +69,6 @@ class SessionRun:
         self.timeout = timeout
         self.on_merged = on_merged
         self.on_block = on_block
-        self.on_collected = on_collected
         self.should_stop = should_stop
         self.on_start = on_start
         self.stop_file = files.with_name(files.name + ".stop")
@@ -100,8 +98,6 @@ class SessionRun:
             self._saw_collected = True
             count = int(event.get("count", 0))
             if count > self._collected:  # every rank (and xdist worker) collects the whole suite
-                if not self._collected:
-                    self.on_collected(count)
                 self._collected = count
         elif kind == "collecterror":
             self._collect_errors.append(event)

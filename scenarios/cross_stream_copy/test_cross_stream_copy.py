@@ -79,7 +79,7 @@ def test_offloaded_buckets_match(steps, runtime, copy_stream, racecheck_arm, rac
                     held.append(HeldBuffer(grad, event))
             del grad  # baseline: the block is back in the default pool, the copy still queued
     for h in held:
-        default.wait_event(h.event)
+        default.wait_event(h.event)  # producer: copy stream read h.tensor; consumer: the default pool
     held.clear()
     copy_stream.synchronize()  # the host reads the offloaded buckets
     check_values(offloaded, expected, rtol=1e-6, what="offloaded bucket")
