@@ -76,7 +76,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "racecheck_world(n): the test needs a process world of n ranks")
+    config.addinivalue_line("markers", "racecheck_world(n): the test needs a process world of n ranks; "
+                            "in a world of another size it fails at setup instead of hanging in a collective")
     if config.getoption("--racecheck-trial-start") < 0:
         raise pytest.UsageError("--racecheck-trial-start must be >= 0")
     perturbs = {}
@@ -190,6 +191,13 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     if log is not None and ITEM_TRIAL in item.stash:
         t = item.stash[ITEM_TRIAL]
         log.write({"event": "start", "test": t.test, "trial": t.trial, "arm": t.arm})
+    marker = item.get_closest_marker("racecheck_world")
+    if marker is not None:
+        needed, have = int(marker.args[0]), int(os.environ.get("WORLD_SIZE", "1"))
+        if needed != have:
+            pytest.fail(f"{item.name} needs a process world of {needed} ranks, this one has {have}: run it "
+                        f"with `racecheck run --world-size {needed}` or `torchrun --nproc-per-node {needed}`",
+                        pytrace=False)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -43,6 +43,24 @@ def test_options_are_grouped_and_markers_registered(pytester):
     assert "racecheck_world(n): the test needs a process world of n ranks" in pytester.runpytest("--markers").stdout.str()
 
 
+def test_world_marker_fails_at_setup_in_a_world_of_another_size(pytester, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    pytester.makepyfile("""
+        import pytest
+
+        @pytest.mark.racecheck_world(4)
+        def test_needs_four():
+            pass
+
+        @pytest.mark.racecheck_world(1)
+        def test_needs_one():
+            pass
+    """)
+    result = pytester.runpytest("-p", "racecheck")
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines(["*test_needs_four needs a process world of 4 ranks, this one has 1*"])
+
+
 def test_a_schedule_maps_repeat_steps_to_blocks_and_the_log_says_so(pytester, tmp_path):
     pytester.makepyfile(test_rec=RECORDING)
     plan = SessionPlan((Block(3, "b"), Block(3, "a"), Block(4, "a")))
