@@ -1,4 +1,4 @@
-"""racecheck.fsdp parity on GPUs: the CPU test matrix (racecheck.fsdp.parity) on the CUDA backend
+"""racecheck.fsdp parity on GPUs: the CPU test matrix (racecheck.fsdp_parity) on the CUDA backend
 over NCCL, unchanged FSDP code, and a pass/fail table.
 
     torchrun --nproc-per-node 2 bench/gpu_parity.py [--quick] [--out reports/gpu/parity.md]
@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from racecheck.device import init_runtime, shutdown_runtime  # noqa: E402
 from racecheck.fsdp import Mesh, MeshConfig  # noqa: E402
-from racecheck.fsdp import parity  # noqa: E402
+from racecheck import fsdp_parity as parity  # noqa: E402
 
 MESHES = {"FSDP 2": MeshConfig(shard=2), "HSDP 1x2": MeshConfig(shard=1, replicate=2),
           "HSDP 2x1": MeshConfig(shard=2, replicate=1)}

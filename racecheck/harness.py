@@ -112,11 +112,11 @@ def update_errors(initial: dict[str, torch.Tensor], replicas: list[dict[str, tor
         per_replica = [((params[name] - reference[name]).double().norm()
                         / ref_update.norm().clamp_min(1e-30)) for params in replicas]
         errs[i] = torch.stack(per_replica).max()  # torch's max keeps a NaN (Python's max drops it)
-    return [ParamError(n, float(e)) for n, e in zip(names, _max_over_ranks(errs))]
+    return [ParamError(n, float(e)) for n, e in zip(names, max_over_ranks(errs))]
 
 
-def _max_over_ranks(errs: torch.Tensor) -> torch.Tensor:
-    """Elementwise maximum of `errs` (a CPU tensor) over every rank, so all ranks agree. A NaN
+def max_over_ranks(errs: torch.Tensor) -> torch.Tensor:
+    """Elementwise maximum of `errs` (a CPU float64 tensor) over every rank, so all ranks agree. A NaN
     becomes +inf first: a MAX reduction may drop a NaN of another rank (gloo's does)."""
     if not dist.is_initialized():
         return errs
@@ -152,7 +152,7 @@ def check_values(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tens
         want = expected[name].detach().cpu().double()
         got = actual[name].detach().cpu().double()
         errs[i] = ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
-    errs = _max_over_ranks(errs)
+    errs = max_over_ranks(errs)
     bad = [n for n, e in zip(names, errs.tolist()) if not e <= rtol]
     if not bad:
         return

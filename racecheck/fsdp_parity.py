@@ -23,6 +23,7 @@ from racecheck.device import Runtime
 from racecheck.fsdp.api import fully_shard
 from racecheck.fsdp.config import MixedPrecisionPolicy
 from racecheck.fsdp.mesh import Mesh
+from racecheck.harness import max_over_ranks, perturbation, update_errors
 
 GLOBAL_BATCH = 24  # divisible by every world size (1, 2, 4) times every microbatch count (1, 3)
 FP32_RTOL = 1e-4
@@ -124,16 +125,6 @@ def _world() -> tuple[int, int]:
     return (dist.get_world_size(), dist.get_rank()) if dist.is_initialized() else (1, 0)
 
 
-def _max_over_world(values: list[float], device: torch.device) -> list[float]:
-    """Elementwise maximum over every rank; a NaN becomes +inf first (a MAX reduction may drop a
-    NaN of another rank: gloo's does)."""
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    if dist.is_initialized():
-        t = torch.nan_to_num(t, nan=float("inf"), posinf=float("inf"))
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.tolist()
-
-
 def _optimizer(kind: str, params) -> torch.optim.Optimizer:
     if kind == "sgd":
         return torch.optim.SGD(params, lr=0.05)
@@ -162,15 +153,11 @@ def run_case(case: ParityCase, *, mesh: Mesh, runtime: Runtime, seed: int = 0,
              perturb: str | None = None) -> CaseResult:
     """Train `case` on racecheck.fsdp and on the reference; collective over the world. `perturb`
     is a racecheck.perturb profile installed on the runtime for the case's duration."""
-    from racecheck.perturb.injector import install, uninstall
-    from racecheck.perturb.profiles import parse_profile
-
-    injector = install(runtime, parse_profile(perturb), seed=seed) if perturb else None
     try:
-        result = _run_case(case, mesh=mesh, runtime=runtime, seed=seed)
+        with perturbation(runtime, perturb or "off", seed=seed):
+            result = _run_case(case, mesh=mesh, runtime=runtime, seed=seed)
     finally:
         runtime.synchronize()
-        uninstall(runtime, injector)
     if perturb:
         result.name = f"{case.name}@{perturb}"
     return result
@@ -219,21 +206,17 @@ def _run_case(case: ParityCase, *, mesh: Mesh, runtime: Runtime, seed: int) -> C
             dist.all_reduce(local)
         losses.append(local.item() / world)
 
-    final = model.full_state_dict()
-    names = sorted(initial)
-    errs = []
-    for n in names:
-        ref_update = (reference.state_dict()[n] - initial[n]).double().cpu()
-        diff = (final[n].double() - reference.state_dict()[n].double().cpu())
-        errs.append((diff.norm() / ref_update.norm().clamp_min(1e-30)).item())
+    # Worst over ranks (every rank reaches the same verdict): the update errors, then the loss
+    # error and whether any rank saw a detail.
+    errors = update_errors(initial, [model.full_state_dict()], reference.state_dict())
     loss_err = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses, ref_losses))
-    bad_detail = 1.0 if detail else 0.0
-    *errs, loss_err, bad_detail = _max_over_world(errs + [loss_err, bad_detail], device)
-    worst = max(range(len(names)), key=lambda i: (errs[i] != errs[i], errs[i]))
-    ok = all(e <= case.rtol for e in errs) and loss_err <= case.rtol and not bad_detail
+    loss_err, bad_detail = max_over_ranks(
+        torch.tensor([loss_err, 1.0 if detail else 0.0], dtype=torch.float64)).tolist()
+    worst = max(errors, key=lambda e: (e.rel_error != e.rel_error, e.rel_error))
+    ok = all(e.rel_error <= case.rtol for e in errors) and loss_err <= case.rtol and not bad_detail
     if bad_detail and not detail:
         detail = "meta init differs on another rank"
-    return CaseResult(case.name, ok, loss_err, errs[worst], names[worst], case.rtol, detail)
+    return CaseResult(case.name, ok, loss_err, worst.rel_error, worst.name, case.rtol, detail)
 
 
 def _equal_shards(a: nn.Module, b: nn.Module) -> bool:
@@ -284,7 +267,7 @@ def state_dict_round_trip(*, mesh: Mesh, runtime: Runtime, seed: int = 0, model:
     step(b, opt_b, x, y)
     if not _equal_shards(a, b):
         problems.append("next step after load differs")
-    (bad,) = _max_over_world([float(bool(problems))], device)
+    (bad,) = max_over_ranks(torch.tensor([float(bool(problems))], dtype=torch.float64)).tolist()
     if bad and not problems:
         problems.append("failed on another rank")
     return CaseResult(f"state_dict-{model}", not bad, 0.0, 0.0, "-", 0.0, "; ".join(problems))
