@@ -69,11 +69,6 @@ def _pct(rate: float) -> str:
     return f"{rate * 100:.4g}%"
 
 
-def _check_rate(name: str, value: float | None) -> None:
-    if value is not None and not 0.0 <= value <= 1.0:
-        raise ValueError(f"{name} must be a rate in [0, 1], got {value!r}")
-
-
 def _fixed_condition(k: int, n: int, *, max_rate: float, confidence: float | None) -> Condition:
     said = stats.describe_rate(k, n, confidence=confidence or 0.95)
     if confidence is None:
@@ -131,8 +126,8 @@ def evaluate_gate(summary, *, fixed: str, baseline: str, max_rate: float = 0.0,
     arms, or over `scenario` alone. Raises ValueError for unknown arms or scenario, equal arms,
     rates outside [0, 1], or a confidence with max_rate 0 (no finite evidence bounds a rate at 0).
     """
-    _check_rate("max_rate", max_rate)
-    _check_rate("min_rate", min_rate)
+    stats.check_rate("max_rate", max_rate)
+    stats.check_rate("min_rate", min_rate)
     if confidence is not None and not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be strictly between 0 and 1, got {confidence!r}")
     if confidence is not None and max_rate <= 0.0:

@@ -37,8 +37,9 @@ def _z(confidence: float) -> float:
     return float(_sp.norm.ppf(0.5 + confidence / 2.0))
 
 
-def _check_rate(name: str, value: float) -> None:
-    if not 0.0 <= value <= 1.0:
+def check_rate(name: str, value: float | None) -> None:
+    """ValueError unless `value` is a rate in [0, 1] (None, an option not given, passes)."""
+    if value is not None and not 0.0 <= value <= 1.0:
         raise ValueError(f"{name} must be a rate in [0, 1], got {value!r}")
 
 
@@ -137,7 +138,7 @@ def describe_rate_short(failures: int, trials: int, *, confidence: float = 0.95)
 def trials_to_bound(rate_max: float, *, confidence: float = 0.95) -> int:
     """Fewest trials that, all passing, put the Wilson upper bound at `confidence` at or below
     `rate_max` (the gate's pass condition for a fixed arm)."""
-    _check_rate("rate_max", rate_max)
+    check_rate("rate_max", rate_max)
     if rate_max <= 0.0:
         raise ValueError("rate_max must be above 0: no finite number of trials bounds a rate at 0")
     z2 = _z(confidence) ** 2
@@ -163,10 +164,10 @@ def more_trials_needed(failures: int, trials: int, *, bound: float, confidence: 
     """
     if side not in ("upper", "lower"):
         raise ValueError(f"side must be 'upper' or 'lower', got {side!r}")
-    _check_rate("bound", bound)
+    check_rate("bound", bound)
     if future_rate is None:
         future_rate = 0.0 if side == "upper" else (failures / trials if trials else 0.0)
-    _check_rate("future_rate", future_rate)
+    check_rate("future_rate", future_rate)
 
     def met(extra: int) -> bool:
         k, n = failures + future_rate * extra, trials + extra
@@ -225,8 +226,8 @@ def fisher_power(trials: int, p_baseline: float, p_fixed: float, *, alpha: float
                  alternative: str = "greater") -> float:
     """Exact probability that Fisher's test at `alpha` rejects with `trials` per arm, summed over
     both arms' binomial outcomes (see `_TAIL` for the negligible mass left out)."""
-    _check_rate("p_baseline", p_baseline)
-    _check_rate("p_fixed", p_fixed)
+    check_rate("p_baseline", p_baseline)
+    check_rate("p_fixed", p_fixed)
     if alternative not in _ALTERNATIVES:
         raise ValueError(f"alternative must be one of {_ALTERNATIVES}, got {alternative!r}")
     n = int(trials)
