@@ -7,9 +7,6 @@ import json
 
 import pytest
 
-# Imported here, once: pytester's in-process runs unload modules they import, and torch (which
-# racecheck.perturb imports to check a profile) cannot be imported twice in one process.
-import racecheck.perturb.profiles  # noqa: F401
 from racecheck.plugin import strip_repeat_suffix
 from racecheck.trials.schedule import Block, SessionPlan, arm_order, write_schedule
 

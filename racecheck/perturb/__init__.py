@@ -1,11 +1,26 @@
 """Timing perturbation: named injection points along the FSDP path, actions taken there (sleep,
 reorder, poison-on-free, allocator pressure), fixed profiles and a seeded random schedule, installed
 as a runtime observer (injector.py) or, for code that is not ours, around torch.distributed
-(patch.py)."""
+(patch.py).
 
-from racecheck.perturb.injector import Injector, install, install_from_env, resolve_spec, uninstall
-from racecheck.perturb.profiles import PROFILES, Profile, RandomConfig, Rule, parse_profile
-from racecheck.perturb.schedule import RandomSchedule, RuleSchedule, make_schedule
+Names are resolved on first use, so that parsing a profile (profiles.py) does not import torch.
+"""
 
-__all__ = ["Injector", "PROFILES", "Profile", "RandomConfig", "RandomSchedule", "Rule", "RuleSchedule",
-           "install", "install_from_env", "make_schedule", "parse_profile", "resolve_spec", "uninstall"]
+import importlib
+
+_EXPORTS = {
+    "Injector": "injector", "install": "injector", "install_from_env": "injector",
+    "resolve_spec": "injector", "uninstall": "injector",
+    "PROFILES": "profiles", "Profile": "profiles", "RandomConfig": "profiles", "Rule": "profiles",
+    "parse_profile": "profiles",
+    "RandomSchedule": "schedule", "RuleSchedule": "schedule", "make_schedule": "schedule",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

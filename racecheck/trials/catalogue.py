@@ -81,9 +81,8 @@ class Scenario:
 
 
 def check_profile(spec: str | None) -> None:
-    """ValueError unless `spec` is a valid perturbation profile. `off` (and None) is checked
-    without importing racecheck.perturb, whose package imports torch."""
-    if spec is None or spec.strip() in ("", "off"):
+    """ValueError unless `spec` is a valid perturbation profile (parsing imports no torch)."""
+    if spec is None:
         return
     from racecheck.perturb.profiles import parse_profile
 
@@ -168,10 +167,13 @@ def load_scenario(folder: Path) -> Scenario:
     arms = parse_arms(data.get("arms"), str(path))
     default_arms = check_default_arms(data.get("default_arms"), arms, str(path))
     world = check_world_size(data.get("world_size", 1), str(path))
-    # default_perturb's rules are checked where the profile is used (parsing needs torch).
     for key in ("name", "summary", "default_perturb"):
         if not isinstance(data.get(key, ""), str):
             raise CatalogueError(f"{path}: {key} must be a string")
+    try:
+        check_profile(data.get("default_perturb", "off"))
+    except ValueError as exc:
+        raise CatalogueError(f"{path}: default_perturb: {exc}") from None
     return Scenario(name, Path(folder).resolve(), data.get("summary", ""), world,
                     data.get("default_perturb", "off"), default_arms, arms)
 
