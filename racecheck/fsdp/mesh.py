@@ -24,7 +24,7 @@ class MeshConfig:
     def __post_init__(self) -> None:
         for axis in ("shard", "replicate"):
             size = getattr(self, axis)
-            if not isinstance(size, int) or size < 1:
+            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
                 raise ValueError(f"mesh axis {axis!r} must be a positive int, got {size!r}")
 
     @property
