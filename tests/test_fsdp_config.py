@@ -20,7 +20,7 @@ def rt():
     shutdown_runtime()
 
 
-@pytest.mark.parametrize("kwargs", [dict(shard=0), dict(shard=2, replicate=0), dict(shard=1.5)])
+@pytest.mark.parametrize("kwargs", [dict(shard=0), dict(shard=2, replicate=0), dict(shard=1.5), dict(shard=True)])
 def test_mesh_config_rejects_non_positive_or_non_int_axes(kwargs):
     with pytest.raises(ValueError, match="mesh axis"):
         MeshConfig(**kwargs)
