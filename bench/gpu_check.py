@@ -29,9 +29,23 @@ def gpu_count() -> int:
     return torch.cuda.device_count()
 
 
+def catalogue_groups(gpus: int) -> list[tuple[str, str, list[str]]]:
+    """(label, scenarios, world-size option): the scenarios that fit on `gpus` as they are, and
+    those that need a smaller world."""
+    from racecheck.trials.catalogue import find_catalogue, load_catalogue
+
+    catalogue = load_catalogue(find_catalogue(str(ROOT / "scenarios")))
+    fits = [s.name for s in catalogue.values() if s.world_size <= gpus]
+    shrink = [s.name for s in catalogue.values() if s.world_size > gpus]
+    groups = [("fits", ",".join(fits), [])] if fits else []
+    if shrink:
+        groups.append(("shrunk", ",".join(shrink), ["--world-size", str(gpus)]))
+    return groups
+
+
 def steps(args, gpus: int) -> dict[str, list[tuple[str, list[str], float]]]:
     """Each step: a list of (name, argv, time limit in seconds)."""
-    rc = [PY, "-m", "racecheck", "run", "--backend", "cuda", "--quiet", "--trials", str(args.trials)]
+    rc = [PY, "-m", "racecheck", "run", "--backend", "cuda", "--quiet", "--arms", "all", "--trials", str(args.trials)]
     torchrun = [PY, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
                 "--nproc-per-node", str(min(gpus, 2))]
     out = {
@@ -41,10 +55,13 @@ def steps(args, gpus: int) -> dict[str, list[tuple[str, list[str], float]]]:
                                         "torch.version.cuda, torch.cuda.device_count())"], 60)],
         "tests": [("pytest-cuda", [PY, "-m", "pytest", "-m", "cuda", "tests", "-q", "-p", "no:cacheprovider",
                                    "-x", "--timeout=120"], 240)],
+        # Scenarios that need more ranks than there are GPUs run on all of them (their meshes
+        # shrink, see racecheck.harness.hsdp_mesh_config); the others keep their own world size.
         "catalogue": [
-            ("perturbed", rc + ["--scenario", "all", "--world-size", str(min(gpus, 2)), "--out", "{dir}/perturbed"], 300),
-            ("natural", rc + ["--scenario", "all", "--world-size", str(min(gpus, 2)), "--no-perturb",
-                              "--out", "{dir}/natural"], 300),
+            (f"{name}-{group}", rc + ["--scenario", scenarios, *extra, *world, "--out", f"{{dir}}/{name}-{group}"], 300)
+            for group, scenarios, world in catalogue_groups(gpus)
+            for name, extra in (("perturbed", []), ("natural", ["--no-perturb"]),
+                                ("detect", ["--no-perturb", "--detect"]))
         ],
         "parity": [("fsdp-parity", torchrun + [str(ROOT / "bench/gpu_parity.py"), "--out", "{dir}"], 240)],
         "detector": [("sanitizer-compare", [PY, str(ROOT / "bench/sanitizer_compare.py"), "--out", "{dir}"], 240),

@@ -87,7 +87,8 @@ def _parse_stop(ctx, param, value):
                    "Default: the suite of ./pyproject.toml's [tool.racecheck], else main_grad_reuse.")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Run the suite and arms of this TOML file ([tool.racecheck] or top-level keys).")
-@click.option("--arms", default=None, help="Arms to run, comma separated (default: the suite's).")
+@click.option("--arms", default=None,
+              help="Arms to run, comma separated, or 'all' (default: the suite's; every arm with --scenario all).")
 @click.option("--trials", default=None, callback=_parse_trials, metavar="N|auto",
               help="Trials per arm [default: 10; on --resume, the run's]; 'auto' = enough to bound a "
                    "clean arm and separate the arms (racecheck plan).")

@@ -191,3 +191,13 @@ def test_the_motivating_scenario_reproduces_in_baseline_and_not_in_fixed(tmp_pat
     recs = records(tmp_path / "out")
     assert len(recs) == 8 and {r.expect for r in recs} == {"race", "safe"}
     assert all("--scenario main_grad_reuse --arms baseline" in r.replay for r in recs if r.outcome == "failed")
+
+
+def test_arms_all_runs_every_arm_not_only_the_defaults(tmp_path):
+    root = write_suite(tmp_path / "p", arms={"a": {"expect": "race"}, "b": {"expect": "safe"},
+                                             "c": {"expect": "safe"}},
+                       tests={"test_seeded.py": SEEDED_TEST}, suite='default_arms = ["a", "b"]')
+    assert racecheck("run", "-q", "--trials", 1, "--out", "d", cwd=root).code == 0
+    assert {arm for arm, test in summary_counts(root / "d") if test == "*"} == {"a", "b"}
+    assert racecheck("run", "-q", "--arms", "all", "--trials", 1, "--out", "all", cwd=root).code == 0
+    assert {arm for arm, test in summary_counts(root / "all") if test == "*"} == {"a", "b", "c"}

@@ -46,9 +46,9 @@ def fresh_config(ctx, opts):
     from racecheck.trials.schedule import Shard
 
     suites, source = suites_from_options(opts)
-    all_arms = opts["scenario_names"] == "all"
+    all_arms = opts["scenario_names"] == "all" or opts["arms"] == "all"
     arm_list = None
-    if opts["arms"] is not None:
+    if opts["arms"] is not None and opts["arms"] != "all":
         arm_list = tuple(dict.fromkeys(a.strip() for a in opts["arms"].split(",") if a.strip()))
         if not arm_list:
             raise click.BadParameter("no arm named", param_hint="--arms")
