@@ -3,6 +3,10 @@
 # (wheels it lacks, such as pytest-repeat, travel in .whl/), then run bench/gpu_check.py and pack
 # every table and log into $OUT/gpu.tar.gz (the device tool returns at most 8 files).
 #   bash bench/gpu_check.sh [gpu_check.py options, e.g. --steps env,tests --trials 10]
+# Before the device call, fetch the wheel the GPU machine lacks into the ignored folder .whl/ and
+# name it in the call's carry list:
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux2014_x86_64 -d .whl pytest-repeat==0.9.4
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # Eager module loading: lazy loading serializes the first launches of a process and hides the race
