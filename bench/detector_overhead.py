@@ -75,11 +75,25 @@ def child(args) -> dict:
     for _ in range(args.warmup):
         step()
     torch.cuda.synchronize()
+    profiler = None
+    if args.profile_out:  # where the time goes (not a timed run: the profiler slows every call)
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.enable()
     t0 = time.perf_counter()
     for _ in range(args.iters):
         step()
     torch.cuda.synchronize()
     result["ms_per_step"] = (time.perf_counter() - t0) / args.iters * 1e3
+    if profiler is not None:
+        import io
+        import pstats
+
+        profiler.disable()
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(30)
+        Path(args.profile_out).write_text(f"mode {args.mode}, {args.iters} steps under cProfile\n" + text.getvalue())
     if ctx is not None:
         ctx.__exit__(None, None, None)
     if args.mode.startswith("racecheck"):
@@ -112,6 +126,15 @@ def parent(args) -> int:
             print(f"repeat {repeat} {mode:20} {r.get('ms_per_step')} ms/step reports={r.get('reports')} "
                   f"{r.get('errors') or ''}", flush=True)
     write_outputs(out, rows, args)
+    if args.profile:
+        for mode in ("racecheck", "sanitizer"):
+            path = out / f"detector_profile_{mode}.txt"
+            cmd = [sys.executable, __file__, "--child", "--mode", mode, "--json", str(out / ".profile.json"),
+                   "--profile-out", str(path), "--layers", str(args.layers), "--width", str(args.width),
+                   "--batch", str(args.batch), "--warmup", str(args.warmup), "--iters", str(args.iters)]
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+            print(f"profile of {mode}: {path if proc.returncode == 0 else proc.stderr[-300:]}", flush=True)
+        (out / ".profile.json").unlink(missing_ok=True)
     return 0
 
 
@@ -164,7 +187,10 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--timeout", type=float, default=300)
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of " + ",".join(MODES))
+    p.add_argument("--profile", action="store_true",
+                   help="also write DIR/detector_profile_{racecheck,sanitizer}.txt (cProfile, by own time)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--profile-out", help=argparse.SUPPRESS)
     p.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
     p.add_argument("--json", help=argparse.SUPPRESS)
     args = p.parse_args()

@@ -21,6 +21,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
+# NVLink multicast stays off on shared hosts (NCCL, PyTorch's symmetric memory, NVSHMEM).
+NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
 def gpu_count() -> int:
@@ -29,23 +31,19 @@ def gpu_count() -> int:
     return torch.cuda.device_count()
 
 
-def catalogue_groups(gpus: int) -> list[tuple[str, str, list[str]]]:
-    """(label, scenarios, world-size option): the scenarios that fit on `gpus` as they are, and
-    those that need a smaller world."""
+def catalogue_split(gpus: int) -> tuple[list[str], list[str]]:
+    """(scenarios that can run on `gpus` ranks, those that need more: their min_world_size)."""
     from racecheck.trials.catalogue import find_catalogue, load_catalogue
 
     catalogue = load_catalogue(find_catalogue(str(ROOT / "scenarios")))
-    fits = [s.name for s in catalogue.values() if s.world_size <= gpus]
-    shrink = [s.name for s in catalogue.values() if s.world_size > gpus]
-    groups = [("fits", ",".join(fits), [])] if fits else []
-    if shrink:
-        groups.append(("shrunk", ",".join(shrink), ["--world-size", str(gpus)]))
-    return groups
+    runs = [s.name for s in catalogue.values() if s.min_world_size <= gpus]
+    return runs, [s.name for s in catalogue.values() if s.min_world_size > gpus]
 
 
 def steps(args, gpus: int) -> dict[str, list[tuple[str, list[str], float]]]:
     """Each step: a list of (name, argv, time limit in seconds)."""
-    rc = [PY, "-m", "racecheck", "run", "--backend", "cuda", "--quiet", "--arms", "all", "--trials", str(args.trials)]
+    runnable, _ = catalogue_split(gpus)
+    rc = [PY, "-m", "racecheck", "run", "--backend", args.backend, "--quiet", "--arms", "all", "--trials", str(args.trials)]
     torchrun = [PY, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
                 "--nproc-per-node", str(min(gpus, 2))]
     out = {
@@ -53,19 +51,19 @@ def steps(args, gpus: int) -> dict[str, list[tuple[str, list[str], float]]]:
                                 "--format=csv"], 30),
                 ("versions", [PY, "-c", "import torch, sys; print(sys.version.split()[0], torch.__version__, "
                                         "torch.version.cuda, torch.cuda.device_count())"], 60)],
-        "tests": [("pytest-cuda", [PY, "-m", "pytest", "-m", "cuda", "tests", "-q", "-p", "no:cacheprovider",
+        "tests": [("pytest-cuda", [PY, "-m", "pytest", "-m", "cuda", "tests/test_cuda_runtime.py", "tests/test_detect_cuda.py", "-q", "-p", "no:cacheprovider",
                                    "-x", "--timeout=120"], 240)],
-        # Scenarios that need more ranks than there are GPUs run on all of them (their meshes
-        # shrink, see racecheck.harness.hsdp_mesh_config); the others keep their own world size.
+        # The whole catalogue at one rank per GPU (the HSDP meshes adapt, see
+        # racecheck.harness.hsdp_mesh_config); --max-time keeps the finished trials of a slow run.
         "catalogue": [
-            (f"{name}-{group}", rc + ["--scenario", scenarios, *extra, *world, "--out", f"{{dir}}/{name}-{group}"], 300)
-            for group, scenarios, world in catalogue_groups(gpus)
+            (name, rc + ["--scenario", ",".join(runnable), "--world-size", str(gpus), *extra,
+                         "--max-time", str(args.run_seconds), "--out", f"{{dir}}/{name}"], args.run_seconds + 60)
             for name, extra in (("perturbed", []), ("natural", ["--no-perturb"]),
                                 ("detect", ["--no-perturb", "--detect"]))
-        ],
+        ] if runnable else [],
         "parity": [("fsdp-parity", torchrun + [str(ROOT / "bench/gpu_parity.py"), "--out", "{dir}"], 240)],
         "detector": [("sanitizer-compare", [PY, str(ROOT / "bench/sanitizer_compare.py"), "--out", "{dir}"], 240),
-                     ("detector-overhead", [PY, str(ROOT / "bench/detector_overhead.py"), "--out", "{dir}"], 180)],
+                     ("detector-overhead", [PY, str(ROOT / "bench/detector_overhead.py"), "--profile", "--out", "{dir}"], 180)],
         "patch": [("patch-mode", torchrun + [str(ROOT / "bench/patch_mode_gpu.py"), "--out", "{dir}"], 240)],
         "overhead": [("injector-overhead", [PY, str(ROOT / "bench/injector_overhead.py"), "--backend", "cuda",
                                             "--out", "{dir}"], 180)],
@@ -82,7 +80,7 @@ def run_step(name: str, argv: list[str], limit: float, folder: Path) -> dict:
         return {"step": name, "status": "missing", "detail": f"no {missing[0]}", "seconds": 0.0}
     log = folder / f"{name}.log"
     started = time.monotonic()
-    env = {**os.environ, "NCCL_NVLS_ENABLE": "0", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **NO_MULTICAST}
     with open(log, "w") as fh:
         fh.write("$ " + shlex.join(argv) + "\n")
         fh.flush()
@@ -101,14 +99,22 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--steps", default="env,tests,catalogue,parity,detector,patch,overhead,fsdp2")
     parser.add_argument("--trials", type=int, default=10)
+    parser.add_argument("--backend", default="cuda", choices=("cuda", "sim"),
+                        help="sim: rehearse the catalogue steps on the CPU emulation")
+    parser.add_argument("--ranks", type=int, default=None, help="ranks to use (default: the GPU count)")
+    parser.add_argument("--run-seconds", type=int, default=150, help="--max-time of each catalogue run")
     args = parser.parse_args()
-    gpus = gpu_count()
+    gpus = args.ranks or gpu_count()
     plan = steps(args, gpus)
     chosen = [s for s in args.steps.split(",") if s]
     unknown = [s for s in chosen if s not in plan]
     if unknown:
         parser.error(f"unknown steps {unknown}; known: {', '.join(plan)}")
     results = []
+    _, too_few = catalogue_split(gpus)
+    if "catalogue" in chosen and too_few:
+        results.append({"step": "catalogue", "status": "skipped", "seconds": 0.0,
+                        "detail": f"{', '.join(too_few)}: need more ranks than {gpus} GPU(s)"})
     for step in chosen:
         for name, argv, limit in plan[step]:
             if gpus < 2 and step in ("fsdp2", "patch", "parity"):
@@ -117,6 +123,14 @@ def main() -> int:
             results.append(run_step(name, argv, limit, args.out / step))
             print(f"[gpu_check] {results[-1]['step']}: {results[-1]['status']} ({results[-1]['seconds']} s)",
                   flush=True)
+    if "catalogue" in chosen:
+        folder = args.out / "catalogue"
+        runs = [f"{n}={folder / n / 'summary.csv'}" for n in ("perturbed", "natural", "detect")]
+        subprocess.run([PY, str(ROOT / "bench/catalogue_table.py"), str(folder / "catalogue_table.md"), *runs,
+                        "--title", f"Catalogue over {args.backend} on {gpus} rank(s), {args.trials} trials per arm",
+                        "--note", f"Failing trials out of trials (`*` rows); every scenario at --world-size {gpus}."
+                        + (f" Not run: {', '.join(too_few)} (need more ranks)." if too_few else "")],
+                       cwd=ROOT, check=False)
     (args.out / "summary.json").write_text(json.dumps({"gpus": gpus, "results": results}, indent=2))
     print(f"\nGPU check on {gpus} GPU(s):")
     for r in results:

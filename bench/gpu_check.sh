@@ -6,12 +6,13 @@
 # Before the device call, fetch the wheel the GPU machine lacks into the ignored folder .whl/ and
 # name it in the call's carry list:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-#     --platform manylinux2014_x86_64 -d .whl pytest-repeat==0.9.4
+#     --platform manylinux2014_x86_64 -d .whl pytest-repeat==0.9.4 pytest-timeout==2.4.0
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # Eager module loading: lazy loading serializes the first launches of a process and hides the race
 # in its first iteration (measured on an H200); eager loading removes that first-iteration effect.
-export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 CUDA_MODULE_LOADING=EAGER
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONUNBUFFERED=1 CUDA_MODULE_LOADING=EAGER
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then

@@ -37,7 +37,8 @@ MESHES = {"FSDP 2": MeshConfig(shard=2), "HSDP 1x2": MeshConfig(shard=1, replica
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="the short matrix, no perturbed cases")
-    p.add_argument("--out", type=Path, help="also write the table as Markdown to this file (rank 0)")
+    p.add_argument("--out", type=Path, help="also write the table as Markdown to this file, or to "
+                                             "parity.md in this directory (rank 0)")
     p.add_argument("--cpu", action="store_true", help="run on the CPU emulation over gloo (checks the script)")
     return p.parse_args()
 
@@ -103,8 +104,9 @@ def main() -> int:
             table = render(rows, "CPU emulation" if args.cpu else torch.cuda.get_device_name(), world)
             print(table, flush=True)
             if args.out:
-                args.out.parent.mkdir(parents=True, exist_ok=True)
-                args.out.write_text(table + "\n")
+                path = args.out / "parity.md" if args.out.is_dir() or not args.out.suffix else args.out
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(table + "\n")
         shutdown_runtime()
         dist.destroy_process_group()
     return 0 if all(row[2] in ("pass", "SKIP") for row in rows) else 1

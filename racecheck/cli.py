@@ -238,7 +238,8 @@ def list_command(scenarios_dir, config_file):
         raise click.UsageError(str(exc)) from None
     for s in suites:
         where = f"config {s.config_file}" if s.config_file else f"scenario {s.path.name}/"
-        click.echo(f"{s.name}  ({where}; world size {s.world_size}; default perturb {s.default_perturb})")
+        least = f", at least {s.min_world_size}" if s.min_world_size > 1 and s.min_world_size < s.world_size else ""
+        click.echo(f"{s.name}  ({where}; world size {s.world_size}{least}; default perturb {s.default_perturb})")
         if s.summary:
             click.echo(f"  {s.summary}")
         width = max(len(a) for a in s.arms) + 1

@@ -34,10 +34,16 @@ def init_world(world_size: int) -> Runtime:
                          f"`racecheck run` or `torchrun --nproc-per-node {world_size} -m pytest ...`")
     backend = resolve_backend("auto")
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
-    if world_size > 1 and not dist.is_initialized():
+    if not dist.is_initialized():
         if backend == "cuda":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group("nccl" if backend == "cuda" else "gloo")
+        name = "nccl" if backend == "cuda" else "gloo"
+        if world_size > 1:
+            dist.init_process_group(name)  # rendezvous from torchrun's environment
+        else:
+            # One process and no launcher: a one-rank group, so collective code runs unchanged
+            # (on CUDA a one-rank NCCL collective is still a kernel on its stream).
+            dist.init_process_group(name, store=dist.HashStore(), rank=0, world_size=1)
     return init_runtime(backend)
 
 

@@ -58,6 +58,7 @@ class Scenario:
     tests: tuple[str, ...] = ()  # default pytest targets, relative to root (see `targets`)
     pytest_args: tuple[str, ...] = ()  # pytest options for every arm
     config_file: Path | None = None  # the config that defined a config suite (None: catalogue)
+    min_world_size: int = 1  # the fewest ranks whose collectives can still show the race
 
     @property
     def run_root(self) -> Path:
@@ -138,9 +139,9 @@ def check_default_arms(value, arms: dict, where: str) -> tuple[str, ...]:
     return default
 
 
-def check_world_size(value, where: str) -> int:
+def check_world_size(value, where: str, key: str = "world_size") -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise CatalogueError(f"{where}: world_size must be a positive integer")
+        raise CatalogueError(f"{where}: {key} must be a positive integer")
     return value
 
 
@@ -167,6 +168,9 @@ def load_scenario(folder: Path) -> Scenario:
     arms = parse_arms(data.get("arms"), str(path))
     default_arms = check_default_arms(data.get("default_arms"), arms, str(path))
     world = check_world_size(data.get("world_size", 1), str(path))
+    least = check_world_size(data.get("min_world_size", 1), str(path), "min_world_size")
+    if least > world:
+        raise CatalogueError(f"{path}: min_world_size {least} is larger than world_size {world}")
     for key in ("name", "summary", "default_perturb"):
         if not isinstance(data.get(key, ""), str):
             raise CatalogueError(f"{path}: {key} must be a string")
@@ -175,7 +179,7 @@ def load_scenario(folder: Path) -> Scenario:
     except ValueError as exc:
         raise CatalogueError(f"{path}: default_perturb: {exc}") from None
     return Scenario(name, Path(folder).resolve(), data.get("summary", ""), world,
-                    data.get("default_perturb", "off"), default_arms, arms)
+                    data.get("default_perturb", "off"), default_arms, arms, min_world_size=least)
 
 
 def load_catalogue(root: Path) -> dict[str, Scenario]:

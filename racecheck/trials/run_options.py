@@ -81,7 +81,11 @@ def fresh_config(ctx, opts):
 
 def check_run(config) -> None:
     """What the options can only be checked against once the suites are known: the stop rules
-    name arms of the run, and --backend cuda has a GPU."""
+    name arms of the run, every suite gets the ranks it needs, and --backend cuda has a GPU."""
+    for s in config.scenarios:
+        if config.world_for(s) < s.min_world_size:
+            raise click.BadParameter(f"{s.name} needs at least {s.min_world_size} ranks (its min_world_size), "
+                                     f"got {config.world_for(s)}", param_hint="--world-size")
     arms = {a for s in config.scenarios for a in config.arms_for(s)}
     for rule in config.stop_rules:
         if rule.arm not in arms:
