@@ -94,6 +94,11 @@ def run_step(name: str, argv: list[str], limit: float, folder: Path) -> dict:
             "seconds": round(time.monotonic() - started, 1)}
 
 
+def write_summary(out: Path, gpus: int, results: list[dict]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps({"gpus": gpus, "results": results}, indent=2))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -123,6 +128,7 @@ def main() -> int:
             results.append(run_step(name, argv, limit, args.out / step))
             print(f"[gpu_check] {results[-1]['step']}: {results[-1]['status']} ({results[-1]['seconds']} s)",
                   flush=True)
+            write_summary(args.out, gpus, results)  # after every step: a cut-off check keeps what ran
     if "catalogue" in chosen:
         folder = args.out / "catalogue"
         runs = [f"{n}={folder / n / 'summary.csv'}" for n in ("perturbed", "natural", "detect")]
@@ -131,7 +137,7 @@ def main() -> int:
                         "--note", f"Failing trials out of trials (`*` rows); every scenario at --world-size {gpus}."
                         + (f" Not run: {', '.join(too_few)} (need more ranks)." if too_few else "")],
                        cwd=ROOT, check=False)
-    (args.out / "summary.json").write_text(json.dumps({"gpus": gpus, "results": results}, indent=2))
+    write_summary(args.out, gpus, results)
     print(f"\nGPU check on {gpus} GPU(s):")
     for r in results:
         print(f"  {r['step']:<22} {r['status']:<22} {r['seconds']:>7} s  {r['detail'][-110:]}")
