@@ -127,7 +127,7 @@ def parent(args) -> int:
                   f"{r.get('errors') or ''}", flush=True)
     write_outputs(out, rows, args)
     if args.profile:
-        for mode in ("racecheck", "sanitizer"):
+        for mode in ("racecheck",):
             path = out / f"detector_profile_{mode}.txt"
             cmd = [sys.executable, __file__, "--child", "--mode", mode, "--json", str(out / ".profile.json"),
                    "--profile-out", str(path), "--layers", str(args.layers), "--width", str(args.width),
@@ -188,7 +188,7 @@ def main() -> int:
     p.add_argument("--timeout", type=float, default=300)
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of " + ",".join(MODES))
     p.add_argument("--profile", action="store_true",
-                   help="also write DIR/detector_profile_{racecheck,sanitizer}.txt (cProfile, by own time)")
+                   help="also write DIR/detector_profile_racecheck.txt (cProfile, by own time)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--profile-out", help=argparse.SUPPRESS)
     p.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)

@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -40,10 +41,28 @@ def catalogue_split(gpus: int) -> tuple[list[str], list[str]]:
     return runs, [s.name for s in catalogue.values() if s.min_world_size > gpus]
 
 
+def catalogue_run(args, name: str, extra: list[str], runnable: list[str], gpus: int) -> list[str]:
+    """One `racecheck run` of the catalogue, or its continuation from a cut-off earlier check
+    (--continue: the run folder is copied and resumed; run.json keeps the options)."""
+    out = f"{{dir}}/{name}"
+    limit = ["--max-time", str(args.run_seconds)]  # a slow run keeps its finished trials
+    rc = [PY, "-m", "racecheck", "run", "--quiet"]
+    if args.continue_from is not None:
+        earlier = args.continue_from / "catalogue" / name
+        if (earlier / "run.json").exists():
+            dest = args.out / "catalogue" / name
+            if not dest.exists():
+                shutil.copytree(earlier, dest)
+            return rc + ["--resume", out, *limit]
+    # The whole catalogue at one rank per GPU (the HSDP meshes adapt, see
+    # racecheck.harness.hsdp_mesh_config).
+    return rc + ["--backend", args.backend, "--arms", "all", "--trials", str(args.trials),
+                 "--scenario", ",".join(runnable), "--world-size", str(gpus), *extra, *limit, "--out", out]
+
+
 def steps(args, gpus: int) -> dict[str, list[tuple[str, list[str], float]]]:
     """Each step: a list of (name, argv, time limit in seconds)."""
     runnable, _ = catalogue_split(gpus)
-    rc = [PY, "-m", "racecheck", "run", "--backend", args.backend, "--quiet", "--arms", "all", "--trials", str(args.trials)]
     torchrun = [PY, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
                 "--nproc-per-node", str(min(gpus, 2))]
     out = {
@@ -56,14 +75,13 @@ def steps(args, gpus: int) -> dict[str, list[tuple[str, list[str], float]]]:
         # The whole catalogue at one rank per GPU (the HSDP meshes adapt, see
         # racecheck.harness.hsdp_mesh_config); --max-time keeps the finished trials of a slow run.
         "catalogue": [
-            (name, rc + ["--scenario", ",".join(runnable), "--world-size", str(gpus), *extra,
-                         "--max-time", str(args.run_seconds), "--out", f"{{dir}}/{name}"], args.run_seconds + 60)
+            (name, catalogue_run(args, name, extra, runnable, gpus), args.run_seconds + 60)
             for name, extra in (("perturbed", []), ("natural", ["--no-perturb"]),
                                 ("detect", ["--no-perturb", "--detect"]))
         ] if runnable else [],
         "parity": [("fsdp-parity", torchrun + [str(ROOT / "bench/gpu_parity.py"), "--out", "{dir}"], 240)],
         "detector": [("sanitizer-compare", [PY, str(ROOT / "bench/sanitizer_compare.py"), "--out", "{dir}"], 240),
-                     ("detector-overhead", [PY, str(ROOT / "bench/detector_overhead.py"), "--profile", "--out", "{dir}"], 180)],
+                     ("detector-overhead", [PY, str(ROOT / "bench/detector_overhead.py"), "--profile", "--out", "{dir}"], 300)],
         "patch": [("patch-mode", torchrun + [str(ROOT / "bench/patch_mode_gpu.py"), "--out", "{dir}"], 240)],
         "overhead": [("injector-overhead", [PY, str(ROOT / "bench/injector_overhead.py"), "--backend", "cuda",
                                             "--out", "{dir}"], 180)],
@@ -107,29 +125,34 @@ def main() -> int:
     parser.add_argument("--backend", default="cuda", choices=("cuda", "sim"),
                         help="sim: rehearse the catalogue steps on the CPU emulation")
     parser.add_argument("--ranks", type=int, default=None, help="ranks to use (default: the GPU count)")
+    parser.add_argument("--continue", dest="continue_from", type=Path, default=None, metavar="DIR",
+                        help="an earlier check's output folder: resume its catalogue runs")
     parser.add_argument("--run-seconds", type=int, default=150, help="--max-time of each catalogue run")
     args = parser.parse_args()
     gpus = args.ranks or gpu_count()
     plan = steps(args, gpus)
     chosen = [s for s in args.steps.split(",") if s]
-    unknown = [s for s in chosen if s not in plan]
+    # A step runs all its parts; a part (e.g. detector-overhead) can also be chosen alone.
+    parts = {name: step for step, items in plan.items() for name, _, _ in items}
+    unknown = [s for s in chosen if s not in plan and s not in parts]
     if unknown:
-        parser.error(f"unknown steps {unknown}; known: {', '.join(plan)}")
+        parser.error(f"unknown steps {unknown}; known: {', '.join(plan)} (or one part: {', '.join(parts)})")
+    todo = [(step, item) for step, items in plan.items() for item in items
+            if step in chosen or item[0] in chosen]
     results = []
     _, too_few = catalogue_split(gpus)
     if "catalogue" in chosen and too_few:
         results.append({"step": "catalogue", "status": "skipped", "seconds": 0.0,
                         "detail": f"{', '.join(too_few)}: need more ranks than {gpus} GPU(s)"})
-    for step in chosen:
-        for name, argv, limit in plan[step]:
-            if gpus < 2 and step in ("fsdp2", "patch", "parity"):
-                results.append({"step": name, "status": "skipped", "detail": "needs 2 GPUs", "seconds": 0.0})
-                continue
-            results.append(run_step(name, argv, limit, args.out / step))
-            print(f"[gpu_check] {results[-1]['step']}: {results[-1]['status']} ({results[-1]['seconds']} s)",
-                  flush=True)
-            write_summary(args.out, gpus, results)  # after every step: a cut-off check keeps what ran
-    if "catalogue" in chosen:
+    for step, (name, argv, limit) in todo:
+        if gpus < 2 and step in ("fsdp2", "patch", "parity"):
+            results.append({"step": name, "status": "skipped", "detail": "needs 2 GPUs", "seconds": 0.0})
+            continue
+        results.append(run_step(name, argv, limit, args.out / step))
+        print(f"[gpu_check] {results[-1]['step']}: {results[-1]['status']} ({results[-1]['seconds']} s)",
+              flush=True)
+        write_summary(args.out, gpus, results)  # after every step: a cut-off check keeps what ran
+    if any(step == "catalogue" for step, _ in todo):
         folder = args.out / "catalogue"
         runs = [f"{n}={folder / n / 'summary.csv'}" for n in ("perturbed", "natural", "detect")]
         subprocess.run([PY, str(ROOT / "bench/catalogue_table.py"), str(folder / "catalogue_table.md"), *runs,
