@@ -2,7 +2,7 @@
 # On the GPU machine: install racecheck into the machine's Python without touching its torch
 # (wheels it lacks, such as pytest-repeat, travel in .whl/), then run bench/gpu_check.py and pack
 # every table and log into $OUT/gpu.tar.gz (the device tool returns at most 8 files).
-#   bash bench/gpu_check.sh [gpu_check.py options, e.g. --steps env,tests --trials 10]
+#   bash bench/gpu_check.sh [gpu_check.py options: --steps default|more|all|env,tests,... --trials 10]
 # Before the device call, fetch the wheel the GPU machine lacks into the ignored folder .whl/ and
 # name it in the call's carry list:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -23,7 +23,7 @@ fi
 python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || { tail -5 "$OUT/install.log"; exit 3; }
 python3 -c "import racecheck.cli, pandas, scipy, click, tqdm, psutil, pytest_repeat, pytest_timeout" || exit 3
 # The device call has a hard limit: stop the check in time to pack what it has (GPU_CHECK_SECONDS).
-timeout --signal=INT --kill-after=20 "${GPU_CHECK_SECONDS:-540}" python3 bench/gpu_check.py --out "$OUT/gpu" "$@"
+timeout --signal=INT --kill-after=20 "${GPU_CHECK_SECONDS:-570}" python3 bench/gpu_check.py --out "$OUT/gpu" "$@"
 rc=$?
 tar -czf "$OUT/gpu.tar.gz" -C "$OUT" gpu install.log
 cp "$OUT/gpu/summary.json" "$OUT/summary.json" 2>/dev/null
