@@ -238,7 +238,7 @@ def list_command(scenarios_dir, config_file):
         raise click.UsageError(str(exc)) from None
     for s in suites:
         where = f"config {s.config_file}" if s.config_file else f"scenario {s.path.name}/"
-        least = f", at least {s.min_world_size}" if s.min_world_size > 1 and s.min_world_size < s.world_size else ""
+        least = f", at least {s.min_world_size}" if 1 < s.min_world_size < s.world_size else ""
         click.echo(f"{s.name}  ({where}; world size {s.world_size}{least}; default perturb {s.default_perturb})")
         if s.summary:
             click.echo(f"  {s.summary}")

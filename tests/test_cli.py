@@ -121,6 +121,8 @@ def test_a_min_world_size_above_the_world_size_is_rejected(tmp_path):
     ("[tool.racecheck.arms.a]\nexpect = 'maybe'\n", "arm 'a': expect must be one of race, safe"),
     ("[tool.racecheck.arms.a]\ngit = 3\n", "arm 'a': git must be a non-empty string"),
     ("[tool.racecheck]\nworld_size = 0\n[tool.racecheck.arms.a]\n", "world_size must be a positive integer"),
+    ("[tool.racecheck]\nworld_size = 2\nmin_world_size = 3\n[tool.racecheck.arms.a]\n",
+     "min_world_size 3 is larger than world_size 2"),
     ("[tool.racecheck]\ndefault_arms = ['b']\n[tool.racecheck.arms.a]\n", "default arm 'b' is not defined"),
 ])
 def test_an_invalid_config_is_a_usage_error(tmp_path, toml, message):

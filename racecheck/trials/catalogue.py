@@ -145,6 +145,16 @@ def check_world_size(value, where: str, key: str = "world_size") -> int:
     return value
 
 
+def world_sizes(table: dict, where: str) -> tuple[int, int]:
+    """(world_size, min_world_size) of a suite's table: the ranks it is written for, and the fewest
+    that can still show its race (`--world-size` below it is refused)."""
+    world = check_world_size(table.get("world_size", 1), where)
+    least = check_world_size(table.get("min_world_size", 1), where, "min_world_size")
+    if least > world:
+        raise CatalogueError(f"{where}: min_world_size {least} is larger than world_size {world}")
+    return world, least
+
+
 def find_catalogue(explicit: str | None = None) -> Path:
     """The scenarios folder: --scenarios DIR, $RACECHECK_SCENARIOS, ./scenarios, or the checkout's."""
     candidates = [explicit, os.environ.get("RACECHECK_SCENARIOS"), "scenarios",
@@ -167,10 +177,7 @@ def load_scenario(folder: Path) -> Scenario:
     name = data.get("name", Path(folder).name)
     arms = parse_arms(data.get("arms"), str(path))
     default_arms = check_default_arms(data.get("default_arms"), arms, str(path))
-    world = check_world_size(data.get("world_size", 1), str(path))
-    least = check_world_size(data.get("min_world_size", 1), str(path), "min_world_size")
-    if least > world:
-        raise CatalogueError(f"{path}: min_world_size {least} is larger than world_size {world}")
+    world, least = world_sizes(data, str(path))
     for key in ("name", "summary", "default_perturb"):
         if not isinstance(data.get(key, ""), str):
             raise CatalogueError(f"{path}: {key} must be a string")

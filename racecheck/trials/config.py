@@ -6,6 +6,7 @@
                                    # given after `--` on the command line replace them
     pytest_args = ["-p", "no:randomly"]   # options for every arm
     world_size = 1                 # ranks; more than 1 launches the suite with torchrun
+    min_world_size = 1             # the fewest ranks `--world-size` may give it
     perturb = "off"                # default perturbation profile (racecheck.perturb.profiles)
     default_arms = ["old", "new"]  # default: every arm, in file order
 
@@ -27,10 +28,10 @@ import tomllib
 from pathlib import Path
 
 from racecheck.trials.catalogue import (CatalogueError, Scenario, _strings, check_default_arms,
-                                        check_profile, check_world_size, parse_arms)
+                                        check_profile, parse_arms, world_sizes)
 
-SUITE_KEYS = ("name", "summary", "root", "tests", "pytest_args", "world_size", "perturb",
-              "default_arms", "arms")
+SUITE_KEYS = ("name", "summary", "root", "tests", "pytest_args", "world_size", "min_world_size",
+              "perturb", "default_arms", "arms")
 
 
 class ConfigError(CatalogueError):
@@ -78,7 +79,7 @@ def load_config(path: Path) -> Scenario:
     try:
         arms = parse_arms(table.get("arms"), where)
         default_arms = check_default_arms(table.get("default_arms"), arms, where)
-        world = check_world_size(table.get("world_size", 1), where)
+        world, least = world_sizes(table, where)
         tests = _strings(table.get("tests", []), "tests", where)
         pytest_args = _strings(table.get("pytest_args", []), "pytest_args", where)
     except CatalogueError as exc:
@@ -98,7 +99,8 @@ def load_config(path: Path) -> Scenario:
             raise ConfigError(f"{where}: {key} must be a string")
     return Scenario(name=table.get("name") or root.name, path=root, summary=table.get("summary", ""),
                     world_size=world, default_perturb=perturb, default_arms=default_arms, arms=arms,
-                    root=root, tests=tests, pytest_args=pytest_args, config_file=path.resolve())
+                    root=root, tests=tests, pytest_args=pytest_args, config_file=path.resolve(),
+                    min_world_size=least)
 
 
 def load_suites(source: dict) -> list[Scenario]:
