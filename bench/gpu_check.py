@@ -75,8 +75,8 @@ def catalogue_run(args, name: str, extra: list[str], runnable: list[str], gpus: 
 def steps(args, gpus: int) -> dict[str, list[tuple[str, list[str], float]]]:
     """Each step: a list of (name, argv, time limit in seconds)."""
     runnable, _ = catalogue_split(gpus)
-    torchrun = [PY, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
-                "--nproc-per-node", str(min(gpus, 2))]
+    torchrun = [PY, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", "--nproc-per-node"]
+    every_gpu, two_gpus = torchrun + [str(gpus)], torchrun + [str(min(gpus, 2))]
     out = {
         "env": [("nvidia-smi", ["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
                                 "--format=csv"], 30),
@@ -91,13 +91,13 @@ def steps(args, gpus: int) -> dict[str, list[tuple[str, list[str], float]]]:
             for name, extra in (("perturbed", []), ("natural", ["--no-perturb"]),
                                 ("detect", ["--no-perturb", "--detect"]))
         ] if runnable else [],
-        "parity": [("fsdp-parity", torchrun + [str(ROOT / "bench/gpu_parity.py"), "--out", "{dir}"], 240)],
+        "parity": [("fsdp-parity", every_gpu + [str(ROOT / "bench/gpu_parity.py"), "--out", "{dir}"], 240)],
         "detector": [("sanitizer-compare", [PY, str(ROOT / "bench/sanitizer_compare.py"), "--out", "{dir}"], 240),
                      ("detector-overhead", [PY, str(ROOT / "bench/detector_overhead.py"), "--profile", "--out", "{dir}"], 300)],
-        "patch": [("patch-mode", torchrun + [str(ROOT / "bench/patch_mode_gpu.py"), "--out", "{dir}"], 240)],
+        "patch": [("patch-mode", two_gpus + [str(ROOT / "bench/patch_mode_gpu.py"), "--out", "{dir}"], 240)],
         "overhead": [("injector-overhead", [PY, str(ROOT / "bench/injector_overhead.py"), "--backend", "cuda",
                                             "--out", "{dir}"], 180)],
-        "fsdp2": [("fsdp-vs-fsdp2", torchrun + [str(ROOT / "bench/fsdp_vs_fsdp2.py"), "--out", "{dir}"], 300)],
+        "fsdp2": [("fsdp-vs-fsdp2", every_gpu + [str(ROOT / "bench/fsdp_vs_fsdp2.py"), "--out", "{dir}"], 300)],
     }
     return out
 

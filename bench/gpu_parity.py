@@ -1,11 +1,12 @@
 """racecheck.fsdp parity on GPUs: the CPU test matrix (racecheck.fsdp_parity) on the CUDA backend
 over NCCL, unchanged FSDP code, and a pass/fail table.
 
-    torchrun --nproc-per-node 2 bench/gpu_parity.py [--quick] [--out reports/gpu/parity.md]
+    torchrun --nproc-per-node N bench/gpu_parity.py [--quick] [--out reports/gpu/parity.md]
 
-Meshes on 2 GPUs: FSDP over 2 ranks (shard 2), HSDP 1x2 (shard 1 x replicate 2: every rank holds
-the whole group; the gradient goes through the all-reduce stream) and HSDP 2x1 (shard 2 x
-replicate 1; a replicate axis of one rank has nothing to all-reduce, so it runs the FSDP path).
+Meshes (see `meshes`), on 2 GPUs: FSDP over 2 ranks (shard 2), HSDP 1x2 (shard 1 x replicate 2:
+every rank holds the whole group; the gradient goes through the all-reduce stream) and HSDP 2x1
+(shard 2 x replicate 1; a replicate axis of one rank has nothing to all-reduce, so it runs the
+FSDP path); on 4 GPUs also HSDP 2x2, where both the reduce-scatter and the all-reduce run.
 Each mesh runs the parity matrix, the perturbed cases (delays and poison-on-free through the CUDA
 runtime) and the bitwise state-dict round trip. TF32 is off: fp32 parity means fp32 arithmetic.
 Exit code 0 when every case passed, 1 otherwise.
@@ -30,8 +31,14 @@ from racecheck.device import init_runtime, shutdown_runtime  # noqa: E402
 from racecheck.fsdp import Mesh, MeshConfig  # noqa: E402
 from racecheck import fsdp_parity as parity  # noqa: E402
 
-MESHES = {"FSDP 2": MeshConfig(shard=2), "HSDP 1x2": MeshConfig(shard=1, replicate=2),
-          "HSDP 2x1": MeshConfig(shard=2, replicate=1)}
+def meshes(world: int) -> dict[str, MeshConfig]:
+    """FSDP over every rank, and HSDP SHARDxREPLICATE for every way of factoring the world (on 2
+    ranks: FSDP 2, HSDP 1x2, HSDP 2x1; on 4: FSDP 4, HSDP 1x4, 2x2, 4x1)."""
+    out = {f"FSDP {world}": MeshConfig(shard=world)}
+    for shard in range(1, world + 1):
+        if world % shard == 0:
+            out[f"HSDP {shard}x{world // shard}"] = MeshConfig(shard=shard, replicate=world // shard)
+    return out
 
 
 def parse_args() -> argparse.Namespace:
@@ -69,7 +76,7 @@ def main() -> int:
     if dist.is_torchelastic_launched():
         local_rank = int(os.environ["LOCAL_RANK"])
     else:
-        sys.exit("run me with torchrun --nproc-per-node 2 bench/gpu_parity.py")
+        sys.exit("run me with torchrun --nproc-per-node N bench/gpu_parity.py")
     if args.cpu:
         torch.set_num_threads(1)
     else:
@@ -81,10 +88,7 @@ def main() -> int:
     rt = init_runtime("sim" if args.cpu else "cuda")
     rows = []
     try:
-        for label, config in MESHES.items():
-            if config.world_size != world:
-                rows.append((label, "-", "SKIP", f"needs {config.world_size} ranks", "", ""))
-                continue
+        for label, config in meshes(world).items():
             mesh = Mesh(config, runtime=rt)
             for name, run in cases(args.quick):
                 start = time.perf_counter()
