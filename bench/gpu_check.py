@@ -39,7 +39,7 @@ def gpu_count() -> int:
 # (about 510 s by the step times measured on nvidia-h200-x2); `more` is the rest of the evidence.
 PRESETS = {
     "default": ["env", "tests", "perturbed", "natural", "sanitizer-compare", "fsdp-vs-fsdp2", "injector-overhead"],
-    "more": ["detect", "fsdp-parity", "patch-mode", "detector-overhead"],
+    "more": ["detect", "meshes", "fsdp-parity", "patch-mode", "detector-overhead"],
 }
 PRESETS["all"] = PRESETS["default"] + PRESETS["more"]
 
@@ -72,6 +72,25 @@ def catalogue_run(args, name: str, extra: list[str], runnable: list[str], gpus: 
                  "--scenario", ",".join(runnable), "--world-size", str(gpus), *extra, *limit, "--out", out]
 
 
+def extra_meshes(gpus: int) -> list[str]:
+    """HSDP meshes SHARDxREPLICATE with both axes >= 2 other than the catalogue's own (2 x gpus/2,
+    racecheck.harness.hsdp_mesh_config): on 8 GPUs, 4x2."""
+    return [f"{s}x{gpus // s}" for s in range(3, gpus // 2 + 1) if gpus % s == 0]
+
+
+def mesh_runs(args, gpus: int) -> list[tuple[str, list[str], float]]:
+    """The motivating scenario on each extra HSDP mesh (--mesh), perturbed and natural."""
+    out = []
+    for mesh in extra_meshes(gpus):
+        for name, extra in (("perturbed", []), ("natural", ["--no-perturb"])):
+            argv = [PY, "-m", "racecheck", "run", "--quiet", "--backend", args.backend, "--arms", "all",
+                    "--trials", str(args.trials), "--scenario", "main_grad_reuse", "--world-size", str(gpus),
+                    "--mesh", mesh, *extra,
+                    "--max-time", str(args.run_seconds), "--out", f"{{dir}}/{mesh}-{name}"]
+            out.append((f"mesh-{mesh}-{name}", argv, args.run_seconds + 60))
+    return out
+
+
 def steps(args, gpus: int) -> dict[str, list[tuple[str, list[str], float]]]:
     """Each step: a list of (name, argv, time limit in seconds)."""
     runnable, _ = catalogue_split(gpus)
@@ -91,6 +110,7 @@ def steps(args, gpus: int) -> dict[str, list[tuple[str, list[str], float]]]:
             for name, extra in (("perturbed", []), ("natural", ["--no-perturb"]),
                                 ("detect", ["--no-perturb", "--detect"]))
         ] if runnable else [],
+        "meshes": mesh_runs(args, gpus),
         "parity": [("fsdp-parity", every_gpu + [str(ROOT / "bench/gpu_parity.py"), "--out", "{dir}"], 240)],
         "detector": [("sanitizer-compare", [PY, str(ROOT / "bench/sanitizer_compare.py"), "--out", "{dir}"], 240),
                      ("detector-overhead", [PY, str(ROOT / "bench/detector_overhead.py"), "--profile", "--out", "{dir}"], 300)],

@@ -59,6 +59,15 @@ def _parse_trials(ctx, param, value):
     return n
 
 
+def _parse_mesh(ctx, param, value):
+    if value is None:
+        return None
+    shard, sep, replicate = value.lower().partition("x")
+    if not (sep and shard.isdigit() and replicate.isdigit() and int(shard) > 0 and int(replicate) > 0):
+        raise click.BadParameter(f"{value!r} is not of the form SHARDxREPLICATE, e.g. 2x2")
+    return f"{int(shard)}x{int(replicate)}"
+
+
 def _parse_shard(ctx, param, value):
     from racecheck.trials.schedule import Shard
 
@@ -123,6 +132,10 @@ def _parse_stop(ctx, param, value):
               help="Stream runtime: the CPU emulation, CUDA, or CUDA when a GPU is present.")
 @click.option("--world-size", type=click.IntRange(min=1), default=None,
               help="Ranks per session (default: the suite's world_size).")
+@click.option("--mesh", default=None, callback=_parse_mesh, metavar="SHARDxREPLICATE",
+              help="The HSDP mesh of the scenarios that take theirs from the run (main_grad_reuse), "
+                   "e.g. 4x2; its size must be the world size (default: 2 x world/2 for an even "
+                   "world above 2, else every rank a shard).")
 @click.option("--detect", is_flag=True, help="Run the happens-before detector in every trial.")
 @click.option("--scenarios", "scenarios_dir", default=None, help="The catalogue folder (default: ./scenarios).")
 @click.option("--gate", is_flag=True, help="After the run, apply the gate (see 'racecheck gate') and "

@@ -104,6 +104,38 @@ def test_too_few_ranks_for_a_scenario_is_a_usage_error(project):
     assert not (project / "o").exists()
 
 
+@pytest.mark.parametrize(("args", "message"), [
+    (["--mesh", "2by2"], "Invalid value for '--mesh': '2by2' is not of the form SHARDxREPLICATE"),
+    (["--mesh", "0x4"], "Invalid value for '--mesh': '0x4' is not of the form SHARDxREPLICATE"),
+    (["--mesh", "2x4"], "Invalid value for --mesh: mesh 2x4 has 8 ranks, main_grad_reuse runs on 4"),
+])
+def test_a_mesh_that_does_not_fit_is_a_usage_error(project, args, message):
+    res = racecheck("run", "--scenario", "main_grad_reuse", *args, "--out", "o",
+                    "--scenarios", CHECKOUT / "scenarios", cwd=project)
+    assert message in one_line_error(res)
+
+
+def test_the_mesh_is_kept_for_resume_and_named_in_replays(tmp_path):
+    import json
+
+    from racecheck.trials.catalogue import find_catalogue, load_catalogue
+    from racecheck.trials.record import TrialRecord
+    from racecheck.trials.runner import RunConfig, replay_command
+
+    res = racecheck("run", "--arms", "fixed", "--trials", 1, "--world-size", 2, "--mesh", "1x2",
+                    "--out", tmp_path / "out", "-q", "--", "-k", "1-False", cwd=CHECKOUT)
+    assert res.code == 0, res
+    assert json.loads((tmp_path / "out" / "run.json").read_text())["mesh"] == "1x2"
+    assert [r.outcome for r in records(tmp_path / "out")] == ["passed"]
+    suite = load_catalogue(find_catalogue(str(CHECKOUT / "scenarios")))["main_grad_reuse"]
+    config = RunConfig(scenarios=(suite,), arms=None, trials=1, out=tmp_path, world_size=8, mesh="4x2")
+    record = TrialRecord("r", suite.name, "baseline", "race", 0, 3, "t.py::test[1]", "1", "failed",
+                         perturb="rs_delay")
+    assert replay_command(record, suite=suite, config=config).startswith(
+        "racecheck run --scenario main_grad_reuse --arms baseline --trials 1 --seed 3 --perturb rs_delay "
+        "--world-size 8 --mesh 4x2 -- ")
+
+
 def test_a_min_world_size_above_the_world_size_is_rejected(tmp_path):
     from racecheck.trials.catalogue import CatalogueError, load_scenario
 

@@ -14,7 +14,7 @@ import click
 
 # Options that define the experiment: on --resume they come from OUT/run.json.
 _DEFINING = ("scenario_names", "config_file", "arms", "out_dir", "perturb", "no_perturb", "delay_ms",
-             "seed", "isolation", "order", "chunk", "backend", "world_size", "detect",
+             "seed", "isolation", "order", "chunk", "backend", "world_size", "mesh", "detect",
              "scenarios_dir", "shard", "pytest_args")
 
 
@@ -67,7 +67,7 @@ def fresh_config(ctx, opts):
                        out=out_dir, perturb=spec, seed=opts["seed"], isolation=opts["isolation"],
                        order=opts["order"], chunk=opts["chunk"], timeout=opts["timeout"],
                        backend=opts["backend"], detect=opts["detect"], pytest_args=tuple(opts["pytest_args"]),
-                       all_arms=all_arms, world_size=opts["world_size"], shard=opts["shard"] or Shard(),
+                       all_arms=all_arms, world_size=opts["world_size"], mesh=opts["mesh"], shard=opts["shard"] or Shard(),
                        max_time=opts["max_time"], stop_rules=opts["stop_rules"], source=source)
     check_run(config)
     config = with_revisions(config)
@@ -81,11 +81,18 @@ def fresh_config(ctx, opts):
 
 def check_run(config) -> None:
     """What the options can only be checked against once the suites are known: the stop rules
-    name arms of the run, every suite gets the ranks it needs, and --backend cuda has a GPU."""
+    name arms of the run, every suite gets the ranks it needs, --mesh fits the world, and
+    --backend cuda has a GPU."""
     for s in config.scenarios:
         if config.world_for(s) < s.min_world_size:
             raise click.BadParameter(f"{s.name} needs at least {s.min_world_size} ranks (its min_world_size), "
                                      f"got {config.world_for(s)}", param_hint="--world-size")
+    if config.mesh:
+        shard, _, replicate = config.mesh.partition("x")
+        for s in config.scenarios:
+            if int(shard) * int(replicate) != config.world_for(s):
+                raise click.BadParameter(f"mesh {config.mesh} has {int(shard) * int(replicate)} ranks, "
+                                         f"{s.name} runs on {config.world_for(s)}", param_hint="--mesh")
     arms = {a for s in config.scenarios for a in config.arms_for(s)}
     for rule in config.stop_rules:
         if rule.arm not in arms:
@@ -179,7 +186,7 @@ def resumed_config(ctx, opts):
             chunk=int(run.get("chunk", 5)), backend=run.get("backend", "auto"),
             timeout=opts["timeout"] if timeout_given else float(run.get("timeout", 300)),
             detect=bool(run.get("detect")), pytest_args=tuple(run.get("pytest_args", ())),
-            all_arms=bool(run.get("all_arms")), world_size=run.get("world_size"),
+            all_arms=bool(run.get("all_arms")), world_size=run.get("world_size"), mesh=run.get("mesh"),
             shard=Shard.parse(run.get("shard", "1/1")), max_time=opts["max_time"],
             stop_rules=opts["stop_rules"], revisions=dict(run.get("revisions", {})), source=run["source"])
     except CatalogueError as exc:

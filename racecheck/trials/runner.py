@@ -55,6 +55,7 @@ class RunConfig:
     pytest_args: tuple[str, ...] = ()  # from the command line, after `--`
     all_arms: bool = False  # every arm of each scenario (for --scenario all)
     world_size: int | None = None  # overrides the suites' world size
+    mesh: str | None = None  # SHARDxREPLICATE for racecheck.harness.hsdp_mesh_config (RACECHECK_MESH)
     shard: Shard = Shard()
     max_time: float | None = None  # seconds; then the run stops at the next trial boundary
     stop_rules: tuple[StopRule, ...] = ()
@@ -81,7 +82,7 @@ class RunConfig:
                 "isolation": self.isolation, "order": self.order, "chunk": self.chunk,
                 "timeout": self.timeout, "backend": self.backend, "detect": self.detect,
                 "pytest_args": list(self.pytest_args), "all_arms": self.all_arms,
-                "world_size": self.world_size, "shard": str(self.shard), "revisions": self.revisions,
+                "world_size": self.world_size, "mesh": self.mesh, "shard": str(self.shard), "revisions": self.revisions,
                 "scenarios": {s.name: {"arms": list(self.arms_for(s)),
                                        "perturb": {a: self.perturb_for(s, a) for a in self.arms_for(s)}}
                               for s in self.scenarios}}
@@ -277,6 +278,8 @@ class Runner:
             env["RACECHECK_BACKEND"] = c.backend
         if c.world_size:
             env["RACECHECK_WORLD_SIZE"] = str(c.world_size)
+        if c.mesh:
+            env["RACECHECK_MESH"] = c.mesh
         env.update(dict(arm.env))
         return launch.SessionSpec(world_size=c.world_for(suite), pytest_args=tuple(args), env=env,
                                   cwd=cwd, log_path=c.out / "logs" / f"session-{sid}.log",
@@ -352,6 +355,8 @@ def replay_command(record: TrialRecord, *, suite: Scenario, config: RunConfig) -
         parts += ["--backend", config.backend]
     if config.world_size:
         parts += ["--world-size", str(config.world_size)]
+    if config.mesh:
+        parts += ["--mesh", config.mesh]
     _, options = split_targets(config.pytest_args, suite.run_root)
     parts += ["--", *options, record.test]
     return shlex.join(parts)
