@@ -36,7 +36,8 @@ def gpu_count() -> int:
 
 # What one device call (10 minutes) holds on 2 GPUs: the CUDA tests, the catalogue perturbed and
 # natural, the detector against the sanitizer, the FSDP2 benchmark and the injector's overhead
-# (about 510 s by the step times measured on nvidia-h200-x2); `more` is the rest of the evidence.
+# (about 510 s in all by the step times measured on nvidia-h200-x2, over separate calls); `more` is
+# the rest of the evidence.
 PRESETS = {
     "default": ["env", "tests", "perturbed", "natural", "sanitizer-compare", "fsdp-vs-fsdp2", "injector-overhead"],
     "more": ["detect", "meshes", "fsdp-parity", "patch-mode", "detector-overhead"],
