@@ -54,19 +54,22 @@ def catalogue_split(gpus: int) -> tuple[list[str], list[str]]:
     return runs, [s.name for s in catalogue.values() if s.min_world_size > gpus]
 
 
+def earlier_run(args, name: str) -> Path | None:
+    """The run folder of catalogue part `name` in the --continue check, when it has one."""
+    if args.continue_from is None:
+        return None
+    earlier = args.continue_from / "catalogue" / name
+    return earlier if (earlier / "run.json").exists() else None
+
+
 def catalogue_run(args, name: str, extra: list[str], runnable: list[str], gpus: int) -> list[str]:
-    """One `racecheck run` of the catalogue, or its continuation from a cut-off earlier check
-    (--continue: the run folder is copied and resumed; run.json keeps the options)."""
+    """One `racecheck run` of the catalogue, or the continuation of an earlier check's run (--continue:
+    main copies its folder in before the part runs; run.json keeps the options)."""
     out = f"{{dir}}/{name}"
     limit = ["--max-time", str(args.run_seconds)]  # a slow run keeps its finished trials
     rc = [PY, "-m", "racecheck", "run", "--quiet"]
-    if args.continue_from is not None:
-        earlier = args.continue_from / "catalogue" / name
-        if (earlier / "run.json").exists():
-            dest = args.out / "catalogue" / name
-            if not dest.exists():
-                shutil.copytree(earlier, dest)
-            return rc + ["--resume", out, *limit]
+    if earlier_run(args, name) is not None:
+        return rc + ["--resume", out, *limit]
     # The whole catalogue at one rank per GPU (the HSDP meshes adapt, see
     # racecheck.harness.hsdp_mesh_config).
     return rc + ["--backend", args.backend, "--arms", "all", "--trials", str(args.trials),
@@ -92,9 +95,9 @@ def mesh_runs(args, gpus: int) -> list[tuple[str, list[str], float]]:
     return out
 
 
-def steps(args, gpus: int) -> dict[str, list[tuple[str, list[str], float]]]:
-    """Each step: a list of (name, argv, time limit in seconds)."""
-    runnable, _ = catalogue_split(gpus)
+def steps(args, gpus: int, runnable: list[str]) -> dict[str, list[tuple[str, list[str], float]]]:
+    """Each step: a list of (name, argv, time limit in seconds); `runnable`: the catalogue's
+    scenarios that fit on `gpus` ranks."""
     torchrun = [PY, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", "--nproc-per-node"]
     every_gpu, two_gpus = torchrun + [str(gpus)], torchrun + [str(min(gpus, 2))]
     out = {
@@ -140,6 +143,9 @@ def run_step(name: str, argv: list[str], limit: float, folder: Path) -> dict:
             status = "ok" if proc.returncode == 0 else f"exit {proc.returncode}"
         except subprocess.TimeoutExpired:
             status = f"timeout after {limit:.0f} s"
+        except OSError as exc:  # e.g. no nvidia-smi on this machine
+            fh.write(f"could not start: {exc}\n")
+            status = "could not start"
     tail = [l for l in log.read_text(errors="replace").splitlines() if l.strip()][-3:]
     return {"step": name, "status": status, "detail": " | ".join(tail)[-300:],
             "seconds": round(time.monotonic() - started, 1)}
@@ -165,7 +171,8 @@ def main() -> int:
     parser.add_argument("--run-seconds", type=int, default=170, help="--max-time of each catalogue run")
     args = parser.parse_args()
     gpus = args.ranks or gpu_count()
-    plan = steps(args, gpus)
+    runnable, too_few = catalogue_split(gpus)
+    plan = steps(args, gpus, runnable)
     chosen = [s for token in args.steps.split(",") if token for s in PRESETS.get(token, [token])]
     # A step runs all its parts; a part (e.g. detector-overhead) can also be chosen alone.
     parts = {name: step for step, items in plan.items() for name, _, _ in items}
@@ -176,19 +183,22 @@ def main() -> int:
     todo = [(step, item) for step, items in plan.items() for item in items
             if step in chosen or item[0] in chosen]
     results = []
-    _, too_few = catalogue_split(gpus)
-    if "catalogue" in chosen and too_few:
+    runs_catalogue = any(step == "catalogue" for step, _ in todo)
+    if runs_catalogue and too_few:
         results.append({"step": "catalogue", "status": "skipped", "seconds": 0.0,
                         "detail": f"{', '.join(too_few)}: need more ranks than {gpus} GPU(s)"})
     for step, (name, argv, limit) in todo:
         if gpus < 2 and step in ("fsdp2", "patch", "parity"):
             results.append({"step": name, "status": "skipped", "detail": "needs 2 GPUs", "seconds": 0.0})
             continue
+        earlier = earlier_run(args, name) if step == "catalogue" else None
+        if earlier is not None and not (args.out / step / name).exists():
+            shutil.copytree(earlier, args.out / step / name)  # then `racecheck run --resume` continues it
         results.append(run_step(name, argv, limit, args.out / step))
         print(f"[gpu_check] {results[-1]['step']}: {results[-1]['status']} ({results[-1]['seconds']} s)",
               flush=True)
         write_summary(args.out, gpus, results)  # after every step: a cut-off check keeps what ran
-    if any(step == "catalogue" for step, _ in todo):
+    if runs_catalogue:
         folder = args.out / "catalogue"
         runs = [f"{n}={folder / n / 'summary.csv'}" for n in ("perturbed", "natural", "detect")]
         subprocess.run([PY, str(ROOT / "bench/catalogue_table.py"), str(folder / "catalogue_table.md"), *runs,

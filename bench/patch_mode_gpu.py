@@ -21,6 +21,7 @@ Writes DIR/patch_mode.csv and DIR/patch_mode.md (rank 0).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import os
 import sys
@@ -129,19 +130,26 @@ class PatchStats:
         return {"wrapped_calls": self.calls, "delayed": self.delayed, "pressure_allocs": self.pressured}
 
 
+@contextlib.contextmanager
+def patched(perturb: str | None, seed: int, stats: PatchStats):
+    """Patch mode with profile `perturb` (none when None) around one trial; its counts go to `stats`."""
+    patch = CollectivePatch(parse_profile(perturb), seed=seed) if perturb else None
+    if patch:
+        patch.install()
+    try:
+        yield
+    finally:
+        if patch:
+            patch.uninstall()
+    stats.add(patch)
+
+
 def run_plain(trials: int, *, lazy: bool, group, rs_stream, perturb: str | None, seed: int,
               stats: PatchStats) -> tuple[int, float]:
     failures, worst = 0, 0.0
     for trial in range(trials):
-        patch = CollectivePatch(parse_profile(perturb), seed=seed + trial) if perturb else None
-        if patch:
-            patch.install()
-        try:
+        with patched(perturb, seed + trial, stats):
             err = plain_trial(lazy=lazy, group=group, rs_stream=rs_stream)
-        finally:
-            if patch:
-                patch.uninstall()
-        stats.add(patch)
         err = world_max(err)
         worst = max(worst, err)
         failures += err > 1e-5
@@ -209,15 +217,8 @@ def run_fsdp2(trials: int, *, shape: tuple[int, ...], perturb: str | None, seed:
               stats: PatchStats) -> tuple[int, float]:
     failures, worst = 0, 0.0
     for trial in range(trials):
-        patch = CollectivePatch(parse_profile(perturb), seed=seed + trial) if perturb else None
-        if patch:
-            patch.install()
-        try:
+        with patched(perturb, seed + trial, stats):
             err = world_max(fsdp2_trial(trial, shape=shape))
-        finally:
-            if patch:
-                patch.uninstall()
-        stats.add(patch)
         worst = max(worst, err)
         failures += err > 1e-3
     return failures, worst

@@ -19,7 +19,8 @@ Every (version, tool) pair runs in a fresh process, so that one tool's CUDA trac
 see the other's run: tool `none` (the corruption alone), `racecheck`
 (racecheck.detect.TorchRaceTracker) and `sanitizer` (torch.cuda._sanitizer.enable_cuda_sanitizer).
 Writes DIR/sanitizer_compare.csv, DIR/sanitizer_compare.md and DIR/racecheck_report_race.txt (the
-report racecheck printed for the race), and prints the table last.
+report racecheck printed for the race), and prints the table last; exit code 1 when a run did not
+finish.
 """
 
 from __future__ import annotations
@@ -187,7 +188,7 @@ def parent(args) -> int:
             print(f"{version:16} {tool:10} reported={row.get('reported')} "
                   f"max_rel_error={row.get('max_rel_error')} {row.get('errors') or ''}", flush=True)
     write_outputs(out, rows)
-    return 0
+    return 0 if all(r.get("reported") is not None for r in rows) else 1  # a run that did not finish fails
 
 
 def verdict(row) -> str:
