@@ -2,6 +2,7 @@
 no detector, racecheck's detector (racecheck.detect.TorchRaceTracker) and torch.cuda._sanitizer.
 
     python bench/detector_overhead.py --out reports/gpu
+    python bench/detector_overhead.py --device cpu --out reports    # the CPU proxy, see below
 
 The loop: an MLP of --layers Linear(width, width) + ReLU layers, batch --batch, MSE loss, backward,
 SGD with momentum, zero_grad; --warmup steps, then --iters timed steps (CUDA synchronized before
@@ -11,7 +12,15 @@ calls the op: what any dispatch-mode tool pays before doing anything) and `racec
 (racecheck without its per-access call stacks). The target: racecheck's slowdown (time per step
 over the plain loop's) at most a third of the sanitizer's.
 
-Writes DIR/detector_overhead.csv (one row per run) and DIR/detector_overhead.md, prints the table last.
+`--device cpu` runs the same loop on the CPU, where there are no CUDA trace callbacks:
+racecheck.detect.cpu_trace.AllocatorTrace stands in for the caching allocator's (an inner
+dispatch mode calling the tracker's allocation callback for every new output storage and its free
+callback when the storage dies). Every mode pays for that stand-in alike, the sanitizer is not run (it ignores CPU tensors), and what the
+table shows is racecheck's bookkeeping above the dispatch floor: the part of the GPU overhead that
+racecheck's own code decides, measurable without a GPU.
+
+Writes DIR/detector_overhead[_cpu].csv (one row per run) and DIR/detector_overhead[_cpu].md,
+prints the table last.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 MODES = ("none", "racecheck", "sanitizer", "dispatch_floor", "racecheck_nostacks")
+CPU_MODES = tuple(m for m in MODES if m != "sanitizer")
 
 
 def child(args) -> dict:
@@ -35,13 +45,18 @@ def child(args) -> dict:
     from torch import nn
 
     sys.path.insert(0, str(REPO))
+    cpu = args.device == "cpu"
     result = {"mode": args.mode, "reports": None, "errors": [], "torch": torch.__version__,
-              "device": torch.cuda.get_device_name(0)}
+              "device": _cpu_name() if cpu else torch.cuda.get_device_name(0)}
     ctx = None
     if args.mode in ("racecheck", "racecheck_nostacks"):
         from racecheck.detect import TorchRaceTracker
 
-        ctx = TorchRaceTracker(stacks_on=args.mode == "racecheck")
+        if cpu:  # one stream; the allocator's callbacks come from the stand-in below
+            ctx = TorchRaceTracker(stacks_on=args.mode == "racecheck", device_type="cpu",
+                                   current_stream=lambda: 0, stream_handle=lambda s: 0)
+        else:
+            ctx = TorchRaceTracker(stacks_on=args.mode == "racecheck")
     elif args.mode == "sanitizer":
         import torch.cuda._sanitizer as csan
 
@@ -54,15 +69,24 @@ def child(args) -> dict:
                 return func(*a, **(kw or {}))
 
         ctx = Floor()
+    stand_in = None
+    if cpu:
+        from racecheck.detect.cpu_trace import AllocatorTrace
+
+        handler = getattr(ctx, "handler", None)
+        stand_in = AllocatorTrace(handler._handle_memory_allocation if handler else (lambda ptr: None),
+                                  handler._handle_memory_deallocation if handler else (lambda ptr: None))
+        stand_in.__enter__()  # inner: the allocator runs inside the tracked operator
     if ctx is not None:
         ctx.__enter__()
-    dev = torch.device("cuda", 0)
+    dev = torch.device("cpu") if cpu else torch.device("cuda", 0)
+    sync = (lambda: None) if cpu else torch.cuda.synchronize
     torch.manual_seed(0)
     layers = []
     for _ in range(args.layers):
         layers += [nn.Linear(args.width, args.width), nn.ReLU()]
     model = nn.Sequential(*layers).to(dev)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9, foreach=True)  # CUDA's default
     x = torch.randn(args.batch, args.width, device=dev)
     y = torch.randn(args.batch, args.width, device=dev)
 
@@ -74,7 +98,7 @@ def child(args) -> dict:
 
     for _ in range(args.warmup):
         step()
-    torch.cuda.synchronize()
+    sync()
     profiler = None
     if args.profile_out:  # where the time goes (not a timed run: the profiler slows every call)
         import cProfile
@@ -84,7 +108,7 @@ def child(args) -> dict:
     t0 = time.perf_counter()
     for _ in range(args.iters):
         step()
-    torch.cuda.synchronize()
+    sync()
     result["ms_per_step"] = (time.perf_counter() - t0) / args.iters * 1e3
     if profiler is not None:
         import io
@@ -96,6 +120,8 @@ def child(args) -> dict:
         Path(args.profile_out).write_text(f"mode {args.mode}, {args.iters} steps under cProfile\n" + text.getvalue())
     if ctx is not None:
         ctx.__exit__(None, None, None)
+    if stand_in is not None:
+        stand_in.__exit__(None, None, None)
     if args.mode.startswith("racecheck"):
         result["reports"] = len(ctx.reports())
         result["errors"] = ctx.errors
@@ -103,18 +129,24 @@ def child(args) -> dict:
     return result
 
 
+def _cpu_name() -> str:
+    import platform
+
+    return f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+
+
 def parent(args) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     rows = []
-    modes = [m for m in MODES if m in args.modes.split(",")]
+    modes = [m for m in (CPU_MODES if args.device == "cpu" else MODES) if m in args.modes.split(",")]
+    common = ["--device", args.device, "--layers", str(args.layers), "--width", str(args.width),
+              "--batch", str(args.batch), "--warmup", str(args.warmup), "--iters", str(args.iters)]
     for repeat in range(args.repeats):
         for mode in modes:  # interleaved, so drift in clocks or load affects every mode alike
             path = out / f".overhead-{mode}-{repeat}.json"
-            cmd = [sys.executable, __file__, "--child", "--mode", mode, "--json", str(path),
-                   "--layers", str(args.layers), "--width", str(args.width), "--batch", str(args.batch),
-                   "--warmup", str(args.warmup), "--iters", str(args.iters)]
+            cmd = [sys.executable, __file__, "--child", "--mode", mode, "--json", str(path), *common]
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
             if proc.returncode != 0 or not path.exists():
                 tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
@@ -128,18 +160,21 @@ def parent(args) -> int:
     write_outputs(out, rows, args)
     if args.profile:
         for mode in ("racecheck",):
-            path = out / f"detector_profile_{mode}.txt"
+            path = out / f"detector_profile_{mode}{_suffix(args)}.txt"
             cmd = [sys.executable, __file__, "--child", "--mode", mode, "--json", str(out / ".profile.json"),
-                   "--profile-out", str(path), "--layers", str(args.layers), "--width", str(args.width),
-                   "--batch", str(args.batch), "--warmup", str(args.warmup), "--iters", str(args.iters)]
+                   "--profile-out", str(path), *common]
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
             print(f"profile of {mode}: {path if proc.returncode == 0 else proc.stderr[-300:]}", flush=True)
         (out / ".profile.json").unlink(missing_ok=True)
     return 0
 
 
+def _suffix(args) -> str:
+    return "_cpu" if args.device == "cpu" else ""
+
+
 def write_outputs(out: Path, rows: list[dict], args) -> None:
-    with open(out / "detector_overhead.csv", "w", newline="") as fh:
+    with open(out / f"detector_overhead{_suffix(args)}.csv", "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=["mode", "repeat", "ms_per_step", "reports", "errors", "torch", "device"],
                            extrasaction="ignore")
         w.writeheader()
@@ -151,7 +186,9 @@ def write_outputs(out: Path, rows: list[dict], args) -> None:
         median[mode] = statistics.median(times) if times else None
     base = median["none"]
     meta = next((r for r in rows if r.get("device")), {})
-    lines = ["# Detector overhead on one training loop", "",
+    title = "# Detector overhead on one training loop" + (
+        " (CPU proxy: racecheck's bookkeeping above the dispatch floor)" if args.device == "cpu" else "")
+    lines = [title, "",
              f"Device: {meta.get('device', '?')}; torch {meta.get('torch', '?')}. Loop: {args.layers}-layer "
              f"{args.width}-wide MLP (Linear + ReLU), batch {args.batch}, MSE, SGD with momentum; "
              f"{args.warmup} warm-up and {args.iters} timed steps per run, median of {args.repeats} runs "
@@ -171,7 +208,10 @@ def write_outputs(out: Path, rows: list[dict], args) -> None:
         ok = rc <= san / 3
         lines += ["", f"racecheck's slowdown {rc:.2f}x is {rc / san:.2f} of the sanitizer's {san:.2f}x "
                       f"(target: at most 1/3): {'met' if ok else 'NOT met'}."]
-    (out / "detector_overhead.md").write_text("\n".join(lines) + "\n")
+    if args.device == "cpu" and base and median["racecheck"] and median["dispatch_floor"]:
+        lines += ["", f"racecheck's own cost above the dispatch floor: "
+                      f"{median['racecheck'] - median['dispatch_floor']:.3f} ms per step."]
+    (out / f"detector_overhead{_suffix(args)}.md").write_text("\n".join(lines) + "\n")
     print()
     print("\n".join(lines[4:]))
 
@@ -180,7 +220,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="reports/gpu")
     p.add_argument("--layers", type=int, default=8)
-    p.add_argument("--width", type=int, default=2048)
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--width", type=int, default=None, help="default: 2048 on CUDA, 256 on the CPU")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--iters", type=int, default=100)
@@ -194,6 +235,8 @@ def main() -> int:
     p.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
     p.add_argument("--json", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.width is None:
+        args.width = 256 if args.device == "cpu" else 2048
     if args.child:
         Path(args.json).write_text(json.dumps(child(args)))
         return 0

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from racecheck.detect import RaceKind
+from racecheck.detect.cpu_trace import AllocatorTrace
 from racecheck.detect.dispatch import plan_for
 from racecheck.detect.torch_tracker import TorchRaceTracker, _InFlight
 
@@ -174,3 +175,48 @@ def test_c10d_plans_follow_argument_names():
     ar = plan_for(torch.ops.c10d.allreduce_.default)
     assert ("tensors", True) in [(name, w) for _, name, w, _ in ar.args]
     assert plan_for(torch.ops.aten.view.default).kind.value == "skip"
+
+
+def _training_loop(tracker, cur, *, steps: int, side_read: str | None) -> None:
+    """An MLP trained for `steps` steps with the allocator's callbacks from AllocatorTrace: every
+    activation, gradient and optimizer buffer is allocated, used, freed and its block reused, as on
+    CUDA. `side_read`: after the loop, the reduce-scatter stream reads the last layer's gradient,
+    unordered ("none") or after waiting for the default stream ("wait")."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9, foreach=True)
+    x, y = torch.randn(8, 32), torch.randn(8, 32)
+    handler = tracker.handler
+    with AllocatorTrace(handler._handle_memory_allocation, handler._handle_memory_deallocation) as trace, tracker:
+        for _ in range(steps):
+            opt.zero_grad(set_to_none=True)
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+        if side_read is not None:
+            if side_read == "wait":
+                record(tracker, 1, DEFAULT)
+                wait(tracker, 1, RS)
+            cur.current = RS
+            model[2].weight.grad.sum()
+            cur.current = DEFAULT
+    assert trace.live, "the stand-in saw no allocation"
+
+
+@pytest.mark.parametrize("side_read", [None, "wait"])
+def test_training_loop_with_allocator_callbacks_has_no_reports(cur, side_read):
+    t = TorchRaceTracker(device_type="cpu", current_stream=cur, stream_handle=lambda s: s)
+    _training_loop(t, cur, steps=4, side_read=side_read)
+    assert t.errors == []
+    assert t.reports() == []
+    assert t.ops > 50 and t.engine.accesses > 200
+    assert t.engine.stats["unknown_frees"] == 0  # every free matched an allocation it resolved
+
+
+def test_training_loop_unordered_side_read_is_reported(cur):
+    t = TorchRaceTracker(device_type="cpu", current_stream=cur, stream_handle=lambda s: s)
+    t.name_stream(RS, "reduce_scatter")
+    _training_loop(t, cur, steps=4, side_read="none")
+    assert t.errors == []
+    (report,) = t.reports()
+    assert report.kind is RaceKind.READ_AFTER_WRITE
+    assert (report.earlier.domain.name, report.later.domain.name) == ("default", "reduce_scatter")

@@ -36,7 +36,7 @@ import collections
 import enum
 import itertools
 import threading
-from bisect import bisect_right, insort
+from bisect import bisect_right
 
 from racecheck.detect.report import RaceKind, RaceReport
 from racecheck.detect.shadow import Access, ShadowMemory
@@ -82,8 +82,26 @@ class Allocation:
         self.stack = stack
         self.state = AllocState.LIVE
         self.free_stack = None
-        self.holds: list[dict] = []  # clock snapshots of record_stream'd streams at the free
-        self.recorded: set[Domain] = set()  # streams given to record_stream while live
+        self.holds: tuple[dict, ...] = ()  # clock snapshots of record_stream'd streams at the free
+        self.recorded: frozenset[Domain] = frozenset()  # streams given to record_stream while live
+
+
+def _kept_at_reuse(acc: Access, d: Domain, clock: dict, host: dict, racing: dict) -> bool:
+    """Whether an access to bytes that stream d's new allocation reuses stays on them ([Note:
+    reuse]); one not ordered before the allocation is noted in `racing` (by its stream, a read
+    preferred) and dropped."""
+    dom, epoch = acc.domain, acc.epoch
+    gen = acc.alloc
+    if (host.get(dom, 0) >= epoch
+            or (gen.stream is not None and gen.stream is not d)
+            or (gen.holds and any(h.get(dom, 0) >= epoch for h in gen.holds))):
+        return False  # complete
+    if dom is d or clock.get(dom, 0) >= epoch:
+        return True  # ordered before the allocation, not known complete
+    prev = racing.get(dom)
+    if prev is None or (prev.is_write and not acc.is_write):
+        racing[dom] = acc  # a read names the consumer the reuse cheats
+    return False
 
 
 def _join(dst: dict, src: dict) -> None:
@@ -174,18 +192,24 @@ class HappensBefore:
         """A block handed out on `stream`; checks the reuse of its bytes ([Note: reuse]).
         `clock`: the stream's clock at the allocation, when the front end learns the size later."""
         with self.lock:
-            d = self.domain(stream) if stream is not None else None
+            d = (self._domains.get(stream) or self.domain(stream)) if stream is not None else None
             stale = self._live.get(key)
             if stale is not None:
                 self._retire(stale)  # its free was never reported
-            for old in self._live_overlapping(ptr, ptr + nbytes):
-                self._retire(old)
+            end = ptr + nbytes
+            starts = self._live_starts
+            i = bisect_right(starts, ptr)
+            # Live blocks overlapping [ptr, end): only if their frees were never reported.
+            if (i and self._live_at[starts[i - 1]].end > ptr) or (i < len(starts) and starts[i] < end):
+                for old in self._live_overlapping(ptr, end):
+                    self._retire(old)
+                i = bisect_right(starts, ptr)
             alloc = Allocation(next(self._serials), key, ptr, nbytes, d, stack)
             if nbytes > 0 and d is not None:
                 self._check_reuse(alloc, d, clock if clock is not None else self._now(d))
             self._live[key] = alloc
             self._live_at[ptr] = alloc
-            insort(self._live_starts, ptr)
+            starts.insert(i, ptr)
             return alloc
 
     def _live_overlapping(self, start: int, end: int) -> list[Allocation]:
@@ -217,7 +241,7 @@ class HappensBefore:
         with self.lock:
             alloc = self._live.get(key)
             if alloc is not None:
-                alloc.recorded.add(self.domain(stream))
+                alloc.recorded = alloc.recorded | {self.domain(stream)}
 
     def free(self, key, *, deferred_to=(), stack=()) -> Allocation | None:
         """The last reference died on the host; `deferred_to`: the streams record_stream named."""
@@ -231,9 +255,8 @@ class HappensBefore:
             alloc.free_stack = stack
             if alloc.recorded or deferred_to:
                 held = alloc.recorded | {self.domain(s) for s in deferred_to}
-                for d in held:
-                    if d is not alloc.stream:
-                        alloc.holds.append(self._snapshot(d))  # the allocator's event on d, at the free
+                # the allocator's event on each such stream, recorded at the free
+                alloc.holds = tuple(self._snapshot(d) for d in held if d is not alloc.stream)
             return alloc
 
     def allocation_at(self, ptr: int) -> Allocation | None:
@@ -250,34 +273,43 @@ class HappensBefore:
 
     def _check_reuse(self, alloc: Allocation, d: Domain, clock: dict) -> None:
         shadow = self.shadow
-        i, j = shadow.span(alloc.ptr, alloc.end, fill=False)
+        cells = shadow._cells
+        ptr, end = alloc.ptr, alloc.end
+        # The cells overlapping the block, found without splitting any: most reuses drop nothing
+        # (the same stream's history stays, see [Note: reuse]), and then none needs splitting.
+        i = bisect_right(shadow._starts, ptr) - 1
+        if i < 0 or cells[i].end <= ptr:
+            i += 1
+        j, n = i, len(cells)
+        while j < n and cells[j].start < end:
+            j += 1
         if i == j:
             return  # bytes never accessed, or known complete: nothing to check
         host = self.host.clock
         racing: dict[Domain, Access] = {}  # one report per racing stream: its read if any
-        for cell in shadow.cells(i, j):
-            keep_write, keep_reads = cell.write, cell.reads
-            for acc in cell.accesses():
-                dom, epoch = acc.domain, acc.epoch
-                gen = acc.alloc
-                if (host.get(dom, 0) >= epoch
-                        or (gen.stream is not None and gen.stream is not d)
-                        or any(h.get(dom, 0) >= epoch for h in gen.holds)):
-                    keep = False  # complete (see [Note: reuse])
-                elif dom is d or clock.get(dom, 0) >= epoch:
-                    keep = True
-                else:
-                    prev = racing.get(dom)
-                    if prev is None or (prev.is_write and not acc.is_write):
-                        racing[dom] = acc  # a read names the consumer the reuse cheats
-                    keep = False
-                if not keep:
-                    if acc is keep_write:
-                        keep_write = None
-                    else:
-                        keep_reads = {k: v for k, v in keep_reads.items() if v is not acc} or None
-            cell.write, cell.reads = keep_write, keep_reads
-        shadow.drop_empty(i, j)
+        dropping = False
+        for k in range(i, j):
+            cell = cells[k]
+            w = cell.write
+            if w is not None and not _kept_at_reuse(w, d, clock, host, racing):
+                dropping = True
+            if cell.reads:
+                for r in cell.reads.values():
+                    if not _kept_at_reuse(r, d, clock, host, racing):
+                        dropping = True
+        if dropping:  # drop them from the block's bytes only: split the cells at its ends
+            i, j = shadow.span(ptr, end, fill=False)
+            for cell in cells[i:j]:
+                w = cell.write
+                if w is not None and not _kept_at_reuse(w, d, clock, host, racing):
+                    cell.write = None
+                reads = cell.reads
+                if reads:
+                    for key in [k for k, r in reads.items() if not _kept_at_reuse(r, d, clock, host, racing)]:
+                        del reads[key]
+                    if not reads:
+                        cell.reads = None
+            shadow.drop_empty(i, j)
         if racing:
             later = Access(d, clock.get(d, 0), True, "allocation", alloc, alloc.stack)
             for acc in racing.values():
@@ -299,14 +331,44 @@ class HappensBefore:
                     return
             d = self.domain(stream)
             self._access(d, self._now(d), ptr, nbytes, write, op, stack, alloc, record)
+            self.accesses += 1
 
     def access_many(self, stream, items, *, op: str, stack=()) -> None:
-        """One operator's accesses: `items` of (ptr, nbytes, is_write, allocation), all live."""
+        """One operator's accesses: `items` of (ptr, nbytes, is_write, allocation), all live.
+        The hot path of the PyTorch tracker: a whole-cell access (a tensor touched as it was last
+        time) is checked inline; anything else goes through `_access`."""
         with self.lock:
-            d = self.domain(stream)
+            d = self._domains.get(stream) or self.domain(stream)
             clock = self._now(d)
+            epoch = clock[d]
+            shadow = self.shadow
+            starts, cells = shadow._starts, shadow._cells
             for ptr, nbytes, write, alloc in items:
-                self._access(d, clock, ptr, nbytes, write, op, stack, alloc, True)
+                end = ptr + nbytes
+                if end > alloc.end:
+                    end = alloc.end
+                i = bisect_right(starts, ptr) - 1
+                cell = cells[i] if i >= 0 else None
+                if cell is None or cell.start != ptr or cell.end != end:
+                    self._access(d, clock, ptr, end - ptr, write, op, stack, alloc, True)
+                    continue
+                acc = Access(d, epoch, write, op, alloc, stack)
+                w = cell.write
+                if w is not None and w.domain is not d and clock.get(w.domain, 0) < w.epoch:
+                    self._report(RaceKind.WRITE_AFTER_WRITE if write else RaceKind.READ_AFTER_WRITE, w, acc)
+                reads = cell.reads
+                if write:
+                    if reads is not None:
+                        for r in reads.values():
+                            if r.domain is not d and clock.get(r.domain, 0) < r.epoch:
+                                self._report(RaceKind.WRITE_AFTER_READ, r, acc)
+                        cell.reads = None
+                    cell.write = acc
+                elif reads is None:
+                    cell.reads = {d: acc}
+                else:
+                    reads[d] = acc
+            self.accesses += len(items)
 
     def _access(self, d: Domain, clock: dict, ptr: int, nbytes: int, write: bool, op: str, stack,
                 alloc: Allocation, record: bool) -> None:
@@ -315,16 +377,9 @@ class HappensBefore:
             end = alloc.end
         acc = Access(d, clock[d], write, op, alloc, stack)
         shadow = self.shadow
-        cells = shadow._cells
-        i = bisect_right(shadow._starts, ptr) - 1
-        if i >= 0 and cells[i].start == ptr and cells[i].end == end:  # the common case: one cell
-            j = i + 1
-            span = (cells[i],)
-        else:
-            i, j = shadow.span(ptr, end, fill=True)
-            span = cells[i:j]
+        i, j = shadow.span(ptr, end, fill=True)
         reported = None  # one report per earlier access, however many cells
-        for cell in span:
+        for cell in shadow._cells[i:j]:
             w = cell.write
             if w is not None and w.domain is not d and clock.get(w.domain, 0) < w.epoch:
                 reported = reported or set()
@@ -349,7 +404,6 @@ class HappensBefore:
                     cell.reads[d] = acc
         if write and j - i > 1:
             shadow.coalesce(i, j)
-        self.accesses += 1
 
     # -- reports ---------------------------------------------------------------------------
     def _report(self, kind: RaceKind, earlier: Access, later: Access) -> None:

@@ -13,6 +13,7 @@ the standard library are dropped, with the verdict cached per file.
 
 from __future__ import annotations
 
+import functools
 import linecache
 import os
 import sys
@@ -66,6 +67,14 @@ def capture(skip: int = 0):
     if _gather is not None:
         return _gather(python=True, script=False, cpp=False)
     return _capture_python(skip + 1)
+
+
+def capturer():
+    """A zero-argument `capture` for hot paths: PyTorch's gatherer bound to its arguments (no
+    Python frame of its own), or the Python walk."""
+    if _gather is not None:
+        return functools.partial(_gather, python=True, script=False, cpp=False)
+    return lambda: _capture_python(1)
 
 
 def _capture_python(skip: int) -> tuple:

@@ -69,7 +69,7 @@ class TorchRaceTracker:
         drive the trace handler by hand; on CUDA leave them alone."""
         self.engine = HappensBefore()
         self.device_type = device_type
-        self._capture = stacks.capture if stacks_on else (lambda skip=0: ())
+        self._capture = stacks.capturer() if stacks_on else (lambda: ())
         self._current = current_stream
         self._stream_handle = stream_handle or _cuda_stream_handle
         self._names: dict[int, str] = {}
@@ -170,9 +170,10 @@ class TorchRaceTracker:
             return
         cuda = self.device_type == "cuda"
         engine = self.engine
-        live_at = engine._live_at
+        live_get = engine._live_at.get
         items = []
-        for tensors, is_write in ((reads, False), (writes, True)):
+        is_write = False
+        for tensors in (reads, writes):
             for t in tensors:
                 if t.is_cuda is not cuda:
                     continue
@@ -181,12 +182,11 @@ class TorchRaceTracker:
                     if stack is None:
                         stack = self._capture()
                     self._resolve(t, stack)
-                numel = t.numel()
-                if not numel:
-                    continue
-                nbytes = numel * t.element_size() if t.is_contiguous() else byte_range(t)[1]
-                alloc = live_at.get(ptr) or engine.allocation_at(ptr) or self._adopt(t, stack)
-                items.append((ptr, nbytes, is_write, alloc))
+                nbytes = t.nbytes if t.is_contiguous() else byte_range(t)[1]
+                if nbytes:
+                    alloc = live_get(ptr) or engine.allocation_at(ptr) or self._adopt(t, stack)
+                    items.append((ptr, nbytes, is_write, alloc))
+            is_write = True
         if not items:
             return
         key = self._key(self._current() if stream is None else stream)
@@ -258,6 +258,8 @@ def _make_handler(tracker: TorchRaceTracker):
     """An EventHandler of torch.cuda._sanitizer whose callbacks feed the racecheck engine instead
     of the sanitizer's per-pointer history (which a free erases)."""
 
+    domains = tracker._domains
+
     class TraceHandler(_handler_base()):
         def _handle_event_creation(self, event):
             """Nothing to track (overrides the sanitizer's bookkeeping): an event matters once recorded."""
@@ -274,7 +276,10 @@ def _make_handler(tracker: TorchRaceTracker):
         def _handle_memory_allocation(self, data_ptr):  # the most frequent: no extra call layer
             try:
                 # The stack is the allocating operator's: _op captures it when it resolves this.
-                tracker._pending[data_ptr] = [tracker._key(tracker._current()), None, None]
+                stream = tracker._current()
+                if stream not in domains:
+                    tracker._key(stream)
+                tracker._pending[data_ptr] = [stream, None, None]
             except Exception as exc:
                 tracker.errors.append(f"{type(exc).__name__}: {exc}")
 
@@ -301,6 +306,13 @@ def _make_handler(tracker: TorchRaceTracker):
 
 
 class _TrackerMode(TorchDispatchMode):
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """No torch._disable_dynamo wrapper around __torch_dispatch__ (PyTorch >= 2.9 adds one to
+        every mode unless it opts out): it costs more per operator than the tracker's own
+        bookkeeping, and this mode's frames never run under Dynamo (compiled code is not tracked)."""
+        return False
+
     def __init__(self, tracker: TorchRaceTracker) -> None:
         super().__init__()
         self.tracker = tracker
