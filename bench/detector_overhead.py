@@ -193,7 +193,7 @@ def write_outputs(out: Path, rows: list[dict], args) -> None:
              f"{args.width}-wide MLP (Linear + ReLU), batch {args.batch}, MSE, SGD with momentum; "
              f"{args.warmup} warm-up and {args.iters} timed steps per run, median of {args.repeats} runs "
              f"(fresh processes, modes interleaved).", "",
-             "| mode | ms per step | slowdown |", "| --- | --- | --- |"]
+             "| mode | ms per step (median) | slowdown | every run (ms) |", "| --- | --- | --- | --- |"]
     labels = {"none": "no detector", "racecheck": "racecheck (TorchRaceTracker)",
               "sanitizer": "torch.cuda._sanitizer", "dispatch_floor": "reference: empty TorchDispatchMode",
               "racecheck_nostacks": "reference: racecheck without call stacks"}
@@ -202,12 +202,22 @@ def write_outputs(out: Path, rows: list[dict], args) -> None:
         if m is None and not any(r["mode"] == mode for r in rows):
             continue  # not run
         slow = f"{m / base:.2f}x" if m and base else "n/a"
-        lines.append(f"| {labels[mode]} | {m:.3f} | {slow} |" if m else f"| {labels[mode]} | n/a | n/a |")
+        runs = ", ".join(f"{t:.2f}" for t in sorted(r["ms_per_step"] for r in rows
+                                                       if r["mode"] == mode and r.get("ms_per_step")))
+        lines.append(f"| {labels[mode]} | {m:.3f} | {slow} | {runs} |" if m else f"| {labels[mode]} | n/a | n/a | |")
     if base and median["racecheck"] and median["sanitizer"]:
         rc, san = median["racecheck"] / base, median["sanitizer"] / base
         ok = rc <= san / 3
         lines += ["", f"racecheck's slowdown {rc:.2f}x is {rc / san:.2f} of the sanitizer's {san:.2f}x "
                       f"(target: at most 1/3): {'met' if ok else 'NOT met'}."]
+        per_repeat = []
+        for repeat in sorted({r["repeat"] for r in rows}):
+            t = {r["mode"]: r.get("ms_per_step") for r in rows if r["repeat"] == repeat}
+            if t.get("racecheck") and t.get("sanitizer"):
+                per_repeat.append(t["racecheck"] / t["sanitizer"])  # (rc / none) / (san / none)
+        if per_repeat:
+            lines += ["", "The same ratio within each repeat (its own runs of both tools): "
+                          + ", ".join(f"{x:.2f}" for x in per_repeat) + "."]
     if args.device == "cpu" and base and median["racecheck"] and median["dispatch_floor"]:
         lines += ["", f"racecheck's own cost above the dispatch floor: "
                       f"{median['racecheck'] - median['dispatch_floor']:.3f} ms per step."]
@@ -224,7 +234,7 @@ def main() -> int:
     p.add_argument("--width", type=int, default=None, help="default: 2048 on CUDA, 256 on the CPU")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--warmup", type=int, default=20)
-    p.add_argument("--iters", type=int, default=100)
+    p.add_argument("--iters", type=int, default=200)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--timeout", type=float, default=300)
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of " + ",".join(MODES))
