@@ -26,7 +26,10 @@ objects, user frames only) and formatting nothing until a report is asked for.
 
 Limits: memory allocated before the tracker started is adopted at its first access without an
 allocation stream (its first reuse is not checked); on PyTorch < 2.8, ProcessGroupNCCL's own
-record_stream calls are invisible (set TORCH_NCCL_AVOID_RECORD_STREAMS=1); one device.
+record_stream calls are invisible (set TORCH_NCCL_AVOID_RECORD_STREAMS=1); one device; code
+compiled with torch.compile is not tracked (its kernels bypass the dispatcher), and compiling while
+the tracker is active is not supported (its mode opts out of PyTorch's Dynamo guard, see
+_TrackerMode).
 """
 
 from __future__ import annotations
