@@ -290,12 +290,16 @@ class HappensBefore:
         dropping = False
         for k in range(i, j):
             cell = cells[k]
+            # An access by d itself to d's own block, without record_stream holds, stays (complete
+            # or not: one the host knows complete is ordered before everything that follows).
             w = cell.write
-            if w is not None and not _kept_at_reuse(w, d, clock, host, racing):
+            if (w is not None and (w.domain is not d or w.alloc.stream is not d or w.alloc.holds)
+                    and not _kept_at_reuse(w, d, clock, host, racing)):
                 dropping = True
             if cell.reads:
                 for r in cell.reads.values():
-                    if not _kept_at_reuse(r, d, clock, host, racing):
+                    if ((r.domain is not d or r.alloc.stream is not d or r.alloc.holds)
+                            and not _kept_at_reuse(r, d, clock, host, racing)):
                         dropping = True
         if dropping:  # drop them from the block's bytes only: split the cells at its ends
             i, j = shadow.span(ptr, end, fill=False)
