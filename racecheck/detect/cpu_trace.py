@@ -23,6 +23,8 @@ from collections.abc import Callable
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from racecheck.detect.dispatch import returned_tensors
+
 
 class AllocatorTrace(TorchDispatchMode):
     @classmethod
@@ -48,10 +50,6 @@ class AllocatorTrace(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if isinstance(out, torch.Tensor):
-            self._seen(out)
-        elif isinstance(out, (tuple, list)):
-            for t in out:
-                if isinstance(t, torch.Tensor):
-                    self._seen(t)
+        for t in returned_tensors(out):
+            self._seen(t)
         return out

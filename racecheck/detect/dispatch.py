@@ -109,13 +109,24 @@ class OpPlan:
         if self.writes_returns and out is not None:
             if isinstance(out, torch.Tensor):
                 writes.append(out)
-            elif isinstance(out, (tuple, list)):
-                for v in out:
-                    if isinstance(v, torch.Tensor):
-                        writes.append(v)
-                    elif isinstance(v, (tuple, list)):
-                        writes.extend(x for x in v if isinstance(x, torch.Tensor))
+            else:
+                writes.extend(returned_tensors(out))
         return reads, writes
+
+
+def returned_tensors(out) -> list:
+    """The tensors an operator returned: the tensor itself, or those in its tuple or list (one
+    level of nesting too, as in c10d's allgather)."""
+    if isinstance(out, torch.Tensor):
+        return [out]
+    found = []
+    if isinstance(out, (tuple, list)):
+        for v in out:
+            if isinstance(v, torch.Tensor):
+                found.append(v)
+            elif isinstance(v, (tuple, list)):
+                found.extend(x for x in v if isinstance(x, torch.Tensor))
+    return found
 
 
 _plans: dict = {}

@@ -41,8 +41,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from racecheck.detect import stacks
-from racecheck.detect.dispatch import (OpKind, _plans, byte_range, plan_for, sanitizer_module,
-                                      set_trace_handler)
+from racecheck.detect.dispatch import (OpKind, _plans, byte_range, plan_for, returned_tensors,
+                                      sanitizer_module, set_trace_handler)
 from racecheck.detect.engine import HappensBefore
 from racecheck.detect.report import RaceReport, render
 
@@ -197,13 +197,9 @@ class TorchRaceTracker:
         self.ops += 1
 
     def _resolve_returns(self, out, stack) -> None:
-        if isinstance(out, torch.Tensor):
-            if out.data_ptr() in self._pending:
-                self._resolve(out, stack)
-        elif isinstance(out, (tuple, list)):
-            for t in out:
-                if isinstance(t, torch.Tensor) and t.data_ptr() in self._pending:
-                    self._resolve(t, stack)
+        for t in returned_tensors(out):
+            if t.data_ptr() in self._pending:
+                self._resolve(t, stack)
 
     def _resolve(self, t: torch.Tensor, stack):
         """The pending allocation whose block `t` starts (see [Note: pending allocations])."""
