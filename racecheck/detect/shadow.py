@@ -42,12 +42,6 @@ class Cell:
         self.end = at
         return right
 
-    def accesses(self) -> list[Access]:
-        out = [] if self.write is None else [self.write]
-        if self.reads:
-            out.extend(self.reads.values())
-        return out
-
     @property
     def empty(self) -> bool:
         return self.write is None and not self.reads
@@ -98,9 +92,6 @@ class ShadowMemory:
                 k += 1
                 pos = gap_end
         return i, j
-
-    def cells(self, i: int, j: int) -> list[Cell]:
-        return self._cells[i:j]
 
     def coalesce(self, i: int, j: int) -> None:
         """Merge cells [i, j) into one; they must be contiguous and hold the same history (as
