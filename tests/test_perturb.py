@@ -135,7 +135,9 @@ def test_uninstall_opens_held_gates(rt):
     assert inj not in rt.observers
 
 
-def test_poison_on_free_reaches_a_late_reader_without_any_reuse(rt):
+def _late_read_under_poison(rt):
+    """poison@free installed; a buffer filled on the default stream and a read of it queued on a
+    side stream, held until the returned gate is set: (side stream, gate, what the read saw, buffer)."""
     side, gate, seen = rt.new_stream("reduce_scatter"), threading.Event(), []
     install(rt, parse_profile("poison@free"))
     with rt.stream(rt.default_stream()):
@@ -143,6 +145,11 @@ def test_poison_on_free_reaches_a_late_reader_without_any_reuse(rt):
         a.fill_(3.0)
     with rt.stream(side):
         rt.launch("late_read", held_read(gate, seen), reads=(a,))
+    return side, gate, seen, a
+
+
+def test_poison_on_free_reaches_a_late_reader_without_any_reuse(rt):
+    side, gate, seen, a = _late_read_under_poison(rt)
     del a  # freed while the read is queued: the fill goes on the (inline) default stream now
     gate.set()
     side.synchronize()
@@ -150,13 +157,7 @@ def test_poison_on_free_reaches_a_late_reader_without_any_reuse(rt):
 
 
 def test_poison_respects_record_stream(rt):
-    side, gate, seen = rt.new_stream("reduce_scatter"), threading.Event(), []
-    install(rt, parse_profile("poison@free"))
-    with rt.stream(rt.default_stream()):
-        a = rt.empty(256)
-        a.fill_(3.0)
-    with rt.stream(side):
-        rt.launch("late_read", held_read(gate, seen), reads=(a,))
+    side, gate, seen, a = _late_read_under_poison(rt)
     rt.record_stream(a, side)
     ptr = a.data_ptr()
     del a  # the fill is queued on the recorded stream, behind the read

@@ -97,15 +97,19 @@ def _strings(value, what: str, where: str) -> tuple[str, ...]:
     return tuple(value)
 
 
+def reject_unknown_keys(table: dict, known, where: str, error: type[CatalogueError] = CatalogueError) -> None:
+    """`error` with a one-line reason naming the keys of `table` that are not in `known`."""
+    unknown = sorted(set(table) - set(known))
+    if unknown:
+        raise error(f"{where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(known)}")
+
+
 def parse_arm(name: str, spec, where: str) -> Arm:
     """An Arm from its TOML table; CatalogueError with a one-line reason when it is invalid."""
     where = f"{where}: arm {name!r}"
     if not isinstance(spec, dict):
         raise CatalogueError(f"{where} must be a table")
-    unknown = sorted(set(spec) - set(ARM_KEYS))
-    if unknown:
-        raise CatalogueError(f"{where}: unknown key(s) {', '.join(unknown)}; "
-                             f"an arm takes {', '.join(ARM_KEYS)}")
+    reject_unknown_keys(spec, ARM_KEYS, where)
     expect = spec.get("expect", "")
     if expect not in ("",) + EXPECTS:
         raise CatalogueError(f"{where}: expect must be one of {', '.join(EXPECTS)}")

@@ -28,7 +28,7 @@ import tomllib
 from pathlib import Path
 
 from racecheck.trials.catalogue import (CatalogueError, Scenario, _strings, check_default_arms,
-                                        check_profile, parse_arms, world_sizes)
+                                        check_profile, parse_arms, reject_unknown_keys, world_sizes)
 
 SUITE_KEYS = ("name", "summary", "root", "tests", "pytest_args", "world_size", "min_world_size",
               "perturb", "default_arms", "arms")
@@ -72,10 +72,7 @@ def load_config(path: Path) -> Scenario:
         table, where = data, str(path)
     if not isinstance(table, dict):
         raise ConfigError(f"{where}: must be a table")
-    unknown = sorted(set(table) - set(SUITE_KEYS))
-    if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; "
-                          f"known: {', '.join(SUITE_KEYS)}")
+    reject_unknown_keys(table, SUITE_KEYS, where, ConfigError)
     try:
         arms = parse_arms(table.get("arms"), where)
         default_arms = check_default_arms(table.get("default_arms"), arms, where)
