@@ -39,7 +39,7 @@ import threading
 from bisect import bisect_right
 
 from racecheck.detect.report import RaceKind, RaceReport
-from racecheck.detect.shadow import Access, ShadowMemory
+from racecheck.detect.shadow import Access, Cell, ShadowMemory
 from racecheck.detect.stacks import key as stack_key
 
 MAX_REPORTS = 64  # distinct races kept per engine; more are only counted
@@ -381,7 +381,9 @@ class HappensBefore:
             end = alloc.end
         acc = Access(d, clock[d], write, op, alloc, stack)
         shadow = self.shadow
-        i, j = shadow.span(ptr, end, fill=True)
+        # A write leaves one history on all its bytes: the cells it covers (gaps need none) are
+        # checked, then replaced by one cell. A read adds itself to every cell, gaps filled.
+        i, j = shadow.cut(ptr, end) if write else shadow.span(ptr, end, fill=True)
         reported = None  # one report per earlier access, however many cells
         for cell in shadow._cells[i:j]:
             w = cell.write
@@ -399,15 +401,13 @@ class HappensBefore:
                             if id(r) not in reported:
                                 reported.add(id(r))
                                 self._report(RaceKind.WRITE_AFTER_READ, r, acc)
-                    cell.reads = None
-                cell.write = acc
             elif record:
                 if cell.reads is None:
                     cell.reads = {d: acc}
                 else:
                     cell.reads[d] = acc
-        if write and j - i > 1:
-            shadow.coalesce(i, j)
+        if write:
+            shadow.replace(i, j, Cell(ptr, end, acc))
 
     # -- reports ---------------------------------------------------------------------------
     def _report(self, kind: RaceKind, earlier: Access, later: Access) -> None:

@@ -2,10 +2,10 @@
 
 A cell is a byte range whose bytes share one access history in the FastTrack style: the last
 write, and the last read by each clock domain since that write. Cells are split where an access
-starts or ends inside one (views and offsets), created over bytes seen for the first time, and
-merged again when one write covers several. History is *not* dropped when a block is freed: the
-accesses of a freed buffer stay on its bytes until an allocation that reuses them has been checked
-against them (see engine.py, [Note: reuse]).
+starts or ends inside one (views and offsets), created over bytes a read sees for the first time,
+and replaced by one cell over all the bytes a write covers. History is *not* dropped when a block
+is freed: the accesses of a freed buffer stay on its bytes until an allocation that reuses them has
+been checked against them (see engine.py, [Note: reuse]).
 """
 
 from __future__ import annotations
@@ -93,15 +93,20 @@ class ShadowMemory:
                 pos = gap_end
         return i, j
 
-    def coalesce(self, i: int, j: int) -> None:
-        """Merge cells [i, j) into one; they must be contiguous and hold the same history (as
-        after one write covered them all)."""
-        if j - i < 2:
-            return
-        first = self._cells[i]
-        first.end = self._cells[j - 1].end
-        del self._cells[i + 1:j]
-        del self._starts[i + 1:j]
+    def cut(self, start: int, end: int) -> tuple[int, int]:
+        """Index range [i, j) of the cells inside [start, end), split at both ends; gaps stay."""
+        i = bisect_right(self._starts, start) - 1
+        if i >= 0:  # fast path, as in span()
+            cell = self._cells[i]
+            if cell.start == start and cell.end == end:
+                return i, i + 1
+        i = self._boundary(start)
+        return i, self._boundary(end)
+
+    def replace(self, i: int, j: int, cell: Cell) -> None:
+        """Put `cell` in place of cells [i, j) (which must lie inside it, as from cut())."""
+        self._cells[i:j] = (cell,)
+        self._starts[i:j] = (cell.start,)
 
     def drop_empty(self, i: int, j: int) -> None:
         """Remove cells in [i, j) that hold no access any more."""

@@ -178,16 +178,18 @@ class TorchRaceTracker:
         is_write = False
         for tensors in (reads, writes):
             for t in tensors:
-                if t.is_cuda is not cuda:
-                    continue
                 ptr = t.data_ptr()
                 if pending and ptr in pending:
                     if stack is None:
                         stack = self._capture()
                     self._resolve(t, stack)
+                alloc = live_get(ptr)  # a tensor at the start of its block: the common case
                 nbytes = t.nbytes if t.is_contiguous() else byte_range(t)[1]
+                if alloc is None:
+                    if not nbytes or t.is_cuda is not cuda:
+                        continue  # e.g. a CPU scalar: no device memory (never at a block's start)
+                    alloc = engine.allocation_at(ptr) or self._adopt(t, stack)
                 if nbytes:
-                    alloc = live_get(ptr) or engine.allocation_at(ptr) or self._adopt(t, stack)
                     items.append((ptr, nbytes, is_write, alloc))
             is_write = True
         if not items:
