@@ -7,17 +7,19 @@ no detector, racecheck's detector (racecheck.detect.TorchRaceTracker) and torch.
 The loop: an MLP of --layers Linear(width, width) + ReLU layers, batch --batch, MSE loss, backward,
 SGD with momentum, zero_grad; --warmup steps, then --iters timed steps (CUDA synchronized before
 and after), in a fresh process per mode and repeat so that no tool's CUDA trace callbacks outlive
-its run. Two reference modes explain the cost: `dispatch_floor` (a TorchDispatchMode that only
-calls the op: what any dispatch-mode tool pays before doing anything) and `racecheck_nostacks`
-(racecheck without its per-access call stacks). The target: racecheck's slowdown (time per step
-over the plain loop's) at most a third of the sanitizer's.
+its run. Reference modes explain the cost: `dispatch_floor` (a TorchDispatchMode that only
+calls the op: what any dispatch-mode tool pays before doing anything), `racecheck_nostacks`
+(racecheck without its per-access call stacks) and the `split_*` modes, racecheck with parts
+switched off (see split_tracker). The target: racecheck's slowdown (time per step over the plain
+loop's) at most a third of the sanitizer's. `--profile` says where one mode's time goes.
 
 `--device cpu` runs the same loop on the CPU, where there are no CUDA trace callbacks:
 racecheck.detect.cpu_trace.AllocatorTrace stands in for the caching allocator's (an inner
 dispatch mode calling the tracker's allocation callback for every new output storage and its free
-callback when the storage dies). Every mode pays for that stand-in alike, the sanitizer is not run (it ignores CPU tensors), and what the
-table shows is racecheck's bookkeeping above the dispatch floor: the part of the GPU overhead that
-racecheck's own code decides, measurable without a GPU.
+callback when the storage dies). Every mode pays for that stand-in alike, the sanitizer is not
+run (it ignores CPU tensors), and what the table shows is racecheck's bookkeeping above the
+dispatch floor: the part of the GPU overhead that racecheck's own code decides, measurable
+without a GPU.
 
 Writes DIR/detector_overhead[_cpu].csv (one row per run) and DIR/detector_overhead[_cpu].md,
 prints the table last.
@@ -36,7 +38,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-MODES = ("none", "racecheck", "sanitizer", "dispatch_floor", "racecheck_nostacks")
+MODES = ("none", "racecheck", "sanitizer", "dispatch_floor", "racecheck_nostacks",
+         "split_dispatch", "split_trace", "split_callbacks")
 CPU_MODES = tuple(m for m in MODES if m != "sanitizer")
 
 
@@ -49,14 +52,16 @@ def child(args) -> dict:
     result = {"mode": args.mode, "reports": None, "errors": [], "torch": torch.__version__,
               "device": _cpu_name() if cpu else torch.cuda.get_device_name(0)}
     ctx = None
-    if args.mode in ("racecheck", "racecheck_nostacks"):
+    if args.mode.startswith(("racecheck", "split_")):
         from racecheck.detect import TorchRaceTracker
 
         if cpu:  # one stream; the allocator's callbacks come from the stand-in below
             ctx = TorchRaceTracker(stacks_on=args.mode == "racecheck", device_type="cpu",
                                    current_stream=lambda: 0, stream_handle=lambda s: 0)
         else:
-            ctx = TorchRaceTracker(stacks_on=args.mode == "racecheck")
+            ctx = TorchRaceTracker(stacks_on=args.mode != "racecheck_nostacks")
+        if args.mode.startswith("split_"):
+            ctx = split_tracker(ctx, args.mode, cpu)
     elif args.mode == "sanitizer":
         import torch.cuda._sanitizer as csan
 
@@ -122,11 +127,44 @@ def child(args) -> dict:
         ctx.__exit__(None, None, None)
     if stand_in is not None:
         stand_in.__exit__(None, None, None)
-    if args.mode.startswith("racecheck"):
+    if args.mode.startswith("racecheck"):  # the split modes are not detectors: nothing to count
         result["reports"] = len(ctx.reports())
         result["errors"] = ctx.errors
         result["stats"] = {**ctx.stats, **ctx.engine.stats, "ops": ctx.ops, "accesses": ctx.engine.accesses}
     return result
+
+
+def split_tracker(tracker, mode: str, cpu: bool):
+    """racecheck with parts switched off, to split its cost (reference modes, not detectors):
+    split_dispatch: its dispatch mode only (each operator's plan looked up, no bookkeeping);
+    split_trace: that plus the CUDA trace callbacks, into handlers that do nothing (on the CPU,
+    which has none, the same as split_dispatch);
+    split_callbacks: that with racecheck's own allocation and free handlers (still no operator
+    bookkeeping). racecheck itself adds the bookkeeping of each operator's accesses."""
+    import contextlib
+
+    from racecheck.detect import torch_tracker
+    from racecheck.detect.dispatch import sanitizer_module, set_trace_handler
+
+    tracker._op = lambda *a, **k: None  # the operator bookkeeping, off in every split mode
+    if mode == "split_callbacks":
+        return tracker
+    stack = contextlib.ExitStack()
+    if mode == "split_trace" and not cpu:
+        class Idle(sanitizer_module().EventHandler):
+            pass
+
+        idle = Idle()
+        for name in dir(idle):
+            if name.startswith("_handle_"):
+                setattr(idle, name, lambda *a: None)
+        import torch
+
+        torch._C._activate_gpu_trace()
+        set_trace_handler(idle, attached=True)
+        stack.callback(set_trace_handler, idle, attached=False)
+    stack.enter_context(torch_tracker._TrackerMode(tracker))
+    return stack
 
 
 def _cpu_name() -> str:
@@ -156,24 +194,36 @@ def parent(args) -> int:
                 path.unlink()
             r = rows[-1]
             print(f"repeat {repeat} {mode:20} {r.get('ms_per_step')} ms/step reports={r.get('reports')} "
-                  f"{r.get('errors') or ''}", flush=True)
-    write_outputs(out, rows, args)
+                  f"{r.get('errors') or ''} {r.get('stats') or ''}", flush=True)
+        write_outputs(out, rows, args, quiet=repeat < args.repeats - 1)  # a run cut short keeps its tables
     if args.profile:
-        for mode in ("racecheck",):
-            path = out / f"detector_profile_{mode}{_suffix(args)}.txt"
-            cmd = [sys.executable, __file__, "--child", "--mode", mode, "--json", str(out / ".profile.json"),
-                   "--profile-out", str(path), *common]
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
-            print(f"profile of {mode}: {path if proc.returncode == 0 else proc.stderr[-300:]}", flush=True)
+        for mode in args.profile.split(","):
+            profile(out, mode, common, env, args)
         (out / ".profile.json").unlink(missing_ok=True)
     return 0
+
+
+def profile(out: Path, mode: str, common: list[str], env: dict, args) -> None:
+    """Where one mode's time goes (cProfile, by own time), in DIR/detector_profile_<mode>.txt.
+    cProfile sees the main thread only: on CUDA, backward's operators run on the autograd
+    engine's device thread and their cost shows as the own time of run_backward (the split_*
+    modes measure the parts instead)."""
+    path = out / f"detector_profile_{mode}{_suffix(args)}.txt"
+    cmd = [sys.executable, __file__, "--child", "--mode", mode, "--json", str(out / ".profile.json"),
+           "--profile-out", str(path), *common]
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        print(f"profile of {mode}: no result in {args.timeout:.0f} s", flush=True)
+        return
+    print(f"profile of {mode}: {path if proc.returncode == 0 else proc.stderr[-300:]}", flush=True)
 
 
 def _suffix(args) -> str:
     return "_cpu" if args.device == "cpu" else ""
 
 
-def write_outputs(out: Path, rows: list[dict], args) -> None:
+def write_outputs(out: Path, rows: list[dict], args, *, quiet: bool = False) -> None:
     with open(out / f"detector_overhead{_suffix(args)}.csv", "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=["mode", "repeat", "ms_per_step", "reports", "errors", "torch", "device"],
                            extrasaction="ignore")
@@ -191,12 +241,16 @@ def write_outputs(out: Path, rows: list[dict], args) -> None:
     lines = [title, "",
              f"Device: {meta.get('device', '?')}; torch {meta.get('torch', '?')}. Loop: {args.layers}-layer "
              f"{args.width}-wide MLP (Linear + ReLU), batch {args.batch}, MSE, SGD with momentum; "
-             f"{args.warmup} warm-up and {args.iters} timed steps per run, median of {args.repeats} runs "
+             f"{args.warmup} warm-up and {args.iters} timed steps per run, median of "
+             f"{1 + max(r['repeat'] for r in rows)} runs "
              f"(fresh processes, modes interleaved).", "",
              "| mode | ms per step (median) | slowdown | every run (ms) |", "| --- | --- | --- | --- |"]
     labels = {"none": "no detector", "racecheck": "racecheck (TorchRaceTracker)",
               "sanitizer": "torch.cuda._sanitizer", "dispatch_floor": "reference: empty TorchDispatchMode",
-              "racecheck_nostacks": "reference: racecheck without call stacks"}
+              "racecheck_nostacks": "reference: racecheck without call stacks",
+              "split_dispatch": "split: racecheck's dispatch mode alone",
+              "split_trace": "split: + CUDA trace callbacks (idle handlers)",
+              "split_callbacks": "split: + racecheck's allocation/free handlers"}
     for mode in MODES:
         m = median[mode]
         if m is None and not any(r["mode"] == mode for r in rows):
@@ -222,6 +276,8 @@ def write_outputs(out: Path, rows: list[dict], args) -> None:
         lines += ["", f"racecheck's own cost above the dispatch floor: "
                       f"{median['racecheck'] - median['dispatch_floor']:.3f} ms per step."]
     (out / f"detector_overhead{_suffix(args)}.md").write_text("\n".join(lines) + "\n")
+    if quiet:
+        return
     print()
     print("\n".join(lines[4:]))
 
@@ -238,8 +294,9 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--timeout", type=float, default=300)
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of " + ",".join(MODES))
-    p.add_argument("--profile", action="store_true",
-                   help="also write DIR/detector_profile_racecheck.txt (cProfile, by own time)")
+    p.add_argument("--profile", nargs="?", const="racecheck", default="", metavar="MODES",
+                   help="also write DIR/detector_profile_<mode>.txt for these modes (default: racecheck), "
+                        "cProfile by own time")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--profile-out", help=argparse.SUPPRESS)
     p.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
