@@ -185,13 +185,18 @@ def parent(args) -> int:
         for mode in modes:  # interleaved, so drift in clocks or load affects every mode alike
             path = out / f".overhead-{mode}-{repeat}.json"
             cmd = [sys.executable, __file__, "--child", "--mode", mode, "--json", str(path), *common]
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
-            if proc.returncode != 0 or not path.exists():
-                tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
-                rows.append({"mode": mode, "repeat": repeat, "ms_per_step": None, "errors": tail})
+            try:
+                proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+            except subprocess.TimeoutExpired:  # a hung run is recorded, and the others go on
+                rows.append({"mode": mode, "repeat": repeat, "ms_per_step": None,
+                             "errors": [f"no result in {args.timeout:.0f} s"]})
             else:
-                rows.append({**json.loads(path.read_text()), "repeat": repeat})
-                path.unlink()
+                if proc.returncode != 0 or not path.exists():
+                    tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+                    rows.append({"mode": mode, "repeat": repeat, "ms_per_step": None, "errors": tail})
+                else:
+                    rows.append({**json.loads(path.read_text()), "repeat": repeat})
+                    path.unlink()
             r = rows[-1]
             print(f"repeat {repeat} {mode:20} {r.get('ms_per_step')} ms/step reports={r.get('reports')} "
                   f"{r.get('errors') or ''} {r.get('stats') or ''}", flush=True)
