@@ -184,19 +184,12 @@ def parent(args) -> int:
     for repeat in range(args.repeats):
         for mode in modes:  # interleaved, so drift in clocks or load affects every mode alike
             path = out / f".overhead-{mode}-{repeat}.json"
-            cmd = [sys.executable, __file__, "--child", "--mode", mode, "--json", str(path), *common]
-            try:
-                proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
-            except subprocess.TimeoutExpired:  # a hung run is recorded, and the others go on
-                rows.append({"mode": mode, "repeat": repeat, "ms_per_step": None,
-                             "errors": [f"no result in {args.timeout:.0f} s"]})
+            failure = run_child(mode, path, common, env, args)
+            if failure is not None:
+                rows.append({"mode": mode, "repeat": repeat, "ms_per_step": None, "errors": failure})
             else:
-                if proc.returncode != 0 or not path.exists():
-                    tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
-                    rows.append({"mode": mode, "repeat": repeat, "ms_per_step": None, "errors": tail})
-                else:
-                    rows.append({**json.loads(path.read_text()), "repeat": repeat})
-                    path.unlink()
+                rows.append({**json.loads(path.read_text()), "repeat": repeat})
+                path.unlink()
             r = rows[-1]
             print(f"repeat {repeat} {mode:20} {r.get('ms_per_step')} ms/step reports={r.get('reports')} "
                   f"{r.get('errors') or ''} {r.get('stats') or ''}", flush=True)
@@ -208,20 +201,27 @@ def parent(args) -> int:
     return 0
 
 
+def run_child(mode: str, json_path: Path, common: list[str], env: dict, args, *extra: str) -> list[str] | None:
+    """Run one mode in a fresh process; None when it wrote its result, else why not (a run that
+    outlasts --timeout is recorded as such, and the others go on)."""
+    cmd = [sys.executable, __file__, "--child", "--mode", mode, "--json", str(json_path), *common, *extra]
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        return [f"no result in {args.timeout:.0f} s"]
+    if proc.returncode != 0 or not json_path.exists():
+        return (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+    return None
+
+
 def profile(out: Path, mode: str, common: list[str], env: dict, args) -> None:
     """Where one mode's time goes (cProfile, by own time), in DIR/detector_profile_<mode>.txt.
     cProfile sees the main thread only: on CUDA, backward's operators run on the autograd
     engine's device thread and their cost shows as the own time of run_backward (the split_*
     modes measure the parts instead)."""
     path = out / f"detector_profile_{mode}{_suffix(args)}.txt"
-    cmd = [sys.executable, __file__, "--child", "--mode", mode, "--json", str(out / ".profile.json"),
-           "--profile-out", str(path), *common]
-    try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
-    except subprocess.TimeoutExpired:
-        print(f"profile of {mode}: no result in {args.timeout:.0f} s", flush=True)
-        return
-    print(f"profile of {mode}: {path if proc.returncode == 0 else proc.stderr[-300:]}", flush=True)
+    failure = run_child(mode, out / ".profile.json", common, env, args, "--profile-out", str(path))
+    print(f"profile of {mode}: {path if failure is None else ' '.join(failure)[-300:]}", flush=True)
 
 
 def _suffix(args) -> str:

@@ -383,7 +383,7 @@ class HappensBefore:
         shadow = self.shadow
         # A write leaves one history on all its bytes: the cells it covers (gaps need none) are
         # checked, then replaced by one cell. A read adds itself to every cell, gaps filled.
-        i, j = shadow.cut(ptr, end) if write else shadow.span(ptr, end, fill=True)
+        i, j = shadow.span(ptr, end, fill=not write)
         reported = None  # one report per earlier access, however many cells
         for cell in shadow._cells[i:j]:
             w = cell.write

@@ -93,18 +93,8 @@ class ShadowMemory:
                 pos = gap_end
         return i, j
 
-    def cut(self, start: int, end: int) -> tuple[int, int]:
-        """Index range [i, j) of the cells inside [start, end), split at both ends; gaps stay."""
-        i = bisect_right(self._starts, start) - 1
-        if i >= 0:  # fast path, as in span()
-            cell = self._cells[i]
-            if cell.start == start and cell.end == end:
-                return i, i + 1
-        i = self._boundary(start)
-        return i, self._boundary(end)
-
     def replace(self, i: int, j: int, cell: Cell) -> None:
-        """Put `cell` in place of cells [i, j) (which must lie inside it, as from cut())."""
+        """Put `cell` in place of cells [i, j) (which must lie inside it, as from span())."""
         self._cells[i:j] = (cell,)
         self._starts[i:j] = (cell.start,)
 
