@@ -5,7 +5,6 @@ Heavy imports (torch, pandas) happen inside commands so that `racecheck --help` 
 
 from __future__ import annotations
 
-import signal
 import sys
 import time
 from pathlib import Path
@@ -163,23 +162,21 @@ def run_command(ctx, **opts):
         config = run_options.fresh_config(ctx, opts)
     gate = run_options.gate_options(ctx, opts, config)
 
+    from racecheck.trials import interrupts
     from racecheck.trials.progress import Progress
 
     started = time.monotonic()
     runner = Runner(config, resume=opts["resume_dir"] is not None)
     progress = Progress(config, counts=runner.counts, enabled=not opts["quiet"])
     runner.listener = progress
-    previous = signal.signal(signal.SIGTERM, _interrupt)  # a cancelled CI job cleans up too
     try:
-        with progress:
+        with interrupts.handled(), progress:
             result = runner.run()
     except KeyboardInterrupt:
         _summarize(config.out)
         click.echo(f"racecheck: interrupted; finished trials are in {config.out}; continue with "
                    f"'racecheck run --resume {config.out}'", err=True)
         ctx.exit(ExitCode.INTERRUPTED)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     have_records = _summarize(config.out, footer=f"{config.out}/summary.csv and trials.jsonl written "
                                                  f"({time.monotonic() - started:.1f} s)")
     if result.stopped:
@@ -189,10 +186,6 @@ def run_command(ctx, **opts):
         raise InfrastructureError(f"no test finished (stopped: {result.stopped or 'no'}); see {config.out}/logs")
     if gate is not None:
         ctx.exit(run_options.apply_gate(config.out, gate))
-
-
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt
 
 
 def _summarize(out_dir: Path, *, footer: str | None = None) -> bool:

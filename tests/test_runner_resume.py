@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from racecheck.trials import interrupts
 from test_runner import SEEDED_TEST, expected_failures, racecheck, records, summary_counts, write_suite
 
 SLOW_SEEDED = SEEDED_TEST + "\nimport time\n\ndef test_slow():\n    time.sleep(0.15)\n"
@@ -75,6 +76,20 @@ def test_ctrl_c_stops_the_session_keeps_the_outcomes_and_says_how_to_resume(tmp_
         os.kill(session, 0)
     assert not (out / "runner.json").exists() and (out / "summary.csv").exists()
     assert len(records(out)) >= 4
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_ctrl_c_lost_in_a_finalizer_still_stops_the_run_at_the_next_poll():
+    class Finalized:
+        def __del__(self):
+            signal.raise_signal(signal.SIGINT)  # handled in here: its KeyboardInterrupt is "ignored"
+
+    with interrupts.handled():
+        Finalized()
+        with pytest.raises(KeyboardInterrupt):
+            interrupts.check()  # what the session loop calls at every poll
+    interrupts.check()  # nothing left pending once the run is over
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 def test_resume_continues_to_a_larger_trial_count_and_refuses_new_settings(tmp_path):

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from racecheck.exitcodes import InfrastructureError, InputError
-from racecheck.trials import launch
+from racecheck.trials import interrupts, launch
 from racecheck.trials.ranks import RankMerger, RankTail
 from racecheck.trials.record import Outcome, worst
 from racecheck.trials.schedule import Block, SessionPlan
@@ -147,6 +147,7 @@ class SessionRun:
                     if not self._stop_sent and self.should_stop():
                         self._request_stop()
                     time.sleep(POLL_S)
+                    interrupts.check()
         finally:
             if proc.poll() is None:  # interrupted (Ctrl-C) or an error above: leave nothing behind
                 launch.kill_tree(proc)
