@@ -80,9 +80,10 @@ class OpKind(enum.Enum):
 class OpPlan:
     """The data-touching tensor arguments of one operator overload."""
 
-    __slots__ = ("name", "kind", "args", "writes_returns", "multi_return")
+    __slots__ = ("name", "kind", "args", "writes_returns", "multi_return", "call")
 
     def __init__(self, name: str, kind: OpKind, args: tuple, writes_returns: bool, multi_return: bool) -> None:
+        self.call = None  # the operator without OpOverload.__call__'s Python frame (set by plan_for)
         self.name = name
         self.kind = kind
         self.args = args  # (position, name, is_write, is_list)
@@ -138,6 +139,7 @@ def plan_for(func) -> OpPlan:
     plan = _plans.get(func)
     if plan is None:
         plan = _plans[func] = _compile(func)
+        plan.call = getattr(func, "_op", func)  # OpOverload._op: the C++ operator it wraps
     return plan
 
 

@@ -69,12 +69,11 @@ class AllocState(enum.Enum):
 class Allocation:
     """One generation of a block: from its allocation to its free."""
 
-    __slots__ = ("serial", "key", "ptr", "nbytes", "end", "stream", "stack", "state", "free_stack", "holds",
+    __slots__ = ("serial", "ptr", "nbytes", "end", "stream", "stack", "state", "free_stack", "holds",
                  "recorded")
 
-    def __init__(self, serial: int, key, ptr: int, nbytes: int, stream: Domain | None, stack) -> None:
+    def __init__(self, serial: int, ptr: int, nbytes: int, stream: Domain | None, stack) -> None:
         self.serial = serial
-        self.key = key
         self.ptr = ptr
         self.nbytes = nbytes
         self.end = ptr + nbytes
@@ -117,9 +116,8 @@ class HappensBefore:
         self._host_version = 0
         self._domains: dict[object, Domain] = {}
         self._events = {} if events is None else events  # event key -> clock snapshot
-        self._live: dict[object, Allocation] = {}  # allocation key -> live allocation
-        self._live_at: dict[int, Allocation] = {}  # start address -> live allocation
-        self._live_starts: list[int] = []
+        self._live: dict[int, Allocation] = {}  # start address -> live allocation
+        self._live_starts: list[int] = []  # the same addresses, sorted
         self.shadow = ShadowMemory()
         self._reports: dict[tuple, RaceReport] = {}
         self._serials = itertools.count(1)
@@ -188,27 +186,26 @@ class HappensBefore:
             return dict(self._now(self.domain(stream)))
 
     # -- allocations -----------------------------------------------------------------------
-    def allocate(self, key, stream, ptr: int, nbytes: int, *, stack=(), clock: dict | None = None) -> Allocation:
-        """A block handed out on `stream`; checks the reuse of its bytes ([Note: reuse]).
-        `clock`: the stream's clock at the allocation, when the front end learns the size later."""
+    # A live allocation is known by its start address: live blocks never share one.
+    def allocate(self, stream, ptr: int, nbytes: int, *, stack=(), clock: dict | None = None) -> Allocation:
+        """A block handed out on `stream` (None: allocated before the detector saw it, adopted
+        without a stream); checks the reuse of its bytes ([Note: reuse]). `clock`: the stream's
+        clock at the allocation, when the front end learns the size later."""
         with self.lock:
             d = (self._domains.get(stream) or self.domain(stream)) if stream is not None else None
-            stale = self._live.get(key)
-            if stale is not None:
-                self._retire(stale)  # its free was never reported
-            end = ptr + nbytes
+            live = self._live
             starts = self._live_starts
+            end = ptr + nbytes
             i = bisect_right(starts, ptr)
-            # Live blocks overlapping [ptr, end): only if their frees were never reported.
-            if (i and self._live_at[starts[i - 1]].end > ptr) or (i < len(starts) and starts[i] < end):
+            # A live record at these bytes missed its free (the allocator handed them out again).
+            if (i and (starts[i - 1] == ptr or live[starts[i - 1]].end > ptr)) or (i < len(starts) and starts[i] < end):
                 for old in self._live_overlapping(ptr, end):
                     self._retire(old)
                 i = bisect_right(starts, ptr)
-            alloc = Allocation(next(self._serials), key, ptr, nbytes, d, stack)
+            alloc = Allocation(next(self._serials), ptr, nbytes, d, stack)
             if nbytes > 0 and d is not None:
                 self._check_reuse(alloc, d, clock if clock is not None else self._now(d))
-            self._live[key] = alloc
-            self._live_at[ptr] = alloc
+            live[ptr] = alloc
             starts.insert(i, ptr)
             return alloc
 
@@ -216,41 +213,46 @@ class HappensBefore:
         starts = self._live_starts
         i = max(bisect_right(starts, start) - 1, 0)
         out = []
-        while i < len(starts) and starts[i] < end:
-            a = self._live_at[starts[i]]
-            if a.end > start and a.nbytes > 0:
+        while i < len(starts) and starts[i] <= end:
+            a = self._live[starts[i]]
+            if a.ptr == start or (a.end > start and a.ptr < end):
                 out.append(a)
             i += 1
         return out
 
     def _unlink(self, alloc: Allocation) -> None:
-        if self._live.get(alloc.key) is alloc:
-            del self._live[alloc.key]
-        if self._live_at.get(alloc.ptr) is alloc:
-            del self._live_at[alloc.ptr]
-            i = bisect_right(self._live_starts, alloc.ptr) - 1
-            if i >= 0 and self._live_starts[i] == alloc.ptr:
-                del self._live_starts[i]
+        del self._live[alloc.ptr]
+        starts = self._live_starts
+        del starts[bisect_right(starts, alloc.ptr) - 1]  # kept in step with _live
 
     def _retire(self, alloc: Allocation) -> None:
         self._unlink(alloc)
         alloc.state = AllocState.FREED
         self.stats["unseen_frees"] += 1
 
-    def record_stream(self, key, stream) -> None:
+    def retire(self, ptr: int) -> None:
+        """The live allocation starting at `ptr` was freed unseen (its block is handed out again)."""
         with self.lock:
-            alloc = self._live.get(key)
+            alloc = self._live.get(ptr)
+            if alloc is not None:
+                self._retire(alloc)
+
+    def record_stream(self, ptr: int, stream) -> None:
+        with self.lock:
+            alloc = self._live.get(ptr)
             if alloc is not None:
                 alloc.recorded = alloc.recorded | {self.domain(stream)}
 
-    def free(self, key, *, deferred_to=(), stack=()) -> Allocation | None:
-        """The last reference died on the host; `deferred_to`: the streams record_stream named."""
+    def free(self, ptr: int, *, deferred_to=(), stack=()) -> Allocation | None:
+        """The last reference to the block at `ptr` died on the host; `deferred_to`: the streams
+        record_stream named."""
         with self.lock:
-            alloc = self._live.get(key)
+            alloc = self._live.pop(ptr, None)
             if alloc is None:
                 self.stats["unknown_frees"] += 1
                 return None
-            self._unlink(alloc)
+            starts = self._live_starts
+            del starts[bisect_right(starts, ptr) - 1]  # kept in step with _live
             alloc.state = AllocState.FREED
             alloc.free_stack = stack
             if alloc.recorded or deferred_to:
@@ -261,12 +263,12 @@ class HappensBefore:
 
     def allocation_at(self, ptr: int) -> Allocation | None:
         """The live allocation containing address `ptr`."""
-        alloc = self._live_at.get(ptr)
+        alloc = self._live.get(ptr)
         if alloc is not None:
             return alloc
         i = bisect_right(self._live_starts, ptr) - 1
         if i >= 0:
-            alloc = self._live_at[self._live_starts[i]]
+            alloc = self._live[self._live_starts[i]]
             if ptr < alloc.end:
                 return alloc
         return None
@@ -275,32 +277,35 @@ class HappensBefore:
         shadow = self.shadow
         cells = shadow._cells
         ptr, end = alloc.ptr, alloc.end
-        # The cells overlapping the block, found without splitting any: most reuses drop nothing
+        # The cells overlapping the block, visited without splitting any: most reuses drop nothing
         # (the same stream's history stays, see [Note: reuse]), and then none needs splitting.
-        i = bisect_right(shadow._starts, ptr) - 1
-        if i < 0 or cells[i].end <= ptr:
-            i += 1
-        j, n = i, len(cells)
-        while j < n and cells[j].start < end:
-            j += 1
-        if i == j:
-            return  # bytes never accessed, or known complete: nothing to check
+        # An access by d itself to d's own block, without record_stream holds, stays (complete or
+        # not: one the host knows complete is ordered before everything that follows).
+        k = bisect_right(shadow._starts, ptr) - 1
+        if k < 0 or cells[k].end <= ptr:
+            k += 1
+        n = len(cells)
+        others = []  # accesses that are not d's own to d's own block: only these can go or race
+        while k < n:
+            cell = cells[k]
+            if cell.start >= end:
+                break
+            k += 1
+            w = cell.write
+            if w is not None and (w.domain is not d or w.alloc.stream is not d or w.alloc.holds):
+                others.append(w)
+            if cell.reads:
+                for r in cell.reads.values():
+                    if r.domain is not d or r.alloc.stream is not d or r.alloc.holds:
+                        others.append(r)
+        if not others:
+            return
         host = self.host.clock
         racing: dict[Domain, Access] = {}  # one report per racing stream: its read if any
         dropping = False
-        for k in range(i, j):
-            cell = cells[k]
-            # An access by d itself to d's own block, without record_stream holds, stays (complete
-            # or not: one the host knows complete is ordered before everything that follows).
-            w = cell.write
-            if (w is not None and (w.domain is not d or w.alloc.stream is not d or w.alloc.holds)
-                    and not _kept_at_reuse(w, d, clock, host, racing)):
+        for acc in others:
+            if not _kept_at_reuse(acc, d, clock, host, racing):
                 dropping = True
-            if cell.reads:
-                for r in cell.reads.values():
-                    if ((r.domain is not d or r.alloc.stream is not d or r.alloc.holds)
-                            and not _kept_at_reuse(r, d, clock, host, racing)):
-                        dropping = True
         if dropping:  # drop them from the block's bytes only: split the cells at its ends
             i, j = shadow.span(ptr, end, fill=False)
             for cell in cells[i:j]:
@@ -309,8 +314,8 @@ class HappensBefore:
                     cell.write = None
                 reads = cell.reads
                 if reads:
-                    for key in [k for k, r in reads.items() if not _kept_at_reuse(r, d, clock, host, racing)]:
-                        del reads[key]
+                    for dom in [dom for dom, r in reads.items() if not _kept_at_reuse(r, d, clock, host, racing)]:
+                        del reads[dom]
                     if not reads:
                         cell.reads = None
             shadow.drop_empty(i, j)
@@ -337,7 +342,7 @@ class HappensBefore:
             self._access(d, self._now(d), ptr, nbytes, write, op, stack, alloc, record)
             self.accesses += 1
 
-    def access_many(self, stream, items, *, op: str, stack=()) -> None:
+    def access_many(self, stream, items, op: str, stack=()) -> None:
         """One operator's accesses: `items` of (ptr, nbytes, is_write, allocation), all live.
         The hot path of the PyTorch tracker: a whole-cell access (a tensor touched as it was last
         time) is checked inline; anything else goes through `_access`."""
@@ -349,12 +354,10 @@ class HappensBefore:
             starts, cells = shadow._starts, shadow._cells
             for ptr, nbytes, write, alloc in items:
                 end = ptr + nbytes
-                if end > alloc.end:
-                    end = alloc.end
                 i = bisect_right(starts, ptr) - 1
                 cell = cells[i] if i >= 0 else None
-                if cell is None or cell.start != ptr or cell.end != end:
-                    self._access(d, clock, ptr, end - ptr, write, op, stack, alloc, True)
+                if cell is None or cell.start != ptr or cell.end != end or end > alloc.end:
+                    self._access(d, clock, ptr, nbytes, write, op, stack, alloc, True)  # clamps to alloc
                     continue
                 acc = Access(d, epoch, write, op, alloc, stack)
                 w = cell.write

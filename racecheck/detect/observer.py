@@ -50,6 +50,7 @@ class RaceDetector(RuntimeObserver):
         self._runtime: Runtime | None = None
         self._mode: _HostOps | None = None
         self._launch_code = None
+        self._block_ptr: dict[int, int] = {}  # runtime block id -> its start address (for record_stream)
 
     # -- lifetime --------------------------------------------------------------------------
     def attach(self, rt: Runtime) -> None:
@@ -95,13 +96,17 @@ class RaceDetector(RuntimeObserver):
         return stream
 
     def on_alloc(self, rt, *, block, stream, ptr, nbytes) -> None:
-        self.engine.allocate(block, self._key(stream), ptr, nbytes, stack=self._capture())
+        self._block_ptr[block] = ptr
+        self.engine.allocate(self._key(stream), ptr, nbytes, stack=self._capture())
 
     def on_free(self, rt, *, block, stream, ptr, nbytes, deferred_to) -> None:
-        self.engine.free(block, deferred_to=[self._key(s) for s in deferred_to], stack=self._capture())
+        self._block_ptr.pop(block, None)
+        self.engine.free(ptr, deferred_to=[self._key(s) for s in deferred_to], stack=self._capture())
 
     def on_record_stream(self, rt, *, block, stream) -> None:
-        self.engine.record_stream(block, self._key(stream))
+        ptr = self._block_ptr.get(block)
+        if ptr is not None:
+            self.engine.record_stream(ptr, self._key(stream))
 
     def on_launch(self, rt, *, stream, name, reads, writes) -> None:
         key = self._key(stream)

@@ -171,31 +171,33 @@ class TorchRaceTracker:
             self._resolve_returns(out, stack)  # empty(), *_like factories: sized by what they return
         if not reads and not writes:
             return
-        cuda = self.device_type == "cuda"
         engine = self.engine
-        live_get = engine._live_at.get
+        live_get = engine._live.get
         items = []
-        is_write = False
-        for tensors in (reads, writes):
+        for tensors, is_write in ((reads, False), (writes, True)):
             for t in tensors:
                 ptr = t.data_ptr()
-                if pending and ptr in pending:
+                # A tensor at the start of a live block is the common case; a block the allocator
+                # just handed out is pending until an operator touches it (the allocation
+                # callback made sure no stale record shares its address).
+                alloc = live_get(ptr)
+                if alloc is None and pending and ptr in pending:
                     if stack is None:
                         stack = self._capture()
-                    self._resolve(t, stack)
-                alloc = live_get(ptr)  # a tensor at the start of its block: the common case
+                    alloc = self._resolve(t, stack)
                 nbytes = t.nbytes if t.is_contiguous() else byte_range(t)[1]
                 if alloc is None:
-                    if not nbytes or t.is_cuda is not cuda:
+                    if not nbytes or t.is_cuda is not (self.device_type == "cuda"):
                         continue  # e.g. a CPU scalar: no device memory (never at a block's start)
                     alloc = engine.allocation_at(ptr) or self._adopt(t, stack)
                 if nbytes:
                     items.append((ptr, nbytes, is_write, alloc))
-            is_write = True
         if not items:
             return
-        key = self._key(self._current() if stream is None else stream)
-        engine.access_many(key, items, op=plan.name, stack=stack if stack is not None else self._capture())
+        key = self._current() if stream is None else stream
+        if key not in self._domains:
+            self._key(key)
+        engine.access_many(key, items, plan.name, stack if stack is not None else self._capture())
         self.ops += 1
 
     def _resolve_returns(self, out, stack) -> None:
@@ -213,7 +215,7 @@ class TorchRaceTracker:
         s, clock, alloc_stack = found
         if alloc_stack is None:
             alloc_stack = stack if stack is not None else self._capture()
-        return self.engine.allocate(ptr, s, ptr, storage.nbytes(), stack=alloc_stack, clock=clock)
+        return self.engine.allocate(s, ptr, storage.nbytes(), stack=alloc_stack, clock=clock)
 
     def _adopt(self, t: torch.Tensor, stack=None):
         """A storage the tracker has no live allocation for: allocated while no op could tell its
@@ -223,13 +225,13 @@ class TorchRaceTracker:
             return alloc
         self.stats["adopted"] += 1
         storage = t.untyped_storage()
-        return self.engine.allocate(storage.data_ptr(), None, storage.data_ptr(), storage.nbytes())
+        return self.engine.allocate(None, storage.data_ptr(), storage.nbytes())
 
     def _record_stream(self, args) -> None:
         tensor, stream = args[0], args[1]
         alloc = self.engine.allocation_at(tensor.data_ptr())
         if alloc is not None:
-            self.engine.record_stream(alloc.key, self._key(self._stream_handle(stream)))
+            self.engine.record_stream(alloc.ptr, self._key(self._stream_handle(stream)))
 
     def _collective(self, func, plan, args, kwargs):
         flight = _InFlight(plan, args, kwargs, self._current())
@@ -260,6 +262,7 @@ def _make_handler(tracker: TorchRaceTracker):
     of the sanitizer's per-pointer history (which a free erases)."""
 
     domains = tracker._domains
+    live = tracker.engine._live
 
     class TraceHandler(_handler_base()):
         def _handle_event_creation(self, event):
@@ -280,6 +283,8 @@ def _make_handler(tracker: TorchRaceTracker):
                 stream = tracker._current()
                 if stream not in domains:
                     tracker._key(stream)
+                if data_ptr in live:  # the block is free again, so that record missed its free
+                    tracker.engine.retire(data_ptr)
                 tracker._pending[data_ptr] = [stream, None, None]
             except Exception as exc:
                 tracker.errors.append(f"{type(exc).__name__}: {exc}")
@@ -306,6 +311,10 @@ def _make_handler(tracker: TorchRaceTracker):
     return TraceHandler()
 
 
+_PLAIN = OpKind.PLAIN
+_NO_KWARGS: dict = {}  # read only
+
+
 class _TrackerMode(TorchDispatchMode):
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
@@ -319,17 +328,17 @@ class _TrackerMode(TorchDispatchMode):
         self.tracker = tracker
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        tracker = self.tracker
         plan = _plans.get(func) or plan_for(func)
         kind = plan.kind
-        if kind is OpKind.PLAIN:
-            out = func(*args, **kwargs)
+        if kind is _PLAIN:
+            out = plan.call(*args, **kwargs) if kwargs else plan.call(*args)
             try:
-                tracker._op(plan, args, kwargs, out)
+                self.tracker._op(plan, args, kwargs or _NO_KWARGS, out)
             except Exception as exc:  # never break the program under test
-                tracker.errors.append(f"{type(exc).__name__}: {exc}")
+                self.tracker.errors.append(f"{type(exc).__name__}: {exc}")
             return out
+        kwargs = kwargs or {}
+        tracker = self.tracker
         if kind is OpKind.COLLECTIVE:
             return tracker._collective(func, plan, args, kwargs)
         if kind is OpKind.RECORD_STREAM:
