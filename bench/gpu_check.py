@@ -117,9 +117,9 @@ def steps(args, gpus: int, runnable: list[str]) -> dict[str, list[tuple[str, lis
         "meshes": mesh_runs(args, gpus),
         "parity": [("fsdp-parity", every_gpu + [str(ROOT / "bench/gpu_parity.py"), "--out", "{dir}"], 240)],
         "detector": [("sanitizer-compare", [PY, str(ROOT / "bench/sanitizer_compare.py"), "--out", "{dir}"], 240),
-                     ("detector-overhead", [PY, str(ROOT / "bench/detector_overhead.py"), "--profile", "--out", "{dir}",
-                                            "--modes", "none,racecheck,sanitizer,dispatch_floor,racecheck_nostacks,"
-                                            "split_dispatch,split_trace,split_callbacks", "--repeats", "3"], 540)],
+                     ("detector-overhead", [PY, str(ROOT / "bench/detector_overhead.py"), "--out", "{dir}",
+                                            "--modes", "none,racecheck,sanitizer,dispatch_floor",
+                                            "--iters", "1000", "--repeats", "6"], 540)],
         "patch": [("patch-mode", two_gpus + [str(ROOT / "bench/patch_mode_gpu.py"), "--out", "{dir}"], 240)],
         "overhead": [("injector-overhead", [PY, str(ROOT / "bench/injector_overhead.py"), "--backend", "cuda",
                                             "--out", "{dir}"], 180)],
