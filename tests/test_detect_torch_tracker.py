@@ -105,6 +105,24 @@ def test_fixed_versions_are_not_reported(tracker, cur, fix):
     assert tracker.reports() == []
 
 
+def test_a_block_handed_out_again_retires_the_record_that_missed_its_free(cur):
+    """A block whose free never reached the tracker (here: memory from before it started, dropped
+    unseen) and that the allocator hands out again is a new allocation, checked as a reuse; the
+    stale record must not take the new block's accesses."""
+    a = torch.zeros(N)  # from before the tracker: adopted at its first access
+    tracker = TorchRaceTracker(device_type="cpu", current_stream=cur, stream_handle=lambda s: s)
+    tracker.name_stream(DEFAULT, "default")
+    tracker.name_stream(RS, "reduce_scatter")
+    with tracker:
+        cur.current = RS
+        a.add_(1.0)
+        cur.current = DEFAULT
+        alloc(tracker, cur, DEFAULT, block=a)  # no free callback came; the block is handed out again
+    (report,) = tracker.reports()
+    assert report.kind is RaceKind.REUSE and report.streams() == ("reduce_scatter", "default")
+    assert tracker.engine.stats["unseen_frees"] == 1 and tracker.errors == []
+
+
 def test_stream_synchronize_then_reuse_is_not_reported(tracker, cur):
     grad = alloc(tracker, cur, DEFAULT)
     a = alloc(tracker, cur, DEFAULT)
