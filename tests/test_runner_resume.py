@@ -61,14 +61,15 @@ def test_sigkill_in_the_middle_then_resume_gives_the_uninterrupted_counts(tmp_pa
     assert done == {(a, t) for a in ("often", "never") for t in range(8)}
 
 
-def test_ctrl_c_stops_the_session_keeps_the_outcomes_and_says_how_to_resume(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_stops_the_session_keeps_the_outcomes_and_says_how_to_resume(tmp_path, sig):
     root = write_suite(tmp_path / "p", arms={"often": {}, "never": {}}, tests={"test_seeded.py": SLOW_SEEDED})
     out = tmp_path / "out"
     proc = subprocess.Popen([sys.executable, "-m", "racecheck", "run", "--trials", "50", "--out", str(out), "-q"],
                             cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _wait_for_records(out / "trials.jsonl", 4, proc)
     session = json.loads((out / "runner.json").read_text())["session"]["pid"]
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130
     assert f"continue with 'racecheck run --resume {out}'" in stderr
