@@ -247,12 +247,11 @@ class HappensBefore:
         """The last reference to the block at `ptr` died on the host; `deferred_to`: the streams
         record_stream named."""
         with self.lock:
-            alloc = self._live.pop(ptr, None)
+            alloc = self._live.get(ptr)
             if alloc is None:
                 self.stats["unknown_frees"] += 1
                 return None
-            starts = self._live_starts
-            del starts[bisect_right(starts, ptr) - 1]  # kept in step with _live
+            self._unlink(alloc)
             alloc.state = AllocState.FREED
             alloc.free_stack = stack
             if alloc.recorded or deferred_to:
@@ -302,19 +301,15 @@ class HappensBefore:
             return
         host = self.host.clock
         racing: dict[Domain, Access] = {}  # one report per racing stream: its read if any
-        dropping = False
-        for acc in others:
-            if not _kept_at_reuse(acc, d, clock, host, racing):
-                dropping = True
-        if dropping:  # drop them from the block's bytes only: split the cells at its ends
+        dropped = {id(acc) for acc in others if not _kept_at_reuse(acc, d, clock, host, racing)}
+        if dropped:  # drop them from the block's bytes only: split the cells at its ends
             i, j = shadow.span(ptr, end, fill=False)
             for cell in cells[i:j]:
-                w = cell.write
-                if w is not None and not _kept_at_reuse(w, d, clock, host, racing):
+                if cell.write is not None and id(cell.write) in dropped:
                     cell.write = None
                 reads = cell.reads
                 if reads:
-                    for dom in [dom for dom, r in reads.items() if not _kept_at_reuse(r, d, clock, host, racing)]:
+                    for dom in [dom for dom, r in reads.items() if id(r) in dropped]:
                         del reads[dom]
                     if not reads:
                         cell.reads = None
