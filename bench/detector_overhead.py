@@ -8,8 +8,9 @@ The loop: an MLP of --layers Linear(width, width) + ReLU layers, batch --batch, 
 SGD with momentum, zero_grad; --warmup steps, then --iters timed steps (CUDA synchronized before
 and after), in a fresh process per mode and repeat so that no tool's CUDA trace callbacks outlive
 its run. Reference modes explain the cost: `dispatch_floor` (a TorchDispatchMode that only
-calls the op: what any dispatch-mode tool pays before doing anything), `racecheck_nostacks`
-(racecheck without its per-access call stacks) and the `split_*` modes, racecheck with parts
+calls the op: what any dispatch-mode tool pays before doing anything), `racecheck_python`
+(racecheck with its engine in pure Python, RACECHECK_PURE_PYTHON=1, where it was compiled),
+`racecheck_nostacks` (racecheck without its per-access call stacks) and the `split_*` modes, racecheck with parts
 switched off (see split_tracker). The target: racecheck's slowdown (time per step over the plain
 loop's) at most a third of the sanitizer's. `--profile` says where one mode's time goes.
 
@@ -38,7 +39,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-MODES = ("none", "racecheck", "sanitizer", "dispatch_floor", "racecheck_nostacks",
+MODES = ("none", "racecheck", "sanitizer", "dispatch_floor", "racecheck_python", "racecheck_nostacks",
          "split_dispatch", "split_trace", "split_callbacks")
 CPU_MODES = tuple(m for m in MODES if m != "sanitizer")
 
@@ -56,7 +57,7 @@ def child(args) -> dict:
         from racecheck.detect import TorchRaceTracker
 
         if cpu:  # one stream; the allocator's callbacks come from the stand-in below
-            ctx = TorchRaceTracker(stacks_on=args.mode == "racecheck", device_type="cpu",
+            ctx = TorchRaceTracker(stacks_on=args.mode != "racecheck_nostacks", device_type="cpu",
                                    current_stream=lambda: 0, stream_handle=lambda s: 0)
         else:
             ctx = TorchRaceTracker(stacks_on=args.mode != "racecheck_nostacks")
@@ -130,6 +131,9 @@ def child(args) -> dict:
     if args.mode.startswith("racecheck"):  # the split modes are not detectors: nothing to count
         result["reports"] = len(ctx.reports())
         result["errors"] = ctx.errors
+        from racecheck.detect import ENGINE
+
+        result["engine"] = ENGINE  # compiled or python (racecheck/detect/native.py)
         result["stats"] = {**ctx.stats, **ctx.engine.stats, "ops": ctx.ops, "accesses": ctx.engine.accesses}
     return result
 
@@ -205,6 +209,9 @@ def run_child(mode: str, json_path: Path, common: list[str], env: dict, args, *e
     """Run one mode in a fresh process; None when it wrote its result, else why not (a run that
     outlasts --timeout is recorded as such, and the others go on)."""
     cmd = [sys.executable, __file__, "--child", "--mode", mode, "--json", str(json_path), *common, *extra]
+    env = {k: v for k, v in env.items() if k != "RACECHECK_PURE_PYTHON"}
+    if mode == "racecheck_python":
+        env["RACECHECK_PURE_PYTHON"] = "1"  # the engine's Python sources instead of their compiled build
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
     except subprocess.TimeoutExpired:
@@ -230,7 +237,7 @@ def _suffix(args) -> str:
 
 def write_outputs(out: Path, rows: list[dict], args, *, quiet: bool = False) -> None:
     with open(out / f"detector_overhead{_suffix(args)}.csv", "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=["mode", "repeat", "ms_per_step", "reports", "errors", "torch", "device"],
+        w = csv.DictWriter(fh, fieldnames=["mode", "repeat", "ms_per_step", "reports", "engine", "errors", "torch", "device"],
                            extrasaction="ignore")
         w.writeheader()
         for r in rows:
@@ -248,10 +255,13 @@ def write_outputs(out: Path, rows: list[dict], args, *, quiet: bool = False) -> 
              f"{args.width}-wide MLP (Linear + ReLU), batch {args.batch}, MSE, SGD with momentum; "
              f"{args.warmup} warm-up and {args.iters} timed steps per run, median of "
              f"{1 + max(r['repeat'] for r in rows)} runs "
-             f"(fresh processes, modes interleaved).", "",
+             f"(fresh processes, modes interleaved). racecheck's engine: "
+             f"{', '.join(sorted({str(r.get('engine')) for r in rows if r['mode'] == 'racecheck' and r.get('engine')})) or '?'} "
+             f"(racecheck/detect/native.py).", "",
              "| mode | ms per step (median) | slowdown | every run (ms) |", "| --- | --- | --- | --- |"]
     labels = {"none": "no detector", "racecheck": "racecheck (TorchRaceTracker)",
               "sanitizer": "torch.cuda._sanitizer", "dispatch_floor": "reference: empty TorchDispatchMode",
+              "racecheck_python": "reference: racecheck, engine in pure Python",
               "racecheck_nostacks": "reference: racecheck without call stacks",
               "split_dispatch": "split: racecheck's dispatch mode alone",
               "split_trace": "split: + CUDA trace callbacks (idle handlers)",

@@ -7,7 +7,8 @@
 # name it in the call's carry list:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .whl \
-#     pytest-repeat==0.9.4 pytest-timeout==2.4.0 tqdm==4.70.1 psutil==7.2.2
+#     pytest-repeat==0.9.4 pytest-timeout==2.4.0 tqdm==4.70.1 psutil==7.2.2 \
+#     mypy==2.4.1 mypy-extensions librt ast-serialize pathspec   # mypyc: setup.py compiles the engine
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # Eager module loading: lazy loading serializes the first launches of a process and hides the race
@@ -22,6 +23,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || { tail -5 "$OUT/install.log"; exit 3; }
 python3 -c "import racecheck.cli, pandas, scipy, click, tqdm, psutil, pytest_repeat, pytest_timeout" || exit 3
+python3 -c "import racecheck.detect as d; print('racecheck engine:', d.ENGINE)" | tee -a "$OUT/install.log"
 # The device call has a hard limit: stop the check in time to pack what it has (GPU_CHECK_SECONDS).
 timeout --signal=INT --kill-after=20 "${GPU_CHECK_SECONDS:-570}" python3 bench/gpu_check.py --out "$OUT/gpu" "$@"
 rc=$?

@@ -6,14 +6,16 @@ reported in a single run, whatever the timing.
 - `TorchRaceTracker` (torch_tracker.py): on CUDA, for plain PyTorch code that is not written
   against the runtime, from PyTorch's dispatcher and CUDA trace callbacks (torch.cuda._sanitizer's
   machinery, extended so that a free keeps the block's history until its reuse).
-Both feed one engine (engine.py) and produce the same reports (report.py).
+Both feed one engine (engine.py) and produce the same reports (report.py). The engine runs
+compiled when setup.py could build it, else in Python (native.py; `ENGINE` says which).
 """
 
-from racecheck.detect.engine import HappensBefore
+from racecheck.detect.native import KIND as ENGINE  # first: it may replace the compiled engine
+from racecheck.detect.engine import HappensBefore  # noqa: E402
 from racecheck.detect.observer import RaceDetector
 from racecheck.detect.report import RaceKind, RaceReport, render
 
-__all__ = ["HappensBefore", "RaceDetector", "RaceKind", "RaceReport", "TorchRaceTracker", "render"]
+__all__ = ["ENGINE", "HappensBefore", "RaceDetector", "RaceKind", "RaceReport", "TorchRaceTracker", "render"]
 
 
 def __getattr__(name: str):

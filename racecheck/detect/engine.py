@@ -37,11 +37,13 @@ import enum
 import itertools
 import threading
 from bisect import bisect_right
+from collections.abc import MutableMapping
 
 from racecheck.detect.report import RaceKind, RaceReport
 from racecheck.detect.shadow import Access, Cell, ShadowMemory
 from racecheck.detect.stacks import key as stack_key
 
+Clock = dict["Domain", int]  # a vector clock: domain -> the last epoch of it that is covered
 MAX_REPORTS = 64  # distinct races kept per engine; more are only counted
 
 
@@ -51,9 +53,9 @@ class Domain:
     __slots__ = ("key", "name", "clock", "inline", "host_version")
 
     def __init__(self, key, name: str, *, inline: bool = False) -> None:
-        self.key = key
+        self.key: object = key
         self.name = name
-        self.clock: dict[Domain, int] = {self: 1}
+        self.clock: Clock = {self: 1}
         self.inline = inline  # the CPU emulation's default stream, executed by the host thread
         self.host_version = -1
 
@@ -72,20 +74,20 @@ class Allocation:
     __slots__ = ("serial", "ptr", "nbytes", "end", "stream", "stack", "state", "free_stack", "holds",
                  "recorded")
 
-    def __init__(self, serial: int, ptr: int, nbytes: int, stream: Domain | None, stack) -> None:
+    def __init__(self, serial: int, ptr: int, nbytes: int, stream: Domain | None, stack: object) -> None:
         self.serial = serial
         self.ptr = ptr
         self.nbytes = nbytes
         self.end = ptr + nbytes
-        self.stream = stream  # None: allocated before the detector saw it
-        self.stack = stack
+        self.stream: Domain | None = stream  # None: allocated before the detector saw it
+        self.stack: object = stack
         self.state = AllocState.LIVE
-        self.free_stack = None
+        self.free_stack: object = None
         self.holds: tuple[dict, ...] = ()  # clock snapshots of record_stream'd streams at the free
         self.recorded: frozenset[Domain] = frozenset()  # streams given to record_stream while live
 
 
-def _kept_at_reuse(acc: Access, d: Domain, clock: dict, host: dict, racing: dict) -> bool:
+def _kept_at_reuse(acc: Access, d: Domain, clock: Clock, host: Clock, racing: dict[Domain, Access]) -> bool:
     """Whether an access to bytes that stream d's new allocation reuses stays on them ([Note:
     reuse]); one not ordered before the allocation is noted in `racing` (by its stream, a read
     preferred) and dropped."""
@@ -103,26 +105,26 @@ def _kept_at_reuse(acc: Access, d: Domain, clock: dict, host: dict, racing: dict
     return False
 
 
-def _join(dst: dict, src: dict) -> None:
+def _join(dst: Clock, src: Clock) -> None:
     for d, t in src.items():
         if dst.get(d, 0) < t:
             dst[d] = t
 
 
 class HappensBefore:
-    def __init__(self, *, events: dict | None = None, max_reports: int = MAX_REPORTS) -> None:
+    def __init__(self, *, events: MutableMapping | None = None, max_reports: int = MAX_REPORTS) -> None:
         self.lock = threading.RLock()  # frees can arrive on any thread
         self.host = Domain("host", "host")
         self._host_version = 0
         self._domains: dict[object, Domain] = {}
-        self._events = {} if events is None else events  # event key -> clock snapshot
+        self._events: MutableMapping[object, Clock] = {} if events is None else events  # event key -> clock snapshot
         self._live: dict[int, Allocation] = {}  # start address -> live allocation
         self._live_starts: list[int] = []  # the same addresses, sorted
         self.shadow = ShadowMemory()
         self._reports: dict[tuple, RaceReport] = {}
         self._serials = itertools.count(1)
         self.max_reports = max_reports
-        self.stats = collections.Counter()  # rare events; the hot counter is `accesses`
+        self.stats: collections.Counter[str] = collections.Counter()  # rare events; the hot counter is `accesses`
         self.accesses = 0
 
     # -- domains and clocks ----------------------------------------------------------------
@@ -135,14 +137,14 @@ class HappensBefore:
     def rename(self, key, name: str) -> None:
         self.domain(key).name = name
 
-    def _now(self, d: Domain) -> dict:
+    def _now(self, d: Domain) -> Clock:
         """d's clock, after merging what the host knows complete (see [Note: clocks])."""
         if d.host_version != self._host_version:
             _join(d.clock, self.host.clock)
             d.host_version = self._host_version
         return d.clock
 
-    def _snapshot(self, d: Domain) -> dict:
+    def _snapshot(self, d: Domain) -> Clock:
         snap = dict(self._now(d))
         d.clock[d] += 1  # later work on d is not covered by this snapshot
         return snap
@@ -161,7 +163,7 @@ class HappensBefore:
         with self.lock:
             self._events.pop(event, None)
 
-    def _host_learns(self, snap: dict) -> None:
+    def _host_learns(self, snap: Clock) -> None:
         _join(self.host.clock, snap)
         self._host_version += 1
 
@@ -180,14 +182,14 @@ class HappensBefore:
             for d in list(self._domains.values()):
                 self._host_learns(self._snapshot(d))
 
-    def clock_now(self, stream) -> dict:
+    def clock_now(self, stream) -> Clock:
         """A copy of the stream's clock now (for front ends that check an allocation later)."""
         with self.lock:
             return dict(self._now(self.domain(stream)))
 
     # -- allocations -----------------------------------------------------------------------
     # A live allocation is known by its start address: live blocks never share one.
-    def allocate(self, stream, ptr: int, nbytes: int, *, stack=(), clock: dict | None = None) -> Allocation:
+    def allocate(self, stream, ptr: int, nbytes: int, *, stack: object = (), clock: Clock | None = None) -> Allocation:
         """A block handed out on `stream` (None: allocated before the detector saw it, adopted
         without a stream); checks the reuse of its bytes ([Note: reuse]). `clock`: the stream's
         clock at the allocation, when the front end learns the size later."""
@@ -272,7 +274,7 @@ class HappensBefore:
                 return alloc
         return None
 
-    def _check_reuse(self, alloc: Allocation, d: Domain, clock: dict) -> None:
+    def _check_reuse(self, alloc: Allocation, d: Domain, clock: Clock) -> None:
         shadow = self.shadow
         cells = shadow._cells
         ptr, end = alloc.ptr, alloc.end
@@ -337,7 +339,7 @@ class HappensBefore:
             self._access(d, self._now(d), ptr, nbytes, write, op, stack, alloc, record)
             self.accesses += 1
 
-    def access_many(self, stream, items, op: str, stack=()) -> None:
+    def access_many(self, stream, items: list[tuple[int, int, bool, Allocation]], op: str, stack: object = ()) -> None:
         """One operator's accesses: `items` of (ptr, nbytes, is_write, allocation), all live.
         The hot path of the PyTorch tracker: a whole-cell access (a tensor touched as it was last
         time) is checked inline; anything else goes through `_access`."""
@@ -372,7 +374,7 @@ class HappensBefore:
                     reads[d] = acc
             self.accesses += len(items)
 
-    def _access(self, d: Domain, clock: dict, ptr: int, nbytes: int, write: bool, op: str, stack,
+    def _access(self, d: Domain, clock: Clock, ptr: int, nbytes: int, write: bool, op: str, stack: object,
                 alloc: Allocation, record: bool) -> None:
         end = ptr + nbytes
         if end > alloc.end:

@@ -11,6 +11,10 @@ been checked against them (see engine.py, [Note: reuse]).
 from __future__ import annotations
 
 from bisect import bisect_right
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from racecheck.detect.engine import Allocation, Domain
 
 
 class Access:
@@ -18,19 +22,20 @@ class Access:
 
     __slots__ = ("domain", "epoch", "is_write", "op", "alloc", "stack")
 
-    def __init__(self, domain, epoch: int, is_write: bool, op: str, alloc, stack) -> None:
+    def __init__(self, domain: Domain, epoch: int, is_write: bool, op: str, alloc: Allocation, stack: object) -> None:
         self.domain = domain
         self.epoch = epoch
         self.is_write = is_write
         self.op = op
         self.alloc = alloc  # the Allocation (generation of the bytes) it touched
-        self.stack = stack
+        self.stack: object = stack
 
 
 class Cell:
     __slots__ = ("start", "end", "write", "reads")
 
-    def __init__(self, start: int, end: int, write: Access | None = None, reads: dict | None = None) -> None:
+    def __init__(self, start: int, end: int, write: Access | None = None,
+                 reads: dict[Domain, Access] | None = None) -> None:
         self.start = start
         self.end = end
         self.write = write

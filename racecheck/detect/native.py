@@ -1,0 +1,68 @@
+"""Which happens-before engine runs: the mypyc-compiled build of engine.py and shadow.py, or the
+pure-Python modules themselves.
+
+setup.py compiles the two modules when it can (about 1.5x faster bookkeeping per access) and
+records the SHA-256 of the sources it compiled. At import of racecheck.detect, before anything
+imports the engine, the compiled modules are kept only when that record matches the sources on
+disk; otherwise (an edited engine.py in an editable install) the pure-Python modules are loaded in
+their place, with a warning to reinstall. RACECHECK_PURE_PYTHON=1 forces the pure-Python modules
+(to compare the two, or to step through the engine in a debugger). `KIND` says which one runs:
+"compiled" or "python".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import importlib.util
+import os
+import sys
+import warnings
+from pathlib import Path
+
+_HERE = Path(__file__).resolve().parent
+_MODULES = ("shadow", "engine")  # in import order: engine imports shadow
+
+
+def _compiled_present() -> bool:
+    return all(any((_HERE / f"{name}{suffix}").exists() for suffix in importlib.machinery.EXTENSION_SUFFIXES)
+               for name in _MODULES)
+
+
+def _built_from_these_sources() -> bool:
+    try:
+        from racecheck.detect._native_build import SOURCE_SHA256
+    except ImportError:
+        return False
+    return all(hashlib.sha256((_HERE / f"{name}.py").read_bytes()).hexdigest() == SOURCE_SHA256.get(name)
+               for name in _MODULES)
+
+
+def _load_python_modules() -> None:
+    """Import engine.py and shadow.py from source under their own names, ahead of the extensions."""
+    package = sys.modules[__name__.rpartition(".")[0]]
+    for name in _MODULES:
+        fullname = f"{package.__name__}.{name}"
+        spec = importlib.util.spec_from_file_location(fullname, _HERE / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[fullname] = module
+        spec.loader.exec_module(module)
+        setattr(package, name, module)
+
+
+def _select() -> str:
+    if not _compiled_present():
+        return "python"
+    if os.environ.get("RACECHECK_PURE_PYTHON"):
+        _load_python_modules()
+        return "python"
+    if not _built_from_these_sources():
+        warnings.warn("racecheck: the compiled detector engine was built from other sources than "
+                      "racecheck/detect/engine.py and shadow.py; running those sources in Python "
+                      "(reinstall racecheck to compile them)", stacklevel=2)
+        _load_python_modules()
+        return "python"
+    return "compiled"
+
+
+KIND = _select()
