@@ -39,8 +39,9 @@ def native_extensions() -> list:
         from mypyc.build import mypycify
     except ImportError:
         return []
-    # torch and the rest of the package stay untyped to mypy: only these two modules are compiled.
-    extensions = mypycify(["--ignore-missing-imports", "--follow-imports=silent", *NATIVE],
+    # Only these two modules are analyzed and compiled: every other import (torch, the rest of the
+    # package) is opaque to mypy, which keeps the build fast wherever torch is installed.
+    extensions = mypycify(["--ignore-missing-imports", "--follow-imports=skip", *NATIVE],
                           opt_level="3", group_name="racecheck_native")
     for ext in extensions:
         ext.optional = True  # no C compiler: the pure-Python engine runs instead

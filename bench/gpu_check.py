@@ -119,7 +119,7 @@ def steps(args, gpus: int, runnable: list[str]) -> dict[str, list[tuple[str, lis
         "detector": [("sanitizer-compare", [PY, str(ROOT / "bench/sanitizer_compare.py"), "--out", "{dir}"], 240),
                      ("detector-overhead", [PY, str(ROOT / "bench/detector_overhead.py"), "--out", "{dir}",
                                             "--modes", "none,racecheck,sanitizer,dispatch_floor,racecheck_python",
-                                            "--iters", "1000", "--repeats", "6"], 540)],
+                                            "--iters", "1000", "--repeats", "5"], 540)],
         "patch": [("patch-mode", two_gpus + [str(ROOT / "bench/patch_mode_gpu.py"), "--out", "{dir}"], 240)],
         "overhead": [("injector-overhead", [PY, str(ROOT / "bench/injector_overhead.py"), "--backend", "cuda",
                                             "--out", "{dir}"], 180)],
