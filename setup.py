@@ -41,8 +41,12 @@ def native_extensions() -> list:
         return []
     # Only these two modules are analyzed and compiled: every other import (torch, the rest of the
     # package) is opaque to mypy, which keeps the build fast wherever torch is installed.
-    extensions = mypycify(["--ignore-missing-imports", "--follow-imports=skip", *NATIVE],
-                          opt_level="3", group_name="racecheck_native")
+    try:
+        extensions = mypycify(["--ignore-missing-imports", "--follow-imports=skip", *NATIVE],
+                              opt_level="3", group_name="racecheck_native")
+    except (SystemExit, Exception) as exc:  # mypy rejected the sources (it has printed why)
+        print(f"racecheck: not compiling the detector engine ({exc!r}); it runs in Python")
+        return []
     for ext in extensions:
         ext.optional = True  # no C compiler: the pure-Python engine runs instead
     return extensions
