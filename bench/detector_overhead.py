@@ -290,6 +290,9 @@ def write_outputs(out: Path, rows: list[dict], args, *, quiet: bool = False) -> 
     if args.device == "cpu" and base and median["racecheck"] and median["dispatch_floor"]:
         lines += ["", f"racecheck's own cost above the dispatch floor: "
                       f"{median['racecheck'] - median['dispatch_floor']:.3f} ms per step."]
+        if median["racecheck_python"]:
+            lines[-1] += (f" With its engine in pure Python: "
+                          f"{median['racecheck_python'] - median['dispatch_floor']:.3f} ms per step.")
     (out / f"detector_overhead{_suffix(args)}.md").write_text("\n".join(lines) + "\n")
     if quiet:
         return
