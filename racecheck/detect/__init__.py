@@ -11,7 +11,7 @@ compiled when setup.py could build it, else in Python (native.py; `ENGINE` says 
 """
 
 from racecheck.detect.native import KIND as ENGINE  # first: it may replace the compiled engine
-from racecheck.detect.engine import HappensBefore  # noqa: E402
+from racecheck.detect.engine import HappensBefore
 from racecheck.detect.observer import RaceDetector
 from racecheck.detect.report import RaceKind, RaceReport, render
 

@@ -28,6 +28,10 @@ dropped. Accesses ordered before S but not known complete are kept: a stream U t
 new buffer without being ordered after them races too, and is reported at its access. Memory only
 moves between stream pools through a synchronizing cudaFree, so bytes of a block from another
 stream's pool count as complete.
+
+This module and shadow.py are compiled by mypyc at install (setup.py; racecheck/detect/native.py
+says which build runs): keep them fully annotated, since the compiled build checks annotations at
+run time and uses them to make attribute access and arithmetic native.
 """
 
 from __future__ import annotations
@@ -83,7 +87,7 @@ class Allocation:
         self.stack: object = stack
         self.state = AllocState.LIVE
         self.free_stack: object = None
-        self.holds: tuple[dict, ...] = ()  # clock snapshots of record_stream'd streams at the free
+        self.holds: tuple[Clock, ...] = ()  # clock snapshots of record_stream'd streams at the free
         self.recorded: frozenset[Domain] = frozenset()  # streams given to record_stream while live
 
 
