@@ -14,7 +14,7 @@ from pathlib import Path
 from setuptools import setup
 from setuptools.command.build_ext import build_ext
 
-NATIVE = ["racecheck/detect/engine.py", "racecheck/detect/shadow.py"]
+NATIVE = ["racecheck/detect/engine.py", "racecheck/detect/shadow.py"]  # native.py's _MODULES
 RECORD = "racecheck/detect/_native_build.py"  # generated next to the extensions, not in git
 
 

@@ -248,6 +248,7 @@ def write_outputs(out: Path, rows: list[dict], args, *, quiet: bool = False) -> 
         median[mode] = statistics.median(times) if times else None
     base = median["none"]
     meta = next((r for r in rows if r.get("device")), {})
+    engines = ", ".join(sorted({r["engine"] for r in rows if r["mode"] == "racecheck" and r.get("engine")}))
     title = "# Detector overhead on one training loop" + (
         " (CPU proxy: racecheck's bookkeeping above the dispatch floor)" if args.device == "cpu" else "")
     lines = [title, "",
@@ -255,8 +256,7 @@ def write_outputs(out: Path, rows: list[dict], args, *, quiet: bool = False) -> 
              f"{args.width}-wide MLP (Linear + ReLU), batch {args.batch}, MSE, SGD with momentum; "
              f"{args.warmup} warm-up and {args.iters} timed steps per run, median of "
              f"{1 + max(r['repeat'] for r in rows)} runs "
-             f"(fresh processes, modes interleaved). racecheck's engine: "
-             f"{', '.join(sorted({str(r.get('engine')) for r in rows if r['mode'] == 'racecheck' and r.get('engine')})) or '?'} "
+             f"(fresh processes, modes interleaved). racecheck's engine: {engines or '?'} "
              f"(racecheck/detect/native.py).", "",
              "| mode | ms per step (median) | slowdown | every run (ms) |", "| --- | --- | --- | --- |"]
     labels = {"none": "no detector", "racecheck": "racecheck (TorchRaceTracker)",

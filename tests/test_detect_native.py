@@ -112,9 +112,9 @@ def test_pure_python_engine_can_be_forced():
 
 
 def test_compiled_engine_runs_when_built_from_these_sources():
-    if not native._compiled_present():
+    if not any(native._compiled(name) for name in native._MODULES):
         pytest.skip("the engine was not compiled on this machine (no mypyc or no C compiler at install)")
-    assert native._built_from_these_sources(), "compiled engine is stale: reinstall racecheck"
+    assert native._built_from_these_sources(), "compiled engine is stale or partial: reinstall racecheck"
     kind, _ = _run(1, pure=False)
     assert kind == "compiled"
 

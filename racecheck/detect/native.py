@@ -22,21 +22,21 @@ import warnings
 from pathlib import Path
 
 _HERE = Path(__file__).resolve().parent
-_MODULES = ("shadow", "engine")  # in import order: engine imports shadow
+_MODULES = ("shadow", "engine")  # in import order (engine imports shadow); setup.py's NATIVE
 
 
-def _compiled_present() -> bool:
-    return all(any((_HERE / f"{name}{suffix}").exists() for suffix in importlib.machinery.EXTENSION_SUFFIXES)
-               for name in _MODULES)
+def _compiled(name: str) -> bool:
+    return any((_HERE / f"{name}{suffix}").exists() for suffix in importlib.machinery.EXTENSION_SUFFIXES)
 
 
 def _built_from_these_sources() -> bool:
+    """Every module has its extension, built from the source now on disk."""
     try:
         from racecheck.detect._native_build import SOURCE_SHA256
     except ImportError:
         return False
-    return all(hashlib.sha256((_HERE / f"{name}.py").read_bytes()).hexdigest() == SOURCE_SHA256.get(name)
-               for name in _MODULES)
+    return all(_compiled(name) and hashlib.sha256((_HERE / f"{name}.py").read_bytes()).hexdigest()
+               == SOURCE_SHA256.get(name) for name in _MODULES)
 
 
 def _load_python_modules() -> None:
@@ -52,15 +52,15 @@ def _load_python_modules() -> None:
 
 
 def _select() -> str:
-    if not _compiled_present():
-        return "python"
+    if not any(_compiled(name) for name in _MODULES):
+        return "python"  # nothing to shadow: the import system finds the sources
     if os.environ.get("RACECHECK_PURE_PYTHON"):
         _load_python_modules()
         return "python"
-    if not _built_from_these_sources():
-        warnings.warn("racecheck: the compiled detector engine was built from other sources than "
-                      "racecheck/detect/engine.py and shadow.py; running those sources in Python "
-                      "(reinstall racecheck to compile them)", stacklevel=2)
+    if not _built_from_these_sources():  # an edited source, or a build that stopped half-way
+        warnings.warn("racecheck: the compiled detector engine was not built from "
+                      "racecheck/detect/engine.py and shadow.py as they are now; running those "
+                      "sources in Python (reinstall racecheck to compile them)", stacklevel=2)
         _load_python_modules()
         return "python"
     return "compiled"
