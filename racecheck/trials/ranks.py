@@ -57,6 +57,7 @@ class RankMerger:
         self.world_size = world_size
         self._pending: dict[Key, dict[int, dict]] = {}
         self._open: dict[Key, set] = {}  # tests started but not reported, by (rank, worker)
+        self._failed: set[Key] = set()  # incomplete tests that some rank failed
 
     def add(self, event: dict) -> dict | None:
         """Feed one event; returns a merged outcome when this event completes a test."""
@@ -77,9 +78,18 @@ class RankMerger:
         by_rank = self._pending.setdefault(key, {})
         by_rank[rank] = event
         if len(by_rank) < self.world_size:
+            if Outcome(event["outcome"]).is_failure:
+                self._failed.add(key)
             return None
         del self._pending[key]
+        self._failed.discard(key)
         return merge_ranks(list(by_rank.values()))
+
+    @property
+    def failed_incomplete(self) -> frozenset[Key]:
+        """Tests that some rank failed while a peer has not reported them yet: such peers often
+        wait in a collective that the failed rank will never enter [Note: fail-fast]."""
+        return frozenset(self._failed)
 
     @property
     def unfinished(self) -> list[Key]:
@@ -100,6 +110,32 @@ class RankMerger:
             merged.append(merge_ranks(reports + [filler]))
         self._pending.clear()
         self._open.clear()
+        self._failed.clear()
+        return merged
+
+    def abandon_after_peer_failure(self, keys: list[Key]) -> list[dict]:
+        """The session was ended because a rank failed while its peers waited [Note: fail-fast]:
+        each of `keys` gets the failing rank's own outcome, signature and message (prefixed with
+        its rank); the ranks that never reported add nothing worse. Other unfinished tests drop."""
+        merged = []
+        for key in sorted(keys):
+            reports = list(self._pending.get(key, {}).values())
+            failing = [r for r in reports if Outcome(r["outcome"]).is_failure]
+            if not failing:  # a test the failing rank never reached: its peers were stopped in it
+                trial, arm, test = key
+                failing = [{"trial": trial, "arm": arm, "test": test, "outcome": Outcome.ERROR.value,
+                            "signature": "error: a peer rank failed and the session was stopped",
+                            "message": "stopped while waiting for a rank that had failed"}]
+            bad = worst(r["outcome"] for r in failing)
+            first = next(r for r in failing if r["outcome"] == bad.value)
+            one = merge_ranks(reports + failing)
+            one.update(outcome=bad.value, signature=first.get("signature", ""),
+                       message=f"rank {first.get('rank', 0)}: {first.get('message', '')} "
+                               f"(its peers were stopped: they waited for it)")
+            merged.append(one)
+        self._pending.clear()
+        self._open.clear()
+        self._failed.clear()
         return merged
 
 

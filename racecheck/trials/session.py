@@ -8,6 +8,8 @@ How a session ends decides what is recorded for the tests in flight (the `Ending
   code or signal in its signature.
 - TIMED_OUT: no test started or finished for `timeout` seconds: the whole process tree is killed
   and the test in flight becomes `timeout`.
+- RANK_FAILED: a rank failed a test that its peers did not finish within FAILFAST_S: the process
+  tree is killed and that test takes the failing rank's outcome ([Note: fail-fast]).
 - STOPPED: the runner asked for a stop (--max-time, early-stop rules, see [Note: graceful stop]);
   nothing is invented for tests in flight: incomplete blocks are simply not completed.
 Only tests of the earliest incomplete block are blamed; later blocks that some fast rank had
@@ -18,6 +20,15 @@ at each trial boundary and stops before entering trial T (plugin.py). T is one p
 trial any rank has started, so ranks kept in step by their collectives stop at the same boundary.
 Should a rank have passed the boundary unseen, it waits in a collective for peers that have left;
 once another process has finished after the stop, such stragglers are killed after a short grace.
+
+[Note: fail-fast] Under the runner every rank exits 0 after failing tests (plugin.py), so torchrun
+does not tear a world down when one rank fails. A rank whose setup raised before it joined a
+collective (or that failed before one) leaves its peers waiting there until the process group's
+own timeout, which user code sets, often to 30 minutes. The runner watches the world instead: once
+a rank has failed a test that some peer has not reported for FAILFAST_S, the world is taken to be
+broken, the session is killed, the test gets the failing rank's error (with its rank), and the
+rest of the plan runs in a fresh session. A peer that merely takes longer than FAILFAST_S to
+finish a test that another rank failed loses only its own part of that test's report.
 """
 
 from __future__ import annotations
@@ -39,12 +50,14 @@ from racecheck.trials.schedule import Block, SessionPlan
 POLL_S = 0.05
 STRAGGLER_GRACE_S = 5.0
 STARTUP_S = 120.0  # patience until the session has collected (interpreter, imports, rendezvous)
+FAILFAST_S = 5.0  # how long peers may leave a test unreported that one rank failed [Note: fail-fast]
 
 
 class Ending(enum.Enum):
     FINISHED = "finished"
     CRASHED = "crashed"
     TIMED_OUT = "timed out"
+    RANK_FAILED = "a rank failed"
     STOPPED = "stopped"
 
 
@@ -84,6 +97,7 @@ class SessionRun:
         self._stop_sent = False
         self._finished_after_stop = False
         self._last_progress = time.monotonic()
+        self._peer_failed_since: dict = {}  # test -> when a rank's failure of it was first seen
 
     # -- events -----------------------------------------------------------------------------------
     def _poll_files(self) -> None:
@@ -143,6 +157,10 @@ class SessionRun:
                     launch.kill_tree(proc)
                     self._poll_files()
                     ending = Ending.STOPPED if self._finished_after_stop else Ending.TIMED_OUT
+                elif self._world_broken():
+                    launch.kill_tree(proc)
+                    self._poll_files()
+                    ending = Ending.RANK_FAILED if self._merger.failed_incomplete else Ending.CRASHED
                 else:
                     if not self._stop_sent and self.should_stop():
                         self._request_stop()
@@ -162,6 +180,13 @@ class SessionRun:
                                       f"{last_lines(self.spec.log_path)}")
         return SessionResult(ending, list(self._done), remaining)
 
+    def _world_broken(self) -> bool:
+        """Whether a rank's failure has left its peers waiting for FAILFAST_S [Note: fail-fast]."""
+        now = time.monotonic()
+        failed = self._merger.failed_incomplete
+        self._peer_failed_since = {k: self._peer_failed_since.get(k, now) for k in failed}
+        return any(now - since > FAILFAST_S for since in self._peer_failed_since.values())
+
     def _patience(self) -> float:
         """Seconds without progress before the session is killed: --timeout, or a short grace
         for stragglers once a process has finished after a requested stop."""
@@ -179,14 +204,18 @@ class SessionRun:
         if ending is Ending.STOPPED or not unfinished:
             self._merger.abandon(Outcome.CRASH, keys=[])
             return
-        outcome = Outcome.TIMEOUT if ending is Ending.TIMED_OUT else Outcome.CRASH
         first = min(self._index.get(Block(t, a), len(self._index)) for t, a, _ in unfinished)
         blamed = [k for k in unfinished if self._index.get(Block(k[0], k[1])) == first]
-        if outcome is Outcome.TIMEOUT:
-            signature = f"timeout: no test finished within {self.timeout:g} s; the session was killed"
+        if ending is Ending.RANK_FAILED:
+            abandoned = self._merger.abandon_after_peer_failure(blamed)
+        elif ending is Ending.TIMED_OUT:
+            abandoned = self._merger.abandon(
+                Outcome.TIMEOUT, keys=blamed,
+                signature=f"timeout: no test finished within {self.timeout:g} s; the session was killed")
         else:
-            signature = crash_signature(returncode, self.spec.log_path)
-        for merged in self._merger.abandon(outcome, signature=signature, keys=blamed):
+            abandoned = self._merger.abandon(Outcome.CRASH, keys=blamed,
+                                             signature=crash_signature(returncode, self.spec.log_path))
+        for merged in abandoned:
             self._merged(merged)
         if first < len(self.plan.blocks) and self.plan.blocks[first] not in self._done:
             self._complete(self.plan.blocks[first])
