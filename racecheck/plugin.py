@@ -15,6 +15,7 @@ import dataclasses
 import json
 import os
 import re
+import signal
 import sys
 import time
 from pathlib import Path
@@ -22,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from racecheck.trials.catalogue import check_profile
+from racecheck.trials.lifeline import die_with_parent
 from racecheck.trials.record import Outcome, worst
 from racecheck.trials.schedule import ORDERS, Block, arm_order, read_schedule
 
@@ -106,6 +108,8 @@ def pytest_configure(config: pytest.Config) -> None:
     log = config.getoption("--racecheck-log")
     config.stash[_LOG_KEY] = _ProcessLog(log) if log else None
     if log:
+        # Under the trial runner: a rank (or xdist worker) dies with its launcher, never orphaned.
+        die_with_parent(signal.SIGKILL)
         config.pluginmanager.register(_CollectErrors(config.stash[_LOG_KEY]), "racecheck-collect-errors")
     config.stash[_STOPPED_KEY] = False
 

@@ -3,6 +3,7 @@
 A multi-rank suite is launched with torchrun (`python -m torch.distributed.run`), a one-rank suite
 with plain pytest. The session runs in its own process group; stopping it kills the whole tree
 (torchrun starts its workers in sessions of their own, so a process-group kill alone misses them).
+Should the runner itself be killed outright, the session gets SIGTERM from the kernel (lifeline.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import sys
 from pathlib import Path
 
 import psutil
+
+from racecheck.trials.lifeline import child_dies_with_us
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +48,8 @@ def start(spec: SessionSpec) -> subprocess.Popen:
     spec.log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(spec.log_path, "ab") as log:
         return subprocess.Popen(command(spec), cwd=spec.cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+                                stdin=subprocess.DEVNULL, start_new_session=True,
+                                preexec_fn=child_dies_with_us(signal.SIGTERM))
 
 
 def kill_tree(proc: subprocess.Popen, *, grace: float = 3.0) -> None:
