@@ -36,10 +36,13 @@ def _load(ctx, out_dir: Path, signature: str | None = None):
         records = tally.load_records(out_dir)
     except (FileNotFoundError, ValueError) as exc:
         raise click.BadParameter(str(exc), ctx, param) from None
+    for line in records.attrs.get("bad_lines", []):
+        click.echo(f"racecheck: warning: {line}", err=True)
     try:
-        return records, tally.summarize(records, signature=signature)
+        summary = tally.summarize(records, signature=signature)
     except ValueError as exc:
         raise click.BadParameter(str(exc), ctx, param_hint="--signature") from None
+    return records, tally.with_skipped(summary, tally.skipped_suites(out_dir))
 
 
 _signature_option = click.option(

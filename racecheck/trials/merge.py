@@ -14,9 +14,11 @@ from pathlib import Path
 from racecheck.trials import state
 from racecheck.trials.record import TrialLog, read_log
 
-# Settings that must agree for logs to be one experiment.
-_SAME = ("source", "seed", "order", "perturb", "detect", "backend", "pytest_args", "world_size",
-         "revisions", "all_arms", "arms")
+# Settings that must agree for logs to be one experiment: everything that changes what a trial
+# means. Arms and profiles are compared as resolved per suite (`scenarios` in run.json: each
+# suite's arms and each arm's profile), so `--arms` spelled out and the same arms by default agree.
+_SAME = ("source", "seed", "order", "detect", "backend", "pytest_args", "world_size", "mesh",
+         "isolation", "chunk", "timeout", "revisions", "scenarios")
 
 
 class MergeError(ValueError):
@@ -50,10 +52,14 @@ def merge(inputs: list[Path], out: Path) -> int:
                                  f"({first.get(key)!r} vs {run.get(key)!r})")
     records = []
     for folder in inputs:
+        bad: list = []
         try:
-            mine = list(read_log(folder / "trials.jsonl"))
+            mine = list(read_log(folder / "trials.jsonl", bad_lines=bad))
         except (OSError, ValueError) as exc:  # unreadable, or a line that is not a trial record
             raise MergeError(str(exc)) from None
+        if bad:
+            raise MergeError(f"{folder / 'trials.jsonl'}: {bad[0].describe()}; 'racecheck run --resume "
+                             f"{folder}' repairs the log and reruns what it lost")
         for r in mine:
             key = (r.scenario, r.arm, r.trial)
             if owner.get(key, folder) != folder:

@@ -107,10 +107,23 @@ class TrialLog:
         self.close()
 
 
-def read_log(path: str | os.PathLike) -> Iterator[TrialRecord]:
-    """Records of a log; a torn line (a run killed mid-write) is skipped. ValueError, naming the
+@dataclasses.dataclass(frozen=True)
+class BadLine:
+    """A line of the log that is not JSON: torn by a kill mid-write, or written by something else."""
+
+    number: int
+    text: str
+
+    def describe(self) -> str:
+        what = "a torn record" if self.text.lstrip().startswith("{") else "not JSON"
+        return f"line {self.number} is {what} ({self.text[:40]!r})"
+
+
+def read_log(path: str | os.PathLike, *, bad_lines: list[BadLine] | None = None) -> Iterator[TrialRecord]:
+    """Records of a log. A line that is not JSON is skipped and, when `bad_lines` is given, added
+    to it so that the caller can say so (repair_log removes such lines). ValueError, naming the
     line, for JSON that is not a trial record."""
-    with open(path, encoding="utf-8") as fh:
+    with open(path, encoding="utf-8", errors="replace") as fh:
         for number, line in enumerate(fh, 1):
             line = line.strip()
             if not line:
@@ -118,9 +131,34 @@ def read_log(path: str | os.PathLike) -> Iterator[TrialRecord]:
             try:
                 data = json.loads(line)
             except json.JSONDecodeError:
+                if bad_lines is not None:
+                    bad_lines.append(BadLine(number, line))
                 continue
             try:
                 record = TrialRecord.from_dict(data)
             except ValueError as exc:
                 raise ValueError(f"{path}:{number}: not a trial record: {exc}") from None
             yield record
+
+
+def repair_log(path: str | os.PathLike) -> list[BadLine]:
+    """Rewrite the log without its lines that are not JSON, which go to `<log>.rejected`; returns
+    them. A log left ending inside a line (a torn record) would glue the next appended record to
+    that fragment, so this runs before anything is appended to a log that is resumed."""
+    path = Path(path)
+    bad: list[BadLine] = []
+    if not path.exists():
+        return bad
+    list(read_log(path, bad_lines=bad))
+    if not bad:
+        return bad
+    numbers = {b.number for b in bad}
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        kept = [line if line.endswith("\n") else line + "\n"
+                for number, line in enumerate(fh, 1) if number not in numbers]
+    with open(path.with_name(path.name + ".rejected"), "a", encoding="utf-8") as fh:
+        fh.writelines(b.text + "\n" for b in bad)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text("".join(kept), encoding="utf-8")
+    os.replace(tmp, path)
+    return bad

@@ -7,6 +7,7 @@ later raise exitcodes.InputError (exit 2) as well.
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -60,15 +61,13 @@ def fresh_config(ctx, opts):
         raise click.UsageError(str(exc)) from None
     spec = perturb_spec(opts, suites)
     out_dir = opts["out_dir"] or Path("racecheck-out") / time.strftime("run-%Y%m%d-%H%M%S")
-    if (out_dir / "trials.jsonl").exists() and (out_dir / "trials.jsonl").stat().st_size:
-        raise click.UsageError(f"{out_dir} already holds a run; choose another --out, or continue it "
-                               f"with --resume {out_dir}")
     config = RunConfig(scenarios=tuple(suites), arms=arm_list, trials=trials_value(opts["trials"], 10),
                        out=out_dir, perturb=spec, seed=opts["seed"], isolation=opts["isolation"],
                        order=opts["order"], chunk=opts["chunk"], timeout=opts["timeout"],
                        backend=opts["backend"], detect=opts["detect"], pytest_args=tuple(opts["pytest_args"]),
                        all_arms=all_arms, world_size=opts["world_size"], mesh=opts["mesh"], shard=opts["shard"] or Shard(),
                        max_time=opts["max_time"], stop_rules=opts["stop_rules"], source=source)
+    config = fit_worlds(config)
     check_run(config)
     config = with_revisions(config)
     try:
@@ -77,6 +76,65 @@ def fresh_config(ctx, opts):
         raise click.BadParameter(f"cannot create {out_dir}: {exc.strerror or exc}",
                                  param_hint="--out") from None
     return config
+
+
+def fit_worlds(config):
+    """On CUDA, every suite's world follows the machine: a catalogue scenario runs on at most one
+    rank per GPU and at least its min_world_size (one that cannot fit is skipped, with the reason
+    kept for the table); a project suite that needs more ranks than there are GPUs is a usage
+    error (NCCL runs one rank per GPU). `--world-size` overrides both; --backend sim, and a
+    machine without CUDA, change nothing."""
+    import dataclasses
+
+    gpus = cuda_devices(config.backend)
+    if gpus is None or config.world_size:
+        return config
+    worlds, skipped = {}, {}
+    for s in config.scenarios:
+        if s.world_size <= gpus:
+            continue
+        if s.config_file is not None:
+            raise click.UsageError(f"{s.name} has world_size {s.world_size}, and this machine has {gpus} "
+                                   f"GPU{'s' * (gpus != 1)}: give --world-size {gpus} if the suite runs on "
+                                   f"fewer ranks, or --backend sim for a suite that does not use CUDA")
+        if gpus < s.min_world_size:
+            skipped[s.name] = {"arms": list(config.arms_for(s)),
+                               "expect": {a: s.arm(a).expect for a in config.arms_for(s)},
+                               "why": f"needs at least {s.min_world_size} ranks (min_world_size), "
+                                      f"this machine has {gpus} GPU{'s' * (gpus != 1)}"}
+        else:
+            worlds[s.name] = gpus
+    kept = tuple(s for s in config.scenarios if s.name not in skipped)
+    if not kept:
+        raise click.UsageError("no suite of the run fits this machine: " +
+                               "; ".join(f"{name} {info['why']}" for name, info in skipped.items()))
+    return dataclasses.replace(config, scenarios=kept, worlds=worlds, skipped=skipped)
+
+
+def cuda_devices(backend: str) -> int | None:
+    """The GPUs a run on `backend` uses, None when it runs on the CPU emulation. torch is imported
+    only where a GPU driver is present, so that a CPU run does not pay for it here."""
+    if backend == "sim":
+        return None
+    if backend == "auto" and not (os.path.exists("/dev/nvidia0") or os.path.exists("/proc/driver/nvidia")):
+        return None
+    import torch
+
+    if not torch.cuda.is_available():
+        return None  # --backend cuda without a GPU: check_run says so
+    return torch.cuda.device_count()
+
+
+def describe_worlds(config) -> list[str]:
+    """One header line per suite: where its ranks run, and why a skipped suite does not."""
+    backend = config.backend if config.backend != "auto" else ("cuda" if cuda_devices("auto") else "cpu")
+    lines = []
+    for s in config.scenarios:
+        world = config.world_for(s)
+        mesh = f", mesh {config.mesh_for(s)}" if s.config_file is None and world > 1 else ""
+        lines.append(f"{s.name}: {world} rank{'s' * (world != 1)}{mesh} on {backend}")
+    lines += [f"{name}: skipped, {info['why']}" for name, info in config.skipped.items()]
+    return lines
 
 
 def check_run(config) -> None:
@@ -88,10 +146,12 @@ def check_run(config) -> None:
             raise click.BadParameter(f"{s.name} needs at least {s.min_world_size} ranks (its min_world_size), "
                                      f"got {config.world_for(s)}", param_hint="--world-size")
     if config.mesh:
-        shard, _, replicate = config.mesh.partition("x")
+        from racecheck.mesh_config import MeshConfig
+
+        ranks = MeshConfig.parse(config.mesh).world_size
         for s in config.scenarios:
-            if int(shard) * int(replicate) != config.world_for(s):
-                raise click.BadParameter(f"mesh {config.mesh} has {int(shard) * int(replicate)} ranks, "
+            if ranks != config.world_for(s):
+                raise click.BadParameter(f"mesh {config.mesh} has {ranks} ranks, "
                                          f"{s.name} runs on {config.world_for(s)}", param_hint="--mesh")
     arms = {a for s in config.scenarios for a in config.arms_for(s)}
     for rule in config.stop_rules:
@@ -189,6 +249,7 @@ def resumed_config(ctx, opts):
             all_arms=bool(run.get("all_arms")), world_size=run.get("world_size"), mesh=run.get("mesh"),
             shard=Shard.parse(run.get("shard", "1/1")), max_time=opts["max_time"],
             stop_rules=opts["stop_rules"], revisions=dict(run.get("revisions", {})), source=run["source"])
+        config = fit_worlds(config)
     except CatalogueError as exc:
         raise click.UsageError(f"cannot resume {out}: {exc}") from None
     except (ValueError, KeyError, TypeError) as exc:

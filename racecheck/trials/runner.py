@@ -16,6 +16,7 @@ goes on with the next block in a fresh session (session.py).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import datetime
 import os
@@ -30,7 +31,7 @@ from racecheck.exitcodes import InfrastructureError, InputError
 from racecheck.trials import launch, schedule, state
 from racecheck.trials.catalogue import Scenario
 from racecheck.trials.gitarms import Worktrees, pythonpath
-from racecheck.trials.record import Outcome, TrialLog, TrialRecord, read_log
+from racecheck.trials.record import Outcome, TrialLog, TrialRecord, read_log, repair_log
 from racecheck.trials.schedule import Block, SessionPlan, Shard
 from racecheck.trials.session import Ending, SessionRun
 from racecheck.trials.stopping import LiveCounts, StopRule
@@ -61,6 +62,8 @@ class RunConfig:
     stop_rules: tuple[StopRule, ...] = ()
     revisions: dict = dataclasses.field(default_factory=dict)  # "suite/arm" -> resolved commit
     source: dict = dataclasses.field(default_factory=dict)
+    worlds: dict = dataclasses.field(default_factory=dict)  # suite -> ranks this machine gives it
+    skipped: dict = dataclasses.field(default_factory=dict)  # suite -> why it cannot run here
 
     def arms_for(self, scenario: Scenario) -> tuple[str, ...]:
         if self.arms:
@@ -74,7 +77,14 @@ class RunConfig:
         return scenario.default_perturb if self.perturb is None else self.perturb
 
     def world_for(self, scenario: Scenario) -> int:
-        return self.world_size or scenario.world_size
+        return self.world_size or self.worlds.get(scenario.name) or scenario.world_size
+
+    def mesh_for(self, scenario: Scenario) -> str:
+        """The HSDP mesh a catalogue scenario's harness builds in this run (--mesh, else the
+        default layout of its world)."""
+        from racecheck.mesh_config import MeshConfig
+
+        return self.mesh or str(MeshConfig.for_world(self.world_for(scenario)))
 
     def to_json(self) -> dict:
         return {"source": self.source, "arms": list(self.arms) if self.arms else None,
@@ -83,6 +93,7 @@ class RunConfig:
                 "timeout": self.timeout, "backend": self.backend, "detect": self.detect,
                 "pytest_args": list(self.pytest_args), "all_arms": self.all_arms,
                 "world_size": self.world_size, "mesh": self.mesh, "shard": str(self.shard), "revisions": self.revisions,
+                "worlds": {s.name: self.world_for(s) for s in self.scenarios}, "skipped": self.skipped,
                 "scenarios": {s.name: {"arms": list(self.arms_for(s)),
                                        "perturb": {a: self.perturb_for(s, a) for a in self.arms_for(s)}}
                               for s in self.scenarios}}
@@ -138,16 +149,23 @@ class Runner:
         self._suite: Scenario | None = None
         self._log: TrialLog | None = None
         self._completed: state.CompletedLog | None = None
+        self._written: collections.Counter = collections.Counter()  # records per block this attempt
         self._lock = state.Lock(config.out)
 
     # -- the run ----------------------------------------------------------------------------------
     def run(self) -> RunResult:
         out = self.config.out
-        out.mkdir(parents=True, exist_ok=True)
         try:
+            out.mkdir(parents=True, exist_ok=True)
             killed = self._lock.acquire()
-        except ValueError as exc:
+        except state.FolderInUse as exc:
             raise InfrastructureError(str(exc)) from None
+        except OSError as exc:
+            raise InputError(f"cannot write to the run folder {out}: {exc.strerror or exc}") from None
+        if not self.resume and (out / "trials.jsonl").exists() and (out / "trials.jsonl").stat().st_size:
+            self._lock.release()
+            raise InputError(f"{out} already holds a run; choose another --out, or continue it "
+                             f"with --resume {out}")
         if killed:
             self.listener.note(f"killed the session a previous runner left running (pid {killed[0]})")
         try:
@@ -180,18 +198,33 @@ class Runner:
         state.write_run(self.config.out, data)
 
     def _load_done(self) -> dict:
-        """The finished blocks of an earlier attempt; their records prime the live counts.
-        InputError (exit 2) when the folder's log holds something that is not a trial record."""
-        done = state.read_completed(self.config.out)
-        log = self.config.out / "trials.jsonl"
+        """The finished blocks of an earlier attempt, their records priming the live counts. Lines
+        of the log that are not JSON are removed first, and a block that lost records with them
+        runs again. InputError (exit 2) when the log holds JSON that is not a trial record."""
+        out = self.config.out
+        log = out / "trials.jsonl"
         try:
-            if log.exists():
-                for r in read_log(log):
-                    self.counts.record(r.scenario, r.arm, r.trial, r.outcome)
+            bad = repair_log(log)
+            records = list(read_log(log)) if log.exists() else []
+        except ValueError as exc:
+            raise InputError(f"cannot resume {out}: {exc}") from None
+        for b in bad:
+            self.listener.note(f"{log}: {b.describe()}: removed (kept in {log.name}.rejected)")
+        written = collections.Counter((r.scenario, r.arm, r.trial) for r in records)
+        done = {}
+        for key, (outcome, expected) in state.read_completed(out).items():
+            if expected is not None and written[key] < expected:
+                self.listener.note(f"{key[0]}: trial {key[2]} of arm {key[1]!r} lost "
+                                   f"{expected - written[key]} of its {expected} records; it runs again")
+                continue
+            done[key] = outcome
+        try:
+            for r in records:
+                self.counts.record(r.scenario, r.arm, r.trial, r.outcome)
             for (suite, arm, trial), outcome in done.items():
                 self.counts.block(suite, arm, trial, outcome)
-        except ValueError as exc:  # a line that is not a record, or an unknown outcome
-            raise InputError(f"cannot resume {self.config.out}: {exc}") from None
+        except ValueError as exc:  # an unknown outcome
+            raise InputError(f"cannot resume {out}: {exc}") from None
         return done
 
     def _pending(self, suite: Scenario, done: dict) -> list[Block]:
@@ -276,8 +309,8 @@ class Runner:
             args = [f"--rootdir={cwd}" if a.startswith("--rootdir=") else a for a in args]
         if c.backend != "auto":
             env["RACECHECK_BACKEND"] = c.backend
-        if c.world_size:
-            env["RACECHECK_WORLD_SIZE"] = str(c.world_size)
+        if c.world_for(suite) != suite.world_size:  # --world-size, or the GPUs of this machine
+            env["RACECHECK_WORLD_SIZE"] = str(c.world_for(suite))
         if c.mesh:
             env["RACECHECK_MESH"] = c.mesh
         env.update(dict(arm.env))
@@ -300,11 +333,13 @@ class Runner:
         if Outcome(record.outcome).is_failure:
             record.replay = replay_command(record, suite=suite, config=c)
         self._log.append(record)
+        self._written[(suite.name, arm, trial)] += 1
         self.counts.record(suite.name, arm, trial, record.outcome)
         self.listener.record(record)
 
     def _block(self, suite: Scenario, block: Block, outcome: Outcome) -> None:
-        self._completed.append(suite.name, block, outcome.value, self.run_id)
+        written = self._written.pop((suite.name, block.arm, block.trial), 0)
+        self._completed.append(suite.name, block, outcome.value, self.run_id, records=written)
         self._blocks_done += 1
         self.counts.block(suite.name, block.arm, block.trial, outcome.value)
         self.listener.block(suite.name, block, outcome.value)

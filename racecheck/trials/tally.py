@@ -47,7 +47,8 @@ def load_records(out_dir: str | os.PathLike) -> pd.DataFrame:
     """All records of `OUT/trials.jsonl` in log order, one column per TrialRecord field.
 
     Raises FileNotFoundError for a missing directory or log, ValueError for a log without records
-    or with an outcome that is not an Outcome value.
+    or with an outcome that is not an Outcome value. Lines that are not JSON are skipped, each
+    described in `df.attrs["bad_lines"]` for the caller to report.
     """
     out = Path(out_dir)
     if not out.is_dir():
@@ -55,10 +56,12 @@ def load_records(out_dir: str | os.PathLike) -> pd.DataFrame:
     log = out / LOG_NAME
     if not log.is_file():
         raise FileNotFoundError(f"{log}: no trial log (was the run started with --out {out}?)")
-    rows = [vars(record) for record in read_log(log)]
+    bad: list = []
+    rows = [vars(record) for record in read_log(log, bad_lines=bad)]
     if not rows:
         raise ValueError(f"{log}: the trial log holds no records")
     df = pd.DataFrame(rows, columns=[f for f in TrialRecord.__dataclass_fields__])
+    df.attrs["bad_lines"] = [f"{log}: {b.describe()}: skipped" for b in bad]
     unknown = sorted(set(df["outcome"]) - {o.value for o in Outcome})
     if unknown:
         raise ValueError(f"{log}: unknown outcome(s) {', '.join(map(repr, unknown))}")
@@ -143,6 +146,37 @@ def summarize(df: pd.DataFrame, *, signature: str | None = None) -> pd.DataFrame
     columns = (list(SUMMARY_COLUMNS) + (["detected"] if with_detected else [])
                + (["other_failures"] if signature is not None else []))
     return summary[columns].reset_index(drop=True)
+
+
+def skipped_suites(out_dir: str | os.PathLike) -> dict:
+    """The suites a run skipped (run.json's `skipped`); {} for a folder without run.json."""
+    from racecheck.trials.state import read_run
+
+    try:
+        return read_run(Path(out_dir)).get("skipped") or {}
+    except ValueError:
+        return {}
+
+
+def with_skipped(summary: pd.DataFrame | None, skipped: dict) -> pd.DataFrame:
+    """The summary with one `*` row per arm of every suite the run skipped, `skipped` being
+    {suite: {"arms": [...], "expect": {arm: ...}, "why": "..."}} as run.json keeps it: no trials,
+    and the reason in the column `note` (present only when something was skipped)."""
+    if not skipped:
+        if summary is None:
+            raise ValueError("no trial records to summarize")
+        return summary
+    rows = [{"scenario": suite, "test": ALL_TESTS, "arm": arm, "expect": info.get("expect", {}).get(arm, ""),
+             "trials": 0, "failures": 0, "failure_rate": float("nan"), "ci_low": 0.0, "ci_high": 1.0,
+             **{c: 0 for c in OUTCOME_COLUMNS}, "note": f"skipped: {info['why']}"}
+            for suite, info in skipped.items() for arm in info["arms"]]
+    extra = pd.DataFrame(rows)
+    if summary is None:
+        return extra[list(SUMMARY_COLUMNS) + ["note"]]
+    summary = summary.assign(note="")
+    for column in summary.columns.difference(extra.columns):
+        extra[column] = 0
+    return pd.concat([summary, extra[summary.columns]], ignore_index=True)
 
 
 def write_summary(out_dir: str | os.PathLike) -> Path:
