@@ -61,10 +61,12 @@ def _parse_trials(ctx, param, value):
 def _parse_mesh(ctx, param, value):
     if value is None:
         return None
-    shard, sep, replicate = value.lower().partition("x")
-    if not (sep and shard.isdigit() and replicate.isdigit() and int(shard) > 0 and int(replicate) > 0):
-        raise click.BadParameter(f"{value!r} is not of the form SHARDxREPLICATE, e.g. 2x2")
-    return f"{int(shard)}x{int(replicate)}"
+    from racecheck.mesh_config import MeshConfig
+
+    try:
+        return str(MeshConfig.parse(value))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 def _parse_shard(ctx, param, value):
@@ -166,6 +168,8 @@ def run_command(ctx, **opts):
     from racecheck.trials.progress import Progress
 
     started = time.monotonic()
+    for line in run_options.describe_worlds(config):
+        click.echo(line)
     runner = Runner(config, resume=opts["resume_dir"] is not None)
     progress = Progress(config, counts=runner.counts, enabled=not opts["quiet"])
     runner.listener = progress
@@ -192,10 +196,10 @@ def _summarize(out_dir: Path, *, footer: str | None = None) -> bool:
     """Write OUT/summary.csv and, with a footer, print the table and the footer; False when the
     log holds no record."""
     from racecheck.trials.report import render_terminal
-    from racecheck.trials.tally import load_records, summarize, summary_to_csv
+    from racecheck.trials.tally import load_records, skipped_suites, summarize, summary_to_csv, with_skipped
 
     try:
-        summary = summarize(load_records(out_dir))
+        summary = with_skipped(summarize(load_records(out_dir)), skipped_suites(out_dir))
     except (FileNotFoundError, ValueError):
         return False
     summary_to_csv(summary, out_dir / "summary.csv")

@@ -48,19 +48,15 @@ def init_world(world_size: int) -> Runtime:
 
 
 def hsdp_mesh_config(world_size: int) -> MeshConfig:
-    """The HSDP mesh for a world: 2 x (world/2) when the world is even and larger than 2 (2-way
-    shard x replicate), else every rank a shard. RACECHECK_MESH=SHARDxREPLICATE overrides it."""
+    """The HSDP mesh for a world: MeshConfig.for_world, or RACECHECK_MESH=SHARDxREPLICATE (what
+    `racecheck run --mesh` sets)."""
     spec = os.environ.get("RACECHECK_MESH")
     if spec:
-        shard, _, replicate = spec.lower().partition("x")
         try:
-            return MeshConfig(shard=int(shard), replicate=int(replicate or 1))
-        except ValueError:
-            raise ValueError(f"RACECHECK_MESH={spec!r}: expected SHARDxREPLICATE with positive "
-                             f"integers, e.g. 2x2") from None
-    if world_size > 2 and world_size % 2 == 0:
-        return MeshConfig(shard=2, replicate=world_size // 2)
-    return MeshConfig(shard=world_size, replicate=1)
+            return MeshConfig.parse(spec)
+        except ValueError as exc:
+            raise ValueError(f"RACECHECK_MESH: {exc}") from None
+    return MeshConfig.for_world(world_size)
 
 
 @contextlib.contextmanager

@@ -7,41 +7,10 @@ Ranks are laid out replicate-major: rank = replicate_index * shard + shard_index
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch.distributed as dist
 
 from racecheck.device import CommGroup, Runtime, get_runtime
-
-
-@dataclasses.dataclass(frozen=True)
-class MeshConfig:
-    """How many ranks shard a parameter (`shard`) and how many replicas exist (`replicate`)."""
-
-    shard: int
-    replicate: int = 1
-
-    def __post_init__(self) -> None:
-        for axis in ("shard", "replicate"):
-            size = getattr(self, axis)
-            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-                raise ValueError(f"mesh axis {axis!r} must be a positive int, got {size!r}")
-
-    @property
-    def world_size(self) -> int:
-        return self.shard * self.replicate
-
-    @property
-    def is_hybrid(self) -> bool:
-        return self.replicate > 1
-
-    def shard_groups(self) -> list[list[int]]:
-        """Rank lists along the shard axis (one per replica)."""
-        return [[r * self.shard + s for s in range(self.shard)] for r in range(self.replicate)]
-
-    def replicate_groups(self) -> list[list[int]]:
-        """Rank lists along the replicate axis (one per shard index)."""
-        return [[r * self.shard + s for r in range(self.replicate)] for s in range(self.shard)]
+from racecheck.mesh_config import MeshConfig  # the layout; re-exported here
 
 
 class Mesh:

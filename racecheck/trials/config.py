@@ -40,30 +40,34 @@ class ConfigError(CatalogueError):
 
 def find_config(start: Path | None = None) -> Path | None:
     """The nearest pyproject.toml at or above `start` (default: the working folder), if it has a
-    `[tool.racecheck]` table; None otherwise (the search stops at the first pyproject.toml)."""
+    `[tool.racecheck]` table; None otherwise (the search stops at the first pyproject.toml).
+    ConfigError when that file cannot be read or is not valid TOML: whether it meant to hold a
+    suite cannot be told, and running the catalogue instead would hide the mistake."""
     here = Path(start or Path.cwd()).resolve()
     for folder in (here, *here.parents):
         candidate = folder / "pyproject.toml"
         if candidate.is_file():
-            try:
-                data = tomllib.loads(candidate.read_text(encoding="utf-8"))
-            except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
-                return None  # load_config reports it when the user points at it
-            return candidate if "racecheck" in data.get("tool", {}) else None
+            data = _read_toml(candidate)
+            tool = data.get("tool", {})
+            return candidate if isinstance(tool, dict) and "racecheck" in tool else None
     return None
 
 
-def load_config(path: Path) -> Scenario:
-    """The suite a config file defines; ConfigError with one line naming what is wrong."""
-    path = Path(path)
+def _read_toml(path: Path) -> dict:
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        return tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such config file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read it: {exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+
+
+def load_config(path: Path) -> Scenario:
+    """The suite a config file defines; ConfigError with one line naming what is wrong."""
+    path = Path(path)
+    data = _read_toml(path)
     table = data.get("tool", {}).get("racecheck")
     where = f"{path} [tool.racecheck]"
     if table is None:

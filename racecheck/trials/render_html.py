@@ -47,10 +47,18 @@ def _rate_cell(row) -> str:
 
 def plot_failure_rates(summary) -> bytes:
     """PNG bytes: failure rate per parametrization (and `*`: any test) per arm, Wilson 95% bars."""
+    import matplotlib
+
+    # Test ids, arms and scenario names are shown as written: `$...$` in a parametrization is
+    # no mathtext.
+    with matplotlib.rc_context({"text.parse_math": False, "text.usetex": False}):
+        return _plot(list(scenarios(summary)))
+
+
+def _plot(panels) -> bytes:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    panels = list(scenarios(summary))
     fig = Figure(figsize=(11, 3.6 * max(len(panels), 1)), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(max(len(panels), 1), 1, squeeze=False)[:, 0]

@@ -61,9 +61,18 @@ def count(row) -> str:
 def rate_phrase(row, *, short: bool = False) -> str:
     """stats.describe_rate(_short) for a summary row, or what was skipped when nothing ran."""
     if not row.trials:
-        return f"no trial ran ({row.skipped} skipped)"
+        return getattr(row, "note", "") or f"no trial ran ({row.skipped} skipped)"
     describe = stats.describe_rate_short if short else stats.describe_rate
-    return describe(row.failures, row.trials)
+    return describe(row.failures, row.trials) + failure_kinds(row)
+
+
+def failure_kinds(row) -> str:
+    """How the failing trials failed, where not all by a failed assertion, e.g.
+    `; of these 2 timed out, 1 crashed` (a trial counts under its worst outcome)."""
+    kinds = [(getattr(row, "error", 0), "errored"), (getattr(row, "timeout", 0), "timed out"),
+             (getattr(row, "crash", 0), "crashed")]
+    parts = [f"{int(n)} {what}" for n, what in kinds if n and n == n]  # n == n: not NaN
+    return "; of these " + ", ".join(parts) if parts else ""
 
 
 def _has_detected(summary) -> bool:

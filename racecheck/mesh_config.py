@@ -1,0 +1,59 @@
+"""The HSDP mesh as a value: how many ranks shard a parameter and how many replicas there are.
+
+It has no torch in it, so that the command line can parse `--mesh` and name the mesh a run uses
+without importing torch; racecheck.fsdp.mesh builds the communicators for it. This dataclass is
+the one owner of the `SHARDxREPLICATE` spelling and of the default layout for a world size.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    """How many ranks shard a parameter (`shard`) and how many replicas exist (`replicate`)."""
+
+    shard: int
+    replicate: int = 1
+
+    def __post_init__(self) -> None:
+        for axis in ("shard", "replicate"):
+            size = getattr(self, axis)
+            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+                raise ValueError(f"mesh axis {axis!r} must be a positive int, got {size!r}")
+
+    @classmethod
+    def parse(cls, spec: str) -> "MeshConfig":
+        """`SHARDxREPLICATE`, e.g. `2x2`; ValueError for anything else."""
+        shard, _, replicate = spec.strip().lower().partition("x")
+        if not (shard.isdigit() and replicate.isdigit() and int(shard) > 0 and int(replicate) > 0):
+            raise ValueError(f"{spec!r} is not of the form SHARDxREPLICATE with positive integers, e.g. 2x2")
+        return cls(shard=int(shard), replicate=int(replicate))
+
+    @classmethod
+    def for_world(cls, world_size: int) -> "MeshConfig":
+        """The default HSDP layout of a world: 2 x (world/2) when the world is even and larger
+        than 2 (2-way shard x replicate), else every rank a shard."""
+        if world_size > 2 and world_size % 2 == 0:
+            return cls(shard=2, replicate=world_size // 2)
+        return cls(shard=world_size, replicate=1)
+
+    def __str__(self) -> str:
+        return f"{self.shard}x{self.replicate}"
+
+    @property
+    def world_size(self) -> int:
+        return self.shard * self.replicate
+
+    @property
+    def is_hybrid(self) -> bool:
+        return self.replicate > 1
+
+    def shard_groups(self) -> list[list[int]]:
+        """Rank lists along the shard axis (one per replica)."""
+        return [[r * self.shard + s for s in range(self.shard)] for r in range(self.replicate)]
+
+    def replicate_groups(self) -> list[list[int]]:
+        """Rank lists along the replicate axis (one per shard index)."""
+        return [[r * self.shard + s for r in range(self.replicate)] for s in range(self.shard)]
