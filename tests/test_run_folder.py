@@ -1,0 +1,221 @@
+"""The front door under ordinary mishaps: a rank that fails at setup, two runs on one folder, an
+unwritable folder, invalid TOML, torn and foreign log lines, shards that are not one experiment,
+test ids matplotlib would read as mathtext, and a console that is no terminal. Each case checks
+its exit code and its one-line message."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import pytest
+
+from racecheck.trials import run_options
+from test_runner import SEEDED_TEST, racecheck, records, summary_counts, write_suite
+
+
+@pytest.fixture(autouse=True)
+def _fast_sessions(monkeypatch):
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+
+
+# Rank 1 raises in a session fixture before it joins the process group: rank 0 waits in the
+# rendezvous for a peer that never comes (the process group's own timeout is 30 minutes).
+RANK_FAILS_AT_SETUP = """
+import os
+import pytest
+import torch
+import torch.distributed as dist
+
+@pytest.fixture(scope="session")
+def world():
+    if os.environ["RANK"] == "1":
+        raise RuntimeError("rank 1 could not set up")
+    dist.init_process_group("gloo")
+    yield
+    dist.destroy_process_group()
+
+def test_sum(world):
+    t = torch.ones(2)
+    dist.all_reduce(t)
+    assert t[0] == 2
+"""
+
+
+def _one_line(text: str) -> str:
+    lines = [l for l in text.splitlines() if l.strip()]
+    assert len(lines) == 1, text
+    return lines[0]
+
+
+@pytest.mark.slow
+def test_a_rank_failing_at_setup_ends_its_session_and_is_the_recorded_error(tmp_path):
+    root = write_suite(tmp_path / "p", arms={"a": {"env": {"ARM": "a"}}, "b": {"env": {"ARM": "b"}}},
+                       tests={"test_world.py": RANK_FAILS_AT_SETUP}, suite="world_size = 2")
+    res = racecheck("run", "--arms", "a,b", "--trials", 1, "--out", tmp_path / "out", "-q", cwd=root)
+    assert res.code == 0, res
+    got = records(tmp_path / "out")
+    assert sorted(r.arm for r in got) == ["a", "b"]
+    for r in got:
+        assert r.outcome == "error"
+        assert r.signature == "RuntimeError at test_world.py:10 in world"
+        assert r.message.startswith("rank 1: rank 1 could not set up")
+    assert "of these 1 errored" in res.out
+
+
+def test_two_runs_started_together_on_one_folder_one_runs_the_other_exits_3(tmp_path):
+    # The winner holds the folder for a second at least, so both always overlap.
+    slow = "import time\n\ndef test_hold():\n    time.sleep(1.0)\n"
+    root = write_suite(tmp_path / "p", arms={"only": {}}, tests={"test_hold.py": slow})
+    command = [sys.executable, "-m", "racecheck", "run", "--trials", "1", "-q", "--out"]
+    for attempt in range(20):
+        out = tmp_path / f"out{attempt}"
+        procs = [subprocess.Popen(command + [str(out)], cwd=root, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for _ in range(2)]
+        results = [(p.wait(timeout=120), *p.communicate()) for p in procs]
+        codes = sorted(code for code, _, _ in results)
+        assert codes == [0, 3], (attempt, results)
+        loser = next(err for code, _, err in results if code == 3)
+        assert _one_line(loser).startswith(f"racecheck: infrastructure error: {out} is in use by "
+                                           f"another racecheck run (pid ")
+        assert [r.outcome for r in records(out)] == ["passed"]  # the winner's run, whole and alone
+
+
+def test_an_unwritable_run_folder_is_a_usage_error(tmp_path):
+    root = write_suite(tmp_path / "p", arms={"never": {}}, tests={"test_seeded.py": SEEDED_TEST})
+    res = racecheck("run", "--trials", 1, "--out", "/proc/self", "-q", cwd=root)  # not even root writes there
+    assert res.code == 2, res
+    assert _one_line(res.err).startswith("racecheck: error: cannot write to the run folder /proc/self: ")
+
+
+@pytest.mark.parametrize("command", [("run", "--trials", "1"), ("list",)], ids=["run", "list"])
+def test_a_pyproject_that_is_not_toml_is_never_ignored(tmp_path, command):
+    (tmp_path / "pyproject.toml").write_text("[tool.racecheck\narms = 1\n")
+    res = racecheck(*command, cwd=tmp_path)
+    assert res.code == 2, res
+    assert f"{tmp_path / 'pyproject.toml'}: not valid TOML: Expected ']'" in _one_line(res.err)
+
+
+def _completed(out):
+    return [json.loads(line) for line in (out / "completed.jsonl").read_text().splitlines()]
+
+
+def test_torn_and_foreign_log_lines_are_reported_removed_and_their_block_runs_again(tmp_path):
+    root = write_suite(tmp_path / "p", arms={"often": {}, "never": {}}, tests={"test_seeded.py": SEEDED_TEST})
+    out = tmp_path / "out"
+    assert racecheck("run", "--trials", 3, "--out", out, "-q", cwd=root).code == 0
+    whole = summary_counts(out)
+    log = out / "trials.jsonl"
+    lines = log.read_text().splitlines(keepends=True)
+    lost = json.loads(lines[-1])  # the last record of the last block, torn by a kill mid-write
+    log.write_text("".join(lines[:2]) + "# a note someone pasted in\n" + "".join(lines[2:-1]) + lines[-1][:25])
+    res = racecheck("report", out, cwd=root)  # report skips and names them
+    assert res.code == 0 and "line 3 is not JSON" in res.err and "is a torn record" in res.err, res
+
+    res = racecheck("run", "--resume", out, "-q", cwd=root)
+    assert res.code == 0, res
+    assert "line 3 is not JSON ('# a note someone pasted in'): removed" in res.err
+    assert f"trial {lost['trial']} of arm {lost['arm']!r} lost 1 of its 2 records; it runs again" in res.err
+    assert summary_counts(out) == whole
+    assert all(line.startswith("{") and line.endswith("}") for line in log.read_text().splitlines())
+    assert len((out / "trials.jsonl.rejected").read_text().splitlines()) == 2
+    reruns = [c for c in _completed(out) if (c["arm"], c["trial"]) == (lost["arm"], lost["trial"])]
+    assert len(reruns) == 2  # done before the tear, and once more after it
+
+
+def test_merge_refuses_shards_that_differ_in_what_a_trial_means_and_accepts_arms_as_resolved(tmp_path):
+    root = write_suite(tmp_path / "p", arms={"often": {}, "never": {}}, tests={"test_seeded.py": SEEDED_TEST})
+    assert racecheck("run", "--trials", 2, "--shard", "1/2", "--out", tmp_path / "a", "-q", cwd=root).code == 0
+    for name, extra in (("timeout", ["--timeout", "77"]), ("isolation", ["--isolation", "process"]),
+                        ("chunk", ["--chunk", "2"])):
+        res = racecheck("run", "--trials", 2, "--shard", "2/2", *extra, "--out", tmp_path / name, "-q", cwd=root)
+        assert res.code == 0, res
+        res = racecheck("merge", tmp_path / "a", tmp_path / name, "--out", tmp_path / f"m-{name}", cwd=root)
+        assert res.code == 2 and f"their {name} differs" in _one_line(res.err), res
+    # The same arms, once by default and once spelled out, are one experiment.
+    res = racecheck("run", "--trials", 2, "--shard", "2/2", "--arms", "often,never", "--out", tmp_path / "b",
+                    "-q", cwd=root)
+    assert res.code == 0, res
+    res = racecheck("merge", tmp_path / "a", tmp_path / "b", "--out", tmp_path / "m", cwd=root)
+    assert res.code == 0, res
+    # Different arms are not.
+    res = racecheck("run", "--trials", 2, "--shard", "2/2", "--arms", "often", "--out", tmp_path / "c",
+                    "-q", cwd=root)
+    res = racecheck("merge", tmp_path / "a", tmp_path / "c", "--out", tmp_path / "m2", cwd=root)
+    assert res.code == 2 and "their scenarios differs" in _one_line(res.err), res
+
+
+def test_the_html_report_takes_a_test_id_that_looks_like_mathtext(tmp_path):
+    root = write_suite(tmp_path / "p", arms={"often": {}}, tests={"test_money.py": """
+        import pytest
+
+        @pytest.mark.parametrize("price", ["$x^2$", "$_{unclosed", "a$b"])
+        def test_price(price, racecheck_seed):
+            assert racecheck_seed % 2 == 0
+        """})
+    assert racecheck("run", "--trials", 2, "--out", tmp_path / "out", "-q", cwd=root).code == 0
+    res = racecheck("report", tmp_path / "out", "--format", "html", "-o", tmp_path / "r.html", cwd=root)
+    assert res.code == 0, res
+    assert "test_price[$_{unclosed]" in (tmp_path / "r.html").read_text()
+
+
+def test_a_console_that_is_no_terminal_gets_status_lines_not_a_bar(tmp_path):
+    root = write_suite(tmp_path / "p", arms={"often": {}, "never": {}}, tests={"test_seeded.py": SEEDED_TEST})
+    res = racecheck("run", "--trials", 3, "--out", tmp_path / "out", cwd=root)
+    assert res.code == 0, res
+    assert "\r" not in res.err and "it/s" not in res.err and "trial/s" not in res.err
+    assert res.err.splitlines()[0] == "trials: 6 planned"
+    assert res.err.splitlines()[-1].startswith("trials: 6/6 done; often ")
+    failures = [l for l in res.err.splitlines() if l.startswith("failed: often trial ")]
+    assert len(failures) == summary_counts(tmp_path / "out")[("often", "*")][0]
+
+
+class _Suite:
+    """Enough of a suite for fit_worlds."""
+
+    def __init__(self, name, world_size, min_world_size=1, config_file=None):
+        self.name, self.world_size, self.min_world_size = name, world_size, min_world_size
+        self.config_file = config_file
+        self.arms = {"race": None, "safe": None}
+        self.default_arms = ("race", "safe")
+
+    def arm(self, name):
+        import types
+
+        return types.SimpleNamespace(expect=name)
+
+
+def _config(*suites, world_size=None):
+    from racecheck.trials.runner import RunConfig
+
+    return RunConfig(scenarios=tuple(suites), arms=None, trials=1, out=None, world_size=world_size)
+
+
+def test_on_one_gpu_worlds_are_capped_floored_or_skipped_and_named(monkeypatch):
+    monkeypatch.setattr(run_options, "cuda_devices", lambda backend: 1)
+    config = run_options.fit_worlds(_config(_Suite("wide", 4), _Suite("pair", 2, min_world_size=2),
+                                            _Suite("solo", 1)))
+    assert [s.name for s in config.scenarios] == ["wide", "solo"]
+    assert config.worlds == {"wide": 1}
+    assert config.skipped["pair"]["why"] == "needs at least 2 ranks (min_world_size), this machine has 1 GPU"
+    assert run_options.describe_worlds(config) == [
+        "wide: 1 rank on cuda", "solo: 1 rank on cuda",
+        "pair: skipped, needs at least 2 ranks (min_world_size), this machine has 1 GPU"]
+    assert run_options.fit_worlds(_config(_Suite("wide", 4), world_size=4)).worlds == {}  # --world-size wins
+    with pytest.raises(Exception, match="has world_size 2, and this machine has 1 GPU: give --world-size 1"):
+        run_options.fit_worlds(_config(_Suite("project", 2, config_file="pyproject.toml")))
+    with pytest.raises(Exception, match="no suite of the run fits this machine"):
+        run_options.fit_worlds(_config(_Suite("pair", 2, min_world_size=2)))
+
+
+def test_a_skipped_suite_is_a_row_of_the_summary_and_a_line_of_the_table(tmp_path):
+    from racecheck.trials import report, tally
+
+    root = write_suite(tmp_path / "p", arms={"never": {}}, tests={"test_seeded.py": SEEDED_TEST})
+    assert racecheck("run", "--trials", 1, "--out", tmp_path / "out", "-q", cwd=root).code == 0
+    summary = tally.summarize(tally.load_records(tmp_path / "out"))
+    skipped = {"pair": {"arms": ["race"], "expect": {"race": "race"}, "why": "needs at least 2 ranks"}}
+    table = tally.with_skipped(summary, skipped)
+    row = table[table["scenario"] == "pair"].iloc[0]
+    assert (row["test"], row["trials"], row["note"]) == ("*", 0, "skipped: needs at least 2 ranks")
+    assert "pair\n  race (race)  skipped: needs at least 2 ranks" in report.render_terminal(table)
