@@ -2,8 +2,9 @@
 and end it - normally, by the runner's request at a trial boundary, or by force when it hangs.
 
 How a session ends decides what is recorded for the tests in flight (the `Ending`):
-- FINISHED: pytest exited 0 after its last test; a test some process started and never reported
-  (an xdist worker that died) becomes `crash`.
+- FINISHED: pytest exited 0 after its last test, or every block is complete and every rank has
+  logged its end, and the teardown left (which records nothing) is cut short after EXIT_GRACE_S;
+  a test some process started and never reported (an xdist worker that died) becomes `crash`.
 - CRASHED: pytest (or a rank) exited otherwise: the test in flight becomes `crash`, with the exit
   code or signal in its signature.
 - TIMED_OUT: no test started or finished for `timeout` seconds: the whole process tree is killed
@@ -50,6 +51,7 @@ from racecheck.trials.schedule import Block, SessionPlan
 POLL_S = 0.05
 STRAGGLER_GRACE_S = 5.0
 STARTUP_S = 120.0  # patience until the session has collected (interpreter, imports, rendezvous)
+EXIT_GRACE_S = 1.0  # teardown allowed once every outcome is in, before the session is ended
 FAILFAST_S = 5.0  # how long peers may leave a test unreported that one rank failed [Note: fail-fast]
 
 
@@ -96,6 +98,8 @@ class SessionRun:
         self._started_trial = -1
         self._stop_sent = False
         self._finished_after_stop = False
+        self._finished: set = set()  # (rank, worker) of every process that logged its session's end
+        self._all_reported_at: float | None = None
         self._last_progress = time.monotonic()
         self._peer_failed_since: dict = {}  # test -> when a rank's failure of it was first seen
 
@@ -116,6 +120,7 @@ class SessionRun:
         elif kind == "collecterror":
             self._collect_errors.append(event)
         elif kind == "finish":
+            self._finished.add((int(event.get("rank", 0)), event.get("worker", "")))
             if event.get("stopped"):
                 self._finished_after_stop = True
         elif kind in ("start", "outcome"):
@@ -157,6 +162,9 @@ class SessionRun:
                     launch.kill_tree(proc)
                     self._poll_files()
                     ending = Ending.STOPPED if self._finished_after_stop else Ending.TIMED_OUT
+                elif self._only_teardown_left():
+                    launch.kill_tree(proc, grace=1.0)
+                    ending = Ending.FINISHED
                 elif self._world_broken():
                     launch.kill_tree(proc)
                     self._poll_files()
@@ -179,6 +187,19 @@ class SessionRun:
                                       f"without finishing a trial; see {self.spec.log_path}: "
                                       f"{last_lines(self.spec.log_path)}")
         return SessionResult(ending, list(self._done), remaining)
+
+    def _only_teardown_left(self) -> bool:
+        """Every block of the plan is complete and every rank has logged the end of its session:
+        what is left is interpreter and launcher teardown (seconds for a multi-rank world),
+        which can change no outcome. After EXIT_GRACE_S of it the session is ended."""
+        if len(self._done) < len(self.plan.blocks) or not self._finished:
+            return False
+        if len({rank for rank, _ in self._finished}) < self.spec.world_size:
+            return False
+        now = time.monotonic()
+        if self._all_reported_at is None:
+            self._all_reported_at = now
+        return now - self._all_reported_at > EXIT_GRACE_S
 
     def _world_broken(self) -> bool:
         """Whether a rank's failure has left its peers waiting for FAILFAST_S [Note: fail-fast]."""
