@@ -294,6 +294,11 @@ class Runner:
                              f"--racecheck-stop-file={ranks / sid}.stop"]
         args += [f"--racecheck-arm-perturb={a}={suite.arms[a].perturb}" for a in plan.arms
                  if suite.arms[a].perturb is not None]
+        if not any(a == "--tb" or a.startswith("--tb=") for a in user):
+            # Python's own tracebacks in the session log: pytest's long ones parse the source of
+            # every frame (seconds per rank for a failing trial); the record's signature and
+            # message come from the exception, not from this text.
+            args.append("--tb=native")
         if len(plan.blocks) > 1:
             args += [f"--count={len(plan.blocks)}", "--repeat-scope=session"]
         if c.detect:
