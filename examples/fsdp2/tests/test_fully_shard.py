@@ -18,12 +18,12 @@ import itertools
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    pytest.skip("needs a CUDA GPU: FSDP2 here runs on CUDA streams and NCCL", allow_module_level=True)
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-import torch.distributed as dist  # noqa: E402
-from torch import nn  # noqa: E402
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # noqa: E402
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
+                                reason="needs a CUDA GPU: FSDP2 here runs on CUDA streams and NCCL")
 
 HIDDEN = 2048
 BLOCKS = 4

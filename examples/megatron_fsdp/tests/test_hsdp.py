@@ -20,19 +20,21 @@ steps with another block's gradient. The losses move by a few 1e-6 relative (mea
 H200), under their tolerance; the final parameters differ by about 3e-4, thirty times theirs.
 """
 
+from __future__ import annotations
+
 import itertools
 
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    pytest.skip("needs a CUDA GPU: megatron-fsdp's experimental FSDP runs on CUDA streams and NCCL",
-                allow_module_level=True)
+import torch.distributed as dist
+from torch import nn
 
-import torch.distributed as dist  # noqa: E402
-from megatron_fsdp.experimental import Flat, Partial, Placements, Replicate  # noqa: E402
-from megatron_fsdp.experimental import fully_shard, fully_shard_optimizer, microbatch  # noqa: E402
-from torch import nn  # noqa: E402
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: megatron-fsdp's "
+                                "experimental FSDP runs on CUDA streams and NCCL")
+if torch.cuda.is_available():  # without CUDA nothing here runs, and megatron-fsdp need not be installed
+    from megatron_fsdp.experimental import Flat, Partial, Placements, Replicate
+    from megatron_fsdp.experimental import fully_shard, fully_shard_optimizer, microbatch
 
 HIDDEN = 2048  # one block's weight: 16 MiB of fp32, a block of its own in the caching allocator
 BLOCKS = 4

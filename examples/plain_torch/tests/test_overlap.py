@@ -10,14 +10,12 @@ import copy
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    pytest.skip("needs a CUDA GPU: the patterns overlap CUDA streams", allow_module_level=True)
+import torch.distributed as dist
+from overlap import ActivationOffloader, AllGatherPrefetcher, BucketedReduceScatter, DoubleBufferedAllReduce
+from torch import nn
 
-import torch.distributed as dist  # noqa: E402
-from torch import nn  # noqa: E402
-
-from overlap import (ActivationOffloader, AllGatherPrefetcher, BucketedReduceScatter,  # noqa: E402
-                     DoubleBufferedAllReduce)
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
+                                reason="needs a CUDA GPU: the patterns overlap CUDA streams")
 
 HIDDEN = 2048
 LAYERS = 6
