@@ -1,0 +1,244 @@
+"""Code that is not racecheck's, through `racecheck run` only: the example projects in examples/
+(megatron-fsdp 0.6.1 as released and with its fix, PyTorch's FSDP2, four plain-torch patterns),
+each in every mode, into one table.
+
+    python3 bench/foreign_code.py --out DIR [--suites megatron_fsdp,fsdp2,plain_torch]
+        [--modes natural,profile,systematic,random,detect] [--trials 10] [--report reports/gpu]
+
+Modes, each `--trials` trials of every arm, run from the example's folder:
+- natural      `--no-perturb`: the rate with nothing injected;
+- profile:SPEC `--perturb SPEC`, the profile named for the case below (FSDP2: every profile named
+               for the other cases, one run each);
+- systematic   `--perturb systematic`: one recorded hand-off point delayed per trial;
+- random       `--perturb random`;
+- detect       `--detect --no-perturb`: the detector, nothing injected.
+Each run's folder (trials.jsonl, summary.csv, the console log) lands under DIR/runs/. The rows
+(`suite,case,arm,expect,mode,trials,failures,detected`) are merged into REPORT/foreign_code.csv
+(rows of the same suite, case, arm and mode are replaced, so a run split over several device calls
+builds one table) and REPORT/foreign_code.md is rendered from it. Run it on the GPU machine through
+bench/foreign_code.sh, which installs what it needs and packs DIR.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+COLUMNS = ("suite", "case", "arm", "expect", "mode", "trials", "failures", "detected")
+MODES = ("natural", "profile", "systematic", "random", "detect")
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """Tests of one example run under one named profile in mode `profile`."""
+
+    suite: str
+    targets: tuple[str, ...]  # pytest node ids or files, relative to the example's folder
+    profile: str
+
+
+# The profile named for each case: a delay where its hand-off happens.
+CASES = (
+    # The reduce-scatter stream held back while the default stream reuses the freed main_grad.
+    Case("megatron_fsdp", ("tests/test_hsdp.py",), "sleep@before_reduce_scatter:5ms"),
+    # The copy stream held back at its entry while the compute stream reuses the freed activation.
+    Case("plain_torch", ("tests/test_overlap.py::test_offload_copy",), "sleep@stream_enter:5ms"),
+    # The prefetch stream's all-gather held back; the consumer waits on the wrong event.
+    Case("plain_torch", ("tests/test_overlap.py::test_prefetch_all_gather",), "sleep@before_all_gather:5ms"),
+    # The all-reduce held back while the compute stream packs into the same staging buffer.
+    Case("plain_torch", ("tests/test_overlap.py::test_double_buffer_all_reduce",), "sleep@before_all_reduce:5ms"),
+    # The reduce-scatter held back while the compute stream reuses the freed bucket.
+    Case("plain_torch", ("tests/test_overlap.py::test_bucketed_reduce_scatter",), "sleep@before_reduce_scatter:5ms"),
+)
+ARMS = {"megatron_fsdp": "fixed,asis", "fsdp2": "fully_shard", "plain_torch": "correct,race"}
+WHOLE_SUITE = {"megatron_fsdp": ("tests/test_hsdp.py",), "fsdp2": ("tests/test_fully_shard.py",),
+               "plain_torch": ("tests/test_overlap.py",)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One `racecheck run` of one example."""
+
+    suite: str
+    mode: str  # as in the table: natural, profile:SPEC, systematic, random, detect
+    targets: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        tag = self.mode.replace("profile:", "profile-").translate(str.maketrans("@:,/>", "_____"))
+        which = "-".join(t.partition("::")[2] or Path(t).stem for t in self.targets)
+        return f"{self.suite}.{tag}.{which}"
+
+    def flags(self) -> list[str]:
+        if self.mode == "natural":
+            return ["--no-perturb"]
+        if self.mode == "detect":
+            return ["--detect", "--no-perturb"]
+        if self.mode.startswith("profile:"):
+            return ["--perturb", self.mode.partition(":")[2]]
+        return ["--perturb", self.mode]  # systematic, random
+
+
+def plan(suites: list[str], modes: list[str]) -> list[Run]:
+    runs: list[Run] = []
+    for suite in suites:
+        for mode in modes:
+            if mode != "profile":
+                runs.append(Run(suite, mode, WHOLE_SUITE[suite]))
+                continue
+            if suite == "fsdp2":  # correct code: every profile that exposes one of the races
+                profiles = dict.fromkeys(c.profile for c in CASES)
+                runs += [Run(suite, f"profile:{p}", WHOLE_SUITE[suite]) for p in profiles]
+            else:
+                runs += [Run(suite, f"profile:{c.profile}", c.targets) for c in CASES if c.suite == suite]
+    return runs
+
+
+def execute(run: Run, *, out: Path, trials: int, chunk: int, timeout: float) -> tuple[int, Path]:
+    """`racecheck run` from the example's folder; (exit code, its run folder)."""
+    folder = out / "runs" / run.name
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    # --max-time stops the run at a trial boundary with its summary written; the terminate below
+    # (racecheck keeps finished trials on SIGTERM and ends its sessions) is the backstop.
+    argv = [sys.executable, "-m", "racecheck", "run", "--arms", ARMS[run.suite], "--trials", str(trials),
+            "--chunk", str(chunk), "--quiet", "--max-time", str(max(1, int(timeout) - 20)),
+            "--out", str(folder), *run.flags(), "--", *run.targets]
+    log = out / "runs" / f"{run.name}.log"
+    with open(log, "w") as stream:
+        stream.write(" ".join(argv) + "\n")
+        stream.flush()
+        proc = subprocess.Popen(argv, cwd=EXAMPLES / run.suite, stdout=stream, stderr=subprocess.STDOUT)
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            rc = 124
+    return rc, folder
+
+
+def rows_of(run: Run, folder: Path) -> list[dict]:
+    """The table's rows from a run's summary.csv: one per test and arm."""
+    summary = folder / "summary.csv"
+    if not summary.is_file():
+        return []
+    with open(summary, newline="") as f:
+        records = [r for r in csv.DictReader(f) if r["test"] != "*"]
+    return [{"suite": run.suite, "case": r["test"].rpartition("::")[2], "arm": r["arm"],
+             "expect": r.get("expect", ""), "mode": run.mode, "trials": r["trials"],
+             "failures": r["failures"], "detected": r.get("detected", "")} for r in records]
+
+
+def actions_of(folder: Path) -> dict[tuple[str, str], int]:
+    """Perturbation actions taken per (case, arm), summed over trials (trials.jsonl `actions`)."""
+    totals: dict[tuple[str, str], int] = {}
+    log = folder / "trials.jsonl"
+    if not log.is_file():
+        return totals
+    for line in log.read_text().splitlines():
+        record = json.loads(line)
+        if "actions" not in record:
+            continue
+        key = (str(record.get("test", "")).rpartition("::")[2], str(record.get("arm", "")))
+        counts = record.get("actions") or {}
+        totals[key] = totals.get(key, 0) + sum(v for v in counts.values() if isinstance(v, int))
+    return totals
+
+
+def merge(report: Path, rows: list[dict]) -> list[dict]:
+    """The rows of REPORT/foreign_code.csv with `rows` replacing those of the same key."""
+    key = lambda r: (r["suite"], r["case"], r["arm"], r["mode"])  # noqa: E731
+    table = {}
+    path = report / "foreign_code.csv"
+    if path.is_file():
+        with open(path, newline="") as f:
+            table = {key(r): r for r in csv.DictReader(f)}
+    table.update({key(r): r for r in rows})
+    order = {m: i for i, m in enumerate(MODES)}
+    merged = sorted(table.values(), key=lambda r: (r["suite"], r["case"], order.get(r["mode"].split(":")[0], 9),
+                                                    r["mode"], r["arm"]))
+    report.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(merged)
+    return merged
+
+
+def render(report: Path, rows: list[dict], *, actions: dict, command: str, errors: list[str]) -> None:
+    try:
+        import torch
+
+        where = f"torch {torch.__version__}, {torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU'}"
+    except ImportError:
+        where = "torch not importable"
+    lines = ["# Code that is not racecheck's, through `racecheck run`", "",
+             f"{where}; command: `{command}` (bench/foreign_code.sh on the GPU machine).", "",
+             "`failures`: trials in which the test failed, of `trials`; `detected`: trials with a "
+             "detector report (mode `detect` only); `actions`: perturbation actions the last run of "
+             "that row took in this call, summed over its trials (empty where the log records none or the row comes from an earlier call).", "",
+             "| suite | case | arm | expect | mode | failures | detected | actions |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        acted = actions.get((r["suite"], r["mode"], r["case"], r["arm"]), "")
+        detected = f"{r['detected']}/{r['trials']}" if r["detected"] != "" else ""
+        lines.append(f"| {r['suite']} | `{r['case']}` | {r['arm']} | {r['expect']} | `{r['mode']}` | "
+                     f"{r['failures']}/{r['trials']} | {detected} | {acted} |")
+    if errors:
+        lines += ["", "Runs that did not finish (exit code; their logs are in the packed run folders):", ""]
+        lines += [f"- {e}" for e in errors]
+    (report / "foreign_code.md").write_text("\n".join(lines) + "\n")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="where the run folders and logs go")
+    parser.add_argument("--suites", default=",".join(ARMS), help="examples to run (default: all)")
+    parser.add_argument("--modes", default=",".join(MODES), help="modes to run (default: all)")
+    parser.add_argument("--trials", type=int, default=10)
+    parser.add_argument("--chunk", type=int, default=10, help="racecheck run --chunk: trials per session")
+    parser.add_argument("--report", type=Path, default=ROOT / "reports" / "gpu", help="where the table goes")
+    parser.add_argument("--max-seconds", type=float, default=None,
+                        help="start no run after this long (the device call has a hard limit)")
+    args = parser.parse_args()
+    suites, modes = args.suites.split(","), args.modes.split(",")
+    for name, given, known in (("suite", suites, ARMS), ("mode", modes, MODES)):
+        unknown = [g for g in given if g not in known]
+        if unknown:
+            parser.error(f"unknown {name} {', '.join(unknown)}; known: {', '.join(known)}")
+    start = time.monotonic()
+    rows, errors, actions = [], [], {}
+    for run in plan(suites, modes):
+        left = None if args.max_seconds is None else args.max_seconds - (time.monotonic() - start)
+        if left is not None and left < 30:
+            errors.append(f"{run.name}: not started, out of time")
+            continue
+        began = time.monotonic()
+        rc, folder = execute(run, out=args.out, trials=args.trials, chunk=args.chunk,
+                             timeout=left if left is not None else 3600)
+        print(f"{run.name}: exit {rc} in {time.monotonic() - began:.0f} s", flush=True)
+        if rc != 0:
+            errors.append(f"{run.name}: exit {rc}")
+        rows += rows_of(run, folder)
+        actions.update({(run.suite, run.mode, *k): v for k, v in actions_of(folder).items()})
+    merged = merge(args.report, rows)
+    command = "python3 bench/foreign_code.py " + " ".join(sys.argv[1:])
+    render(args.report, merged, actions=actions, command=command, errors=errors)
+    print(f"{len(rows)} rows into {args.report / 'foreign_code.csv'}; {len(errors)} runs not finished")
+    return 0 if not errors else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

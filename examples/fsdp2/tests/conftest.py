@@ -1,0 +1,61 @@
+"""Fixtures of the FSDP2 example: the process world and its device mesh (FSDP on one GPU, HSDP
+on an even number above 2), and a fresh allocator per test.
+
+The suite runs as one process on one GPU (plain pytest) or one process per GPU under torchrun; it
+needs CUDA and skips without it (test_fully_shard.py says so at collection).
+"""
+
+import os
+
+import pytest
+
+
+def _mesh_shape(world_size: int) -> tuple[int, ...]:
+    """(replicate, shard) for HSDP when RACECHECK_MESH=SHARDxREPLICATE asks for it or the world is
+    even and above 2 (2-way shard); else (world,): plain FSDP."""
+    spec = os.environ.get("RACECHECK_MESH")
+    if spec:
+        shard, _, replicate = spec.lower().partition("x")
+        try:
+            shape = (int(replicate or 1), int(shard))
+        except ValueError:
+            raise pytest.UsageError(f"RACECHECK_MESH={spec!r}: expected SHARDxREPLICATE, e.g. 2x2") from None
+        if shape[0] * shape[1] != world_size or min(shape) < 1:
+            raise pytest.UsageError(f"RACECHECK_MESH={spec!r} does not cover a world of {world_size}")
+        return shape
+    if world_size > 2 and world_size % 2 == 0:
+        return world_size // 2, 2
+    return (world_size,)
+
+
+@pytest.fixture(scope="session")
+def mesh():
+    """The device mesh over NCCL; one per session."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local_rank)
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size > 1:
+        dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))  # torchrun's env
+    else:
+        # One process, no launcher: a one-rank NCCL group, so every collective is still a kernel
+        # on the stream it is issued on.
+        dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
+    shape = _mesh_shape(world_size)
+    names = ("replicate", "shard") if len(shape) == 2 else ("shard",)
+    yield init_device_mesh("cuda", shape, mesh_dim_names=names)
+    dist.destroy_process_group()
+
+
+@pytest.fixture(autouse=True)
+def fresh_allocator():
+    """Every test starts with an empty caching allocator, as in a fresh process."""
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    yield

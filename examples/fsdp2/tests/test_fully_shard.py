@@ -1,0 +1,113 @@
+"""Training with PyTorch's FSDP2 (`fully_shard`, bf16 parameters, fp32 gradient reduction)
+against a single-process reference that does the same arithmetic without sharding.
+
+The model is four blocks of `Linear(2048, 2048, bias=False)` + `Tanh`; each block is one
+`fully_shard` unit, then the root, with `MixedPrecisionPolicy(param_dtype=bf16,
+reduce_dtype=fp32)`. Three SGD steps of `num_microbatches` microbatches each; each rank trains on
+its slice of the global batch. The reference keeps fp32 master weights and, each step, computes
+every rank's microbatches on a bf16 copy of them, casting each microbatch's gradient to fp32 and
+averaging over ranks, which is what FSDP2 computes. Losses and final parameters must match.
+
+FSDP2 keeps every buffer that crosses streams alive until the consuming stream has waited on an
+event (no record_stream), so no schedule of its streams may make this suite fail.
+"""
+
+import copy
+import itertools
+
+import pytest
+import torch
+
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
+                                reason="needs a CUDA GPU: FSDP2 here runs on CUDA streams and NCCL")
+
+HIDDEN = 2048
+BLOCKS = 4
+BATCH_PER_RANK = 48  # divisible by every num_microbatches below
+STEPS = 3
+LR = 2.0  # a corrupted gradient moves the parameters by about 1e-3, ten times the tolerance
+LOSS_RTOL = 1e-3
+PARAM_ATOL = 1e-4  # bf16 compute: a master weight one ulp apart can round to another bf16 value
+MP = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+
+
+def make_model() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(*[nn.Sequential(nn.Linear(HIDDEN, HIDDEN, bias=False), nn.Tanh())
+                           for _ in range(BLOCKS)])
+
+
+def make_batches(world_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(1)
+    size = BATCH_PER_RANK * world_size
+    return [(torch.randn(size, HIDDEN, generator=g), torch.randn(size, HIDDEN, generator=g))
+            for _ in range(STEPS)]
+
+
+def microbatches(x, y, n):
+    return zip(x.chunk(n), y.chunk(n))
+
+
+def train_fsdp2(mesh, batches, *, num_microbatches: int, reshard_after_forward: bool):
+    model = make_model().cuda()
+    for block in model:
+        fully_shard(block, mesh=mesh, mp_policy=MP, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=mesh, mp_policy=MP, reshard_after_forward=reshard_after_forward)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, foreach=False)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    losses = []
+    for x, y in batches:
+        optimizer.zero_grad(set_to_none=True)
+        x, y = (t.chunk(world)[rank].cuda() for t in (x, y))
+        step_loss = torch.zeros((), device="cuda")
+        for xm, ym in microbatches(x, y, num_microbatches):
+            loss = nn.functional.mse_loss(model(xm).float(), ym) / num_microbatches
+            loss.backward()
+            step_loss += loss.detach()
+        dist.all_reduce(step_loss, op=dist.ReduceOp.AVG)
+        losses.append(step_loss.item())
+        optimizer.step()
+    return losses, [p.full_tensor().cpu() for p in model.parameters()]
+
+
+def train_reference(batches, *, world: int, num_microbatches: int):
+    master = make_model().cuda()
+    optimizer = torch.optim.SGD(master.parameters(), lr=LR, foreach=False)
+    losses = []
+    for x, y in batches:
+        for p in master.parameters():
+            p.grad = torch.zeros_like(p)  # the fp32 sums of the microbatches' gradients
+        compute = copy.deepcopy(master).to(torch.bfloat16)  # FSDP2's all-gathered bf16 copy
+        step_loss = 0.0
+        for xr, yr in zip(x.chunk(world), y.chunk(world)):  # what each rank computes
+            for xm, ym in microbatches(xr.cuda(), yr.cuda(), num_microbatches):
+                compute.zero_grad(set_to_none=True)
+                out = compute(xm.to(torch.bfloat16))
+                loss = nn.functional.mse_loss(out.float(), ym) / num_microbatches
+                loss.backward()
+                step_loss += loss.item() / world
+                for p, c in zip(master.parameters(), compute.parameters()):
+                    p.grad += c.grad.float() / world  # reduce_dtype fp32, averaged over ranks
+        losses.append(step_loss)
+        optimizer.step()
+    return losses, [p.detach().cpu() for p in master.parameters()]
+
+
+@pytest.mark.parametrize(("num_microbatches", "reshard_after_forward"),
+                         list(itertools.product([1, 3], [True, False])))
+def test_fully_shard_losses_match_reference(mesh, num_microbatches, reshard_after_forward):
+    world = dist.get_world_size()
+    batches = make_batches(world)
+    losses, params = train_fsdp2(mesh, batches, num_microbatches=num_microbatches,
+                                 reshard_after_forward=reshard_after_forward)
+    ref_losses, ref_params = train_reference(batches, world=world, num_microbatches=num_microbatches)
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=LOSS_RTOL, atol=0.0,
+                               msg=lambda m: f"losses per step differ from the reference: {losses} vs "
+                                             f"{ref_losses}\n{m}")
+    for index, (param, ref) in enumerate(zip(params, ref_params)):
+        torch.testing.assert_close(param, ref, rtol=0.0, atol=PARAM_ATOL,
+                                   msg=lambda m, i=index: f"block {i}'s weight after {STEPS} steps: {m}")
