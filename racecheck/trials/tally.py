@@ -14,6 +14,9 @@ which the test ran (passed+failed+timeout+crash+error), and `skipped`, an additi
 columns, counts those that skipped it; a row whose trials all skipped has `trials` 0, an empty
 `failure_rate` and the uninformative interval (0, 1).
 
+A suite the run skipped (on CUDA, one whose min_world_size exceeds the GPUs) gets one `*` row per
+arm with `trials` 0 and its reason in a column `note`, present only when something was skipped.
+
 With a failure `signature` (a regular expression searched in each record's signature and message),
 only matching failures count as failures: a failure with another signature is not evidence of the
 race under study, and the column `other_failures` counts those trials instead.
