@@ -42,6 +42,9 @@ class ItemTrial:
     message: str = ""
     duration: float = 0.0
     reports: list = dataclasses.field(default_factory=list)  # detector reports attached by fixtures
+    perturb: str = ""  # the canonical spec of this block (the schedule's), "" for the options'
+    patch: object = None  # project suites: this test's installed PatchMode (plugin_patch.py)
+    tracker: object = None  # project suites with --racecheck-detect: its TorchRaceTracker
 
 
 ITEM_TRIAL = pytest.StashKey[ItemTrial]()
@@ -49,6 +52,7 @@ _LOG_KEY = pytest.StashKey["_ProcessLog | None"]()
 _STOPPED_KEY = pytest.StashKey[bool]()
 _ARM_PERTURB_KEY = pytest.StashKey[dict]()
 _SCHEDULE_KEY = pytest.StashKey[list]()
+_PROJECT_KEY = pytest.StashKey[object]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -73,6 +77,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="per-process JSONL outcome log; '{rank}' in PATH is replaced by the rank")
     group.addoption("--racecheck-stop-file", default=None, metavar="PATH",
                     help="stop before trial T once PATH exists and holds T (the runner's graceful stop)")
+    group.addoption("--racecheck-patch", action="store_true", default=False,
+                    help="a suite not written against racecheck's runtime: install patch mode around every "
+                         "test with its profile, and with --racecheck-detect run it under TorchRaceTracker")
+    group.addoption("--racecheck-handoffs", default=None, metavar="DIR",
+                    help="where the systematic schedule keeps each test's hand-off points (the runner's)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -103,6 +112,11 @@ def pytest_configure(config: pytest.Config) -> None:
         if len(config.stash[_SCHEDULE_KEY]) != count:
             raise pytest.UsageError(f"--racecheck-schedule lists {len(config.stash[_SCHEDULE_KEY])} blocks "
                                     f"but --count is {count}")
+    if config.getoption("--racecheck-patch"):
+        from racecheck.plugin_patch import configure_project
+
+        specs = [b.perturb for b in config.stash.get(_SCHEDULE_KEY, [])] or [global_spec, *perturbs.values()]
+        config.stash[_PROJECT_KEY] = configure_project(config, specs)
     log = config.getoption("--racecheck-log")
     config.stash[_LOG_KEY] = _ProcessLog(log) if log else None
     if log:
@@ -132,7 +146,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         params = test[test.index("[") + 1:-1] if test.endswith("]") and "[" in test else ""
         block = blocks[step]
         item.stash[ITEM_TRIAL] = ItemTrial(step=step, trial=block.trial, arm=block.arm, test=test,
-                                           params=params)
+                                           params=params, perturb=block.perturb)
     # Block order (trial-major, arms in each trial's order); stable inside (pytest's own order).
     items.sort(key=lambda it: it.stash[ITEM_TRIAL].step)
 
@@ -161,11 +175,15 @@ def racecheck_seed(request: pytest.FixtureRequest) -> int:
 
 @pytest.fixture
 def racecheck_perturb(request: pytest.FixtureRequest):
-    """This arm's perturbation spec (--racecheck-arm-perturb), else --racecheck-perturb's, else
-    None for the scenario's default."""
-    arm = request.node.stash[ITEM_TRIAL].arm
-    per_arm = request.config.stash[_ARM_PERTURB_KEY]
-    return per_arm.get(arm, request.config.getoption("--racecheck-perturb"))
+    """This block's perturbation spec: the session schedule's (the runner resolved it), else this
+    arm's --racecheck-arm-perturb, else --racecheck-perturb's, else None for the scenario's default."""
+    return _spec(request.node.stash[ITEM_TRIAL], request.config)
+
+
+def _spec(t: ItemTrial, config: pytest.Config):
+    if t.perturb:
+        return t.perturb
+    return config.stash[_ARM_PERTURB_KEY].get(t.arm, config.getoption("--racecheck-perturb"))
 
 
 @pytest.fixture
@@ -221,16 +239,23 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem):
-    result = yield
     config = item.config
-    log = config.stash[_LOG_KEY]
     t = item.stash.get(ITEM_TRIAL, None)
+    project = config.stash.get(_PROJECT_KEY, None)
+    seed = config.getoption("--racecheck-seed") + (t.trial if t is not None else 0)
+    if project is not None and t is not None:
+        project.start(t, spec=_spec(t, config) or "off", seed=seed)
+    try:
+        result = yield
+    finally:
+        extra = project.finish(t) if project is not None and t is not None else {}
+    log = config.stash[_LOG_KEY]
     if log is not None and t is not None:
+        device = "cuda" if project is not None and project.cuda else _device()
         log.write({"event": "outcome", "test": t.test, "params": t.params, "trial": t.trial,
-                   "arm": t.arm, "seed": config.getoption("--racecheck-seed") + t.trial,
-                   "outcome": worst(t.outcomes).value, "signature": t.signature, "message": t.message,
-                   "duration": round(t.duration, 4), "device": _device(),
-                   "detected": len(t.reports), "reports": t.reports})
+                   "arm": t.arm, "seed": seed, "outcome": worst(t.outcomes).value, "signature": t.signature,
+                   "message": t.message, "duration": round(t.duration, 4), "device": device,
+                   "detected": len(t.reports), "reports": t.reports, **extra})
     following = nextitem.stash.get(ITEM_TRIAL, None) if nextitem is not None else None
     if t is not None and following is not None and following.trial != t.trial:
         if _stop_requested(config, following.trial):

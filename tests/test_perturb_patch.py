@@ -1,15 +1,12 @@
 """Patch mode's wrapping of torch.distributed, on the CPU over a one-rank gloo group.
 
 What a GPU adds (the calibrated sleep on the collective's stream, the side stream of asynchronous
-calls, the caching allocator's reuse) runs in bench/patch_mode_gpu.py; here a recording stand-in
-for the CUDA actions checks which calls are wrapped, what each is told, and that the program's
-results and the module's functions are untouched.
+calls, the caching allocator's reuse) runs in bench/patch_mode_gpu.py; here the recording twin of
+the CUDA actions (racecheck.perturb.recording) checks which calls are wrapped, what each is told,
+and that the program's results and the module's functions are untouched.
 """
 
 from __future__ import annotations
-
-import time
-import weakref
 
 import pytest
 import torch
@@ -17,32 +14,9 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from racecheck.perturb.patch import WRAPPED, CollectivePatch
+from racecheck.perturb import recording
 from racecheck.perturb.profiles import parse_profile
-
-
-class RecordingActions:
-    """Acts on CPU tensors and records every request instead of touching a GPU."""
-
-    def __init__(self) -> None:
-        self.launches: list[tuple[float, bool]] = []
-        self.pressures: list[int] = []
-
-    def applies(self, tensors) -> bool:
-        return bool(tensors)
-
-    def stream_name(self) -> str:
-        return "default"
-
-    def launch(self, call, *, delay: float, async_op: bool):
-        self.launches.append((delay, async_op))
-        return call()
-
-    def watch_free(self, tensor, callback) -> None:
-        storage = tensor.untyped_storage()
-        weakref.finalize(storage, callback, storage.nbytes())
-
-    def pressure(self, nbytes: int) -> None:
-        self.pressures.append(nbytes)
+from racecheck.perturb.recording import RecordingActions
 
 
 @pytest.fixture(scope="module")
@@ -82,27 +56,21 @@ def test_uninstall_restores_every_function(one_rank_group):
     assert before == {(m.__name__, n): getattr(m, n) for m in (dist, c10d) for n in WRAPPED if hasattr(m, n)}
 
 
-def test_pressure_follows_an_inputs_free_at_the_next_call(one_rank_group):
+def test_pressure_follows_a_free_at_the_next_point(one_rank_group):
     patch, actions = patched("pressure@free")
     with patch:
-        grad = torch.ones(1000)
-        dist.all_reduce(grad)
-        del grad  # the program drops the collective's input
-        assert actions.pressures == []  # never inside the finalizer: at the next wrapped call
-        # gloo's work object may hold the input a little longer than the call; the free is noted
-        # whenever the storage dies, and acted on at the first wrapped call after that.
-        for _ in range(200):
-            dist.all_reduce(torch.ones(4))
-            if actions.pressures:
-                break
-            time.sleep(0.01)
-    assert actions.pressures[0] == 4000
-    assert patch.pressured == len(actions.pressures)
+        ptr = recording.release(4000)  # the allocator's deallocation callback
+        assert actions.frees == []  # never inside the callback: at the next point the host passes
+        dist.all_reduce(torch.ones(4))
+    assert actions.frees == [(ptr, False, True)]
+    assert patch.counts == {"sleep": 0, "pressure": 1, "poison": 0}
+    recording.release(4000)  # uninstalled: no longer seen
+    assert len(actions.frees) == 1
 
 
 def test_patch_mode_refuses_what_it_cannot_do():
-    for spec in ("poison@free", "reorder@before_all_reduce>end_of_backward:1ms", "sleep@reshard:1ms",
-                 "sleep@before_all_reduce:1ms/other"):
+    for spec in ("sleep@free:1ms", "reorder@before_all_reduce>end_of_backward:1ms", "sleep@reshard:1ms",
+                 "sleep@before_all_reduce:1ms/other", "pressure@free/other"):
         with pytest.raises(ValueError, match="patch mode"):
             CollectivePatch(parse_profile(spec), actions=RecordingActions())
 
