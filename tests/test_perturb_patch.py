@@ -94,3 +94,53 @@ def test_launcher_runs_the_script_under_the_patch(tmp_path, monkeypatch):
             installed.uninstall()
     assert seen.read_text() == "sleep@before_all_reduce:1ms"
     assert getattr(dist.all_reduce, "_racecheck_patch", None) is None
+
+
+def test_each_hand_off_point_delays_the_stream_the_work_after_it_runs_on():
+    side, other = recording.HostStream("side"), recording.HostStream("other")
+    before = {(o, n): getattr(o, n) for o, n, _ in RecordingActions().handoff_targets()}
+    patch, actions = patched("sleep@stream_enter:1ms,sleep@stream_wait:2ms,sleep@event_record:3ms")
+    with patch:
+        with recording.stream(side):  # entered: side; left for the default stream: no point
+            pass
+        other.wait_stream(side)  # the waiting stream; its inner record and wait are not points
+        side.wait_event(other.record_event())  # a record on other, a wait on side
+        recording.HostEvent().record()  # on the current (default) stream
+    assert actions.delays == [("side", 0.001), ("other", 0.002), ("other", 0.003), ("side", 0.002),
+                              ("default", 0.003)]
+    assert patch.counts["sleep"] == 5
+    assert before == {(o, n): getattr(o, n) for o, n in before}  # uninstalled: the originals again
+
+
+def test_systematic_records_then_delays_only_the_planned_keys():
+    from racecheck.perturb.patch import PatchMode
+
+    def step():
+        side = recording.HostStream("side")
+        with recording.stream(side):
+            pass
+        recording.current_stream().wait_stream(side)
+        return side
+
+    recorder = PatchMode(parse_profile("systematic"), actions=RecordingActions())
+    with recorder:
+        alive = [step(), step()]  # a second pass adds its new stream's keys, not the same ones again
+    keys = list(recorder.handoffs)
+    assert [k.split("@")[0] for k in keys] == ["stream_enter", "stream_wait", "stream_enter"]
+    assert keys[0].endswith("/s1") and keys[1].endswith("/default") and keys[2].endswith("/s2")
+    assert recorder.counts["sleep"] == 0
+    actions = RecordingActions()
+    with PatchMode(parse_profile("systematic:delay=2ms"), actions=actions, plan=(keys[1],)):
+        alive += [step(), step()]
+    assert actions.delays == [("default", 0.002), ("default", 0.002)]
+
+
+def test_systematic_selection_and_its_stated_bound():
+    from racecheck.perturb.systematic import coverage, selection
+
+    assert [selection(t, 3, pairs=True) for t in range(8)] == [(), (0,), (1,), (2,), (0, 1), (0, 2), (1, 2), (0,)]
+    assert [selection(t, 2, pairs=False) for t in range(4)] == [(), (0,), (1,), (0,)]
+    assert coverage(7, 8, pairs=False) == "systematic: k=7 points, all singles covered in trials 1..7"
+    assert coverage(3, 10, pairs=True) == ("systematic: k=3 points, all singles covered in trials 1..3, "
+                                           "all 3 pairs in trials 4..6")
+    assert "only in trials 1..2 (2 of 7)" in coverage(7, 3, pairs=True)
