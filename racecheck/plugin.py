@@ -6,6 +6,8 @@ one, arm k mod len(arms) in trial start + k div len(arms), with the arms of each
 --racecheck-order says (schedule.py). Every test's outcome is written, as soon as it is known, as
 one JSON line to the per-process log given with --racecheck-log; the trial runner merges the ranks.
 Under pytest-xdist every worker writes its own file (the worker id is added to the name).
+With --racecheck-patch (a project's own suite), every test runs under patch mode and, with
+--racecheck-detect, TorchRaceTracker (plugin_patch.py); a block's profile comes from the schedule.
 torch is imported lazily so that loading the plugin costs nothing for suites that do not use it.
 """
 
@@ -21,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from racecheck.failure_text import error_line, failure_signature, first_line
 from racecheck.trials.catalogue import check_profile
 from racecheck.trials.record import Outcome, worst
 from racecheck.trials.schedule import ORDERS, Block, arm_order, read_schedule
@@ -283,40 +286,6 @@ def _device() -> str:
     return "cuda" if rt is not None and rt.backend == "cuda" else "cpu"
 
 
-def failure_signature(excinfo: pytest.ExceptionInfo, rootpath: Path) -> str:
-    """`ExcType at file.py:LINE in func`, naming the innermost frame in the user's own code."""
-    package_dir = str(Path(__file__).resolve().parent)
-    frame = None
-    for entry in excinfo.traceback:
-        path = str(entry.path)
-        if "site-packages" in path or path.startswith(package_dir):
-            continue  # library frames: not where the user's failure is
-        frame = entry
-    if frame is None and len(excinfo.traceback):
-        frame = excinfo.traceback[-1]
-    where = ""
-    if frame is not None:
-        try:
-            rel = Path(str(frame.path)).relative_to(rootpath)
-        except ValueError:
-            rel = Path(str(frame.path)).name
-        where = f" at {rel}:{frame.lineno + 1} in {frame.name}"
-    return f"{excinfo.typename}{where}"
-
-
-def first_line(excinfo: pytest.ExceptionInfo, limit: int = 300) -> str:
-    text = str(excinfo.value).strip().splitlines()
-    line = text[0] if text else excinfo.typename
-    return line[:limit]
-
-
-def _error_line(text: str, limit: int = 300) -> str:
-    """The most telling line of a collection error: its last `E   ...` line, else its last line."""
-    lines = [l.strip() for l in text.splitlines() if l.strip()]
-    marked = [l[1:].strip() for l in lines if l.startswith("E ")]
-    return (marked[-1] if marked else lines[-1] if lines else "collection error")[:limit]
-
-
 class _CollectErrors:
     """Logs collection errors (an object, because collect reports carry no config)."""
 
@@ -326,7 +295,7 @@ class _CollectErrors:
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         if report.failed:
             self.log.write({"event": "collecterror", "nodeid": report.nodeid,
-                            "message": _error_line(report.longreprtext)})
+                            "message": error_line(report.longreprtext)})
 
 
 class _ProcessLog:

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from racecheck.perturb.patch import WRAPPED, CollectivePatch
+from racecheck.perturb.patch import WRAPPED, PatchMode
 from racecheck.perturb import recording
 from racecheck.perturb.profiles import parse_profile
 from racecheck.perturb.recording import RecordingActions
@@ -26,9 +26,9 @@ def one_rank_group():
     dist.destroy_process_group()
 
 
-def patched(spec: str) -> tuple[CollectivePatch, RecordingActions]:
+def patched(spec: str) -> tuple[PatchMode, RecordingActions]:
     actions = RecordingActions()
-    return CollectivePatch(parse_profile(spec), actions=actions), actions
+    return PatchMode(parse_profile(spec), actions=actions), actions
 
 
 @pytest.mark.filterwarnings("ignore:.*is deprecated:FutureWarning")
@@ -72,7 +72,7 @@ def test_patch_mode_refuses_what_it_cannot_do():
     for spec in ("sleep@free:1ms", "reorder@before_all_reduce>end_of_backward:1ms", "sleep@reshard:1ms",
                  "sleep@before_all_reduce:1ms/other", "pressure@free/other"):
         with pytest.raises(ValueError, match="patch mode"):
-            CollectivePatch(parse_profile(spec), actions=RecordingActions())
+            PatchMode(parse_profile(spec), actions=RecordingActions())
 
 
 def test_launcher_runs_the_script_under_the_patch(tmp_path, monkeypatch):

@@ -47,7 +47,7 @@ from racecheck.perturb import systematic
 from racecheck.perturb.points import (COLLECTIVE_POINTS, EVENT_RECORD, FREE, HANDOFF_POINTS, STREAM_ENTER,
                                       STREAM_WAIT)
 from racecheck.perturb.profiles import Profile, parse_profile
-from racecheck.perturb.schedule import Poison, Pressure, Sleep, make_schedule
+from racecheck.perturb.schedule import Poison, Pressure, Schedule, Sleep, make_schedule
 
 # torch.distributed function -> (collective kind, name of its input argument)
 WRAPPED = {
@@ -93,7 +93,8 @@ class PatchMode:
         self.profile = profile
         self.actions = actions
         self.systematic = profile.systematic
-        self.schedule = make_schedule(profile, seed=seed, rank=rank)
+        # The systematic schedule decides in _decide from its plan; the rest through a Schedule.
+        self.schedule = make_schedule(profile, seed=seed, rank=rank) if self.systematic is None else Schedule()
         if self.systematic is not None and self.systematic.at:
             plan = self.systematic.at
         self.plan = plan  # systematic: the keys delayed in this run (None: recording)
@@ -262,9 +263,6 @@ class PatchMode:
             poisoned, pressured = self.actions.on_frees(requests)
             self.counts["poison"] += poisoned
             self.counts["pressure"] += pressured
-
-
-CollectivePatch = PatchMode  # the name it had when it wrapped collectives only
 
 
 def _handoff_stream(kind: str, args, kwargs, actions):

@@ -1,0 +1,159 @@
+"""What patch mode costs a training step when it is installed but does not act, side by side.
+
+The step: a small MLP's forward, backward and SGD update, a copy of the gradients on a side
+stream that the default stream then waits for (stream_enter, stream_wait and event_record points),
+and an all-reduce of the gradients over a one-rank group (a before_all_reduce point). Every
+configuration runs the same steps, in rotating order, round after round:
+- bare:    nothing installed;
+- off:     patch mode with the `off` profile, as the plugin installs it for a project suite
+           (it wraps nothing: an off profile names no point);
+- idle:    `sleep@stream_enter:0ms,sleep@stream_wait:0ms,sleep@event_record:0ms,
+           sleep@before_all_reduce:0ms`: every wrapper installed and deciding at every point,
+           never delaying;
+- tracing: the systematic schedule with a plan that matches no point: the wrappers plus a code
+           location at every point (what a systematic trial pays).
+Reported: the median step time of each and its ratio to bare (the acceptance bound is off <= 1.01).
+
+    python bench/patch_off_overhead.py --device cuda --out reports/gpu/patch_off_overhead
+    python bench/patch_off_overhead.py --device cpu --out reports/patch_off_overhead_cpu
+
+On the CPU, torch.cuda's streams are replaced by the recording twin's host streams
+(racecheck.perturb.recording), the same wrappers on a stream API of the same shape: a proxy for
+the host-side cost, without the GPU's asynchrony.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from racecheck.perturb.patch import PatchMode  # noqa: E402
+from racecheck.perturb.profiles import parse_profile  # noqa: E402
+
+IDLE = "sleep@stream_enter:0ms,sleep@stream_wait:0ms,sleep@event_record:0ms,sleep@before_all_reduce:0ms"
+TRACING = "systematic:at=stream_enter@nowhere.py:1/s1"
+CONFIGS = {"bare": None, "off": "off", "idle": IDLE, "tracing": TRACING}
+
+
+class Step:
+    """One training step on `device`, with a side-stream hand-off and an all-reduce."""
+
+    def __init__(self, device: str, *, width: int, layers: int, batch: int) -> None:
+        torch.manual_seed(0)
+        mods = []
+        for _ in range(layers):
+            mods += [torch.nn.Linear(width, width), torch.nn.GELU()]
+        self.model = torch.nn.Sequential(*mods).to(device)
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=1e-3)
+        self.x = torch.randn(batch, width, device=device)
+        self.device = device
+        if device == "cuda":
+            self.streams = torch.cuda
+            self.side = torch.cuda.Stream()
+        else:
+            from racecheck.perturb import recording
+
+            self.streams = recording
+            self.side = recording.HostStream("side")
+        self.copies = [torch.empty_like(p) for p in self.model.parameters()]
+
+    def __call__(self) -> None:
+        self.opt.zero_grad(set_to_none=False)
+        self.model(self.x).square().mean().backward()
+        current = self.streams.current_stream()
+        self.side.wait_stream(current)  # producer: the default stream's gradients
+        with self.streams.stream(self.side):  # consumer: the side stream's copies
+            for c, p in zip(self.copies, self.model.parameters()):
+                c.copy_(p.grad, non_blocking=True)
+            done = self.side.record_event()
+        current.wait_event(done)  # the default stream reads nothing of the copies before they are done
+        for p in self.model.parameters():
+            dist.all_reduce(p.grad)
+        self.opt.step()
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+
+
+def actions_for(device: str):
+    if device == "cuda":
+        from racecheck.perturb.patch_actions import CudaActions
+
+        return CudaActions()
+    from racecheck.perturb.recording import RecordingActions
+
+    return RecordingActions()
+
+
+def measure(step: Step, spec: str | None, *, steps: int, device: str) -> float:
+    """Median seconds per step over `steps` steps with `spec` installed (None: nothing)."""
+    patch = None if spec is None else PatchMode(parse_profile(spec), actions=actions_for(device))
+    times = []
+    if patch is not None:
+        patch.install()
+    try:
+        for _ in range(steps):
+            start = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - start)
+    finally:
+        if patch is not None:
+            patch.uninstall()
+    return statistics.median(times)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--steps", type=int, default=20, help="steps per configuration per round")
+    parser.add_argument("--width", type=int, default=1024)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--out", type=Path, required=True, help="OUT.csv and OUT.md are written")
+    args = parser.parse_args()
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29517")
+    dist.init_process_group("nccl" if args.device == "cuda" else "gloo", rank=0, world_size=1)
+    step = Step(args.device, width=args.width, layers=args.layers, batch=args.batch)
+    for _ in range(5):
+        step()  # warm-up: allocator pools, kernels, gloo buffers
+    medians: dict[str, list[float]] = {name: [] for name in CONFIGS}
+    names = list(CONFIGS)
+    for r in range(args.rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:  # rotating order: drift hits all alike
+            medians[name].append(measure(step, CONFIGS[name], steps=args.steps, device=args.device))
+    dist.destroy_process_group()
+    bare = statistics.median(medians["bare"])
+    rows = [{"config": name, "profile": CONFIGS[name] or "", "median_step_ms": round(statistics.median(m) * 1e3, 4),
+             "ratio_to_bare": round(statistics.median(m) / bare, 4),
+             "worst_round_ratio": round(max(a / b for a, b in zip(m, medians["bare"])), 4)}
+            for name, m in medians.items()]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with open(args.out.with_suffix(".csv"), "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    command = "python bench/patch_off_overhead.py " + " ".join(sys.argv[1:])
+    lines = [f"# Patch mode installed but not acting: cost per training step ({args.device})", "",
+             f"`{command}`; torch {torch.__version__}; {args.rounds} rounds x {args.steps} steps per "
+             f"configuration, rotating order; MLP {args.layers}x{args.width}, batch {args.batch}.", "",
+             "| config | profile | median step (ms) | ratio to bare | worst round |", "|---|---|---|---|---|"]
+    lines += [f"| {r['config']} | `{r['profile'] or '-'}` | {r['median_step_ms']} | {r['ratio_to_bare']} | "
+              f"{r['worst_round_ratio']} |" for r in rows]
+    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
