@@ -30,8 +30,6 @@ def configure_project(config: pytest.Config, specs: list) -> "ProjectTests":
             factory = actions_factory(need=f"the profile {acting[0]!r}" if acting else "--detect")
         except PatchUnavailable as exc:
             raise pytest.UsageError(str(exc)) from None
-        if detect and factory.__name__ != "CudaActions":
-            raise pytest.UsageError("--detect in a project's own suite needs CUDA (TorchRaceTracker)")
     project = ProjectTests(factory=factory, handoffs_dir=config.getoption("--racecheck-handoffs"), detect=detect)
     config.pluginmanager.register(project, "racecheck-project")
     return project
@@ -104,30 +102,22 @@ class ProjectTests:
             t.patch = PatchMode(profile, seed=seed, rank=self.rank, actions=self.factory(), plan=plan)
             t.patch.install()
         if self.detect:
-            from racecheck.detect.torch_tracker import TorchRaceTracker
-
-            t.tracker = TorchRaceTracker()
-            t.tracker.__enter__()
+            t.tracker = self.factory.start_tracker()
 
     def stop_tracker(self, t) -> list[str]:
         """End the test's tracker (once); the texts of its reports."""
-        tracker, t.tracker = getattr(t, "tracker", None), None
+        tracker, t.tracker = t.tracker, None
         if tracker is None:
             return []
-        import torch
-
-        try:
-            torch.cuda.synchronize()  # inside: the tracker sees the host learn of completion
-        finally:
-            tracker.__exit__(None, None, None)
+        self.factory.stop_tracker(tracker)
         return [r.text() for r in tracker.reports()]
 
     def finish(self, t) -> dict:
         """Uninstall the test's patch; the fields its outcome event gets."""
         self.stop_tracker(t)
-        patch, t.patch = getattr(t, "patch", None), None
+        patch, t.patch = t.patch, None
         if patch is None:
-            return {"perturb": getattr(t, "perturb", "off"), "actions": {"sleep": 0, "pressure": 0, "poison": 0},
+            return {"perturb": t.perturb or "off", "actions": {"sleep": 0, "pressure": 0, "poison": 0},
                     "delayed": []}
         patch.uninstall()
         if patch.systematic is not None and patch.plan is None:

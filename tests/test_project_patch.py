@@ -110,6 +110,43 @@ def test_frees_are_counted_and_a_profile_that_never_acted_is_called_out(tmp_path
     assert "tiny/race: the perturbation" not in res.out
 
 
+DETECT_SUITE = """
+import torch
+from racecheck.perturb import recording as rs
+
+
+def test_read_on_side_stream(racecheck_arm):
+    side = rs.HostStream("side")
+    x = torch.ones(1024)
+    x.mul_(2)  # written on the default stream
+    done = rs.current_stream().record_event()
+    with rs.stream(side):
+        if racecheck_arm == "safe":
+            side.wait_event(done)
+        y = x + 1  # read on the side stream: ordered after the write only in arm safe
+    rs.current_stream().wait_stream(side)  # both arms: the default stream reads y after side wrote it
+    assert float(y[0]) == 3.0
+"""
+
+
+def test_detect_fails_the_racing_arm_with_the_report(tmp_path, monkeypatch):
+    monkeypatch.setenv("RACECHECK_PATCH_ACTIONS", "recording")
+    root = write_suite(tmp_path / "p", arms={"race": {"expect": "race"}, "safe": {"expect": "safe"}},
+                       tests={"test_d.py": DETECT_SUITE})
+    res = racecheck("run", "--trials", 1, "--detect", "--no-perturb", "--out", tmp_path / "out", "-q", cwd=root)
+    assert res.code == 0, res
+    got = records(tmp_path / "out")
+    race, safe = got["race", 0], got["safe", 0]
+    assert race.outcome == "failed" and race.detected == 1 and "test_d.py" in race.reports[0]
+    assert race.message.startswith("racecheck --detect: 1 race report(s)")
+    assert safe.outcome == "passed" and safe.detected == 0 and safe.reports == []
+    import pandas as pd
+
+    summary = pd.read_csv(tmp_path / "out" / "summary.csv", keep_default_na=False)
+    assert dict(zip(summary.arm + summary.test.str.rsplit("::").str[-1], summary.detected)) == {
+        "racetest_read_on_side_stream": 1, "race*": 1, "safetest_read_on_side_stream": 0, "safe*": 0}
+
+
 @pytest.mark.parametrize("args, message", [
     (["--perturb", "sleep@nowhere:1ms"], "unknown injection point 'nowhere'"),
     (["--perturb", "systematic:at=bogus@x.py:1/s1"], "unknown hand-off point 'bogus'"),

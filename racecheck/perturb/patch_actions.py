@@ -13,7 +13,8 @@ this one. An actions object provides:
   allocator sees, through torch.cuda._gpu_trace's deallocation callbacks (the hook that
   torch.cuda._sanitizer uses; once switched on, tracing stays on for the process);
 - `on_frees(requests)`: act on freed blocks, at a host point after the frees; each request is
-  (ptr, poison, pressure); returns how many were poisoned and how many pressured.
+  (ptr, poison, pressure); returns how many were poisoned and how many pressured;
+- `start_tracker()` / `stop_tracker(tracker)` (static): TorchRaceTracker around a test (--detect).
 """
 
 from __future__ import annotations
@@ -129,6 +130,24 @@ class CudaActions:
         with torch.cuda.stream(side):
             torch.cuda._sleep(cycles)
             return call()
+
+    # -- detection -------------------------------------------------------------------------
+    @staticmethod
+    def start_tracker():
+        from racecheck.detect.torch_tracker import TorchRaceTracker
+
+        tracker = TorchRaceTracker()
+        tracker.__enter__()
+        return tracker
+
+    @staticmethod
+    def stop_tracker(tracker) -> None:
+        import torch
+
+        try:
+            torch.cuda.synchronize()  # inside: the tracker sees the host learn of completion
+        finally:
+            tracker.__exit__(None, None, None)
 
     # -- frees -----------------------------------------------------------------------------
     def attach_free(self, callback) -> None:

@@ -6,7 +6,8 @@ torch.cuda's (HostStream.wait_stream / wait_event / record_event, HostEvent.reco
 set_stream, stream(s)); a CPU test suite written against it passes the same hand-off points that
 torch.cuda code passes, and patch mode wraps them exactly as it wraps torch.cuda's. A delay lands
 on the HostStream it targets (`stream.delayed`, seconds), so a suite can play a race that a
-delayed hand-off exposes; `release(nbytes)` plays a free seen by the caching allocator.
+delayed hand-off exposes; `release(nbytes)` plays a free seen by the caching allocator. Its
+tracker (start_tracker) is TorchRaceTracker over CPU tensors, with these streams for CUDA's.
 
 The trial runner's plugin uses it in place of CudaActions when $RACECHECK_PATCH_ACTIONS is
 `recording` (for tests only: it perturbs no real stream).
@@ -21,15 +22,18 @@ import threading
 ENV_VAR = "RACECHECK_PATCH_ACTIONS"
 
 _names = itertools.count(1)
+_handles = itertools.count(0x100, 0x100)  # what cudaStream_t handles are to CUDA (0: default)
 _free_callbacks: list = []
+_trackers: list = []  # active TorchRaceTrackers fed the host events' record and wait
 _blocks = itertools.count(0x1000, 0x1000)  # fake block addresses
 
 
 class HostStream:
     """A stream as the host sees it: a name, and the delays patch mode enqueued on it."""
 
-    def __init__(self, name: str | None = None) -> None:
+    def __init__(self, name: str | None = None, *, handle: int | None = None) -> None:
         self.name = name or f"host-stream-{next(_names)}"
+        self.handle = next(_handles) if handle is None else handle
         self.delayed = 0.0  # seconds of delay enqueued on this stream so far
 
     def wait_stream(self, other: "HostStream") -> None:
@@ -53,12 +57,17 @@ class HostEvent:
 
     def record(self, stream: HostStream | None = None) -> None:
         self.stream = stream if stream is not None else current_stream()
+        for tracker in _trackers:  # as CUDA's trace callbacks tell the tracker
+            tracker.handler._handle_event_record(id(self), self.stream.handle)
 
     def wait(self, stream: HostStream | None = None) -> None:
-        """Nothing to wait for on the host: the recording twin only tracks the hand-offs."""
+        """Nothing to wait for on the host; a tracker learns of the wait."""
+        stream = stream if stream is not None else current_stream()
+        for tracker in _trackers:
+            tracker.handler._handle_event_wait(id(self), stream.handle)
 
 
-DEFAULT = HostStream("default")
+DEFAULT = HostStream("default", handle=0)
 _current = threading.local()
 
 
@@ -141,6 +150,24 @@ class RecordingActions:
     def detach_free(self, callback) -> None:
         while callback in _free_callbacks:
             _free_callbacks.remove(callback)
+
+    @staticmethod
+    def start_tracker():
+        """A TorchRaceTracker over CPU tensors whose streams are the host streams above."""
+        from racecheck.detect.torch_tracker import TorchRaceTracker
+
+        tracker = TorchRaceTracker(device_type="cpu", current_stream=lambda: current_stream().handle,
+                                   stream_handle=lambda s: s.handle)
+        tracker.name_stream(DEFAULT.handle, "default")
+        tracker.__enter__()
+        _trackers.append(tracker)
+        return tracker
+
+    @staticmethod
+    def stop_tracker(tracker) -> None:
+        if tracker in _trackers:
+            _trackers.remove(tracker)
+        tracker.__exit__(None, None, None)
 
     def on_frees(self, requests) -> tuple[int, int]:
         requests = list(requests)

@@ -136,11 +136,9 @@ def check_perturbation(config) -> None:
         if acting or config.detect:
             need = f"the profile {acting[0].to_spec()!r}" if acting else "--detect"
             try:
-                factory = actions_factory(need=need)
+                actions_factory(need=need)
             except PatchUnavailable as exc:
                 raise click.UsageError(f"{s.name}: {exc}") from None
-            if config.detect and factory.__name__ != "CudaActions":
-                raise click.UsageError(f"{s.name}: --detect in a project's own suite needs CUDA (TorchRaceTracker)")
 
 
 def perturb_spec(opts, suites) -> str | None:
