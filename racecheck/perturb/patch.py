@@ -13,13 +13,14 @@ Which stream a delay goes on, per point (always the stream the work after the po
 - before_all_gather / before_reduce_scatter / before_all_reduce: the collectives of
   `torch.distributed` (tensor, list and deprecated forms, synchronous and `async_op=True`), with
   the delay on the stream the collective actually runs on:
-- synchronous (`async_op=False`): since PyTorch 2.8 ProcessGroupNCCL launches it on the caller's
-  current stream, so the delay is queued there first. (From 2.2 to 2.7 it ran on the group's
-  internal stream, which first waits for the current stream: the delay holds it back all the same.)
-- asynchronous (`async_op=True`): it runs on the group's internal stream, which first waits for
-  the current stream. Delaying the current stream would delay the caller's later work as well, so
-  the wrapper issues the call from a side stream that waits for the current stream and then
-  sleeps: only the collective runs late, the caller's stream runs on.
+  - synchronous (`async_op=False`): since PyTorch 2.8 ProcessGroupNCCL launches it on the caller's
+    current stream, so the delay is queued there first. (From 2.2 to 2.7 it ran on the group's
+    internal stream, which first waits for the current stream: the delay holds it back all the same.)
+  - asynchronous (`async_op=True`): it runs on the group's internal stream, which first waits for
+    the current stream. Delaying the current stream would delay the caller's later work as well, so
+    the wrapper issues the call from a side stream that waits for the current stream and then
+    sleeps: only the collective runs late, the caller's stream runs on.
+
 The allocator calls its deallocation callback before the block is back in its pool, so a free is
 only noted there and acted on at the next point. Wrapped calls made by patch mode itself (its
 delays, its pressure) are passed through: a thread-local flag marks them.

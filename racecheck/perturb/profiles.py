@@ -25,6 +25,7 @@ A spec is one of
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 
 from racecheck.perturb.points import COLLECTIVE_POINTS, FREE, HANDOFF_POINTS, POINTS
@@ -157,8 +158,10 @@ class Profile:
         return Profile(f"{self.name}:{seconds * 1e3:g}ms", rules)
 
 
+@functools.lru_cache(maxsize=256)
 def parse_profile(spec: str | None) -> Profile:
-    """A Profile from a name, a rule list or a random spec; ValueError with a one-line reason."""
+    """A Profile from a name, a rule list, a random or systematic spec; ValueError with a one-line
+    reason. Parsed once per process and spec (profiles are immutable)."""
     spec = (spec or "off").strip()
     text = PROFILES.get(spec, spec)
     if text == "random" or text.startswith("random:"):
