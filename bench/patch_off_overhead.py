@@ -2,7 +2,7 @@
 
 The step: a small MLP's forward, backward and SGD update, a copy of the gradients on a side
 stream that the default stream then waits for (stream_enter, stream_wait and event_record points),
-and an all-reduce of the gradients over a one-rank group (a before_all_reduce point). Every
+and two all-reduces of gradient-sized buckets over a one-rank group (before_all_reduce points). Every
 configuration runs the same steps, in rotating order, round after round:
 - bare:    nothing installed;
 - off:     patch mode with the `off` profile, as the plugin installs it for a project suite
@@ -12,7 +12,10 @@ configuration runs the same steps, in rotating order, round after round:
            never delaying;
 - tracing: the systematic schedule with a plan that matches no point: the wrappers plus a code
            location at every point (what a systematic trial pays).
-Reported: the median step time of each and its ratio to bare (the acceptance bound is off <= 1.01).
+Reported: the median step time of each and its ratio to bare (the acceptance bound is off <= 1.01),
+and the points a step passes. The clock is the wall clock on a GPU (the step ends with a device
+synchronization) and the process's CPU time on the CPU (a shared machine's load stretches wall
+time, not the CPU time the step itself takes).
 
     python bench/patch_off_overhead.py --device cuda --out reports/gpu/patch_off_overhead
     python bench/patch_off_overhead.py --device cpu --out reports/patch_off_overhead_cpu
@@ -66,6 +69,7 @@ class Step:
             self.streams = recording
             self.side = recording.HostStream("side")
         self.copies = [torch.empty_like(p) for p in self.model.parameters()]
+        self.buckets = [torch.zeros(width * width, device=device) for _ in range(2)]
 
     def __call__(self) -> None:
         self.opt.zero_grad(set_to_none=False)
@@ -77,8 +81,8 @@ class Step:
                 c.copy_(p.grad, non_blocking=True)
             done = self.side.record_event()
         current.wait_event(done)  # the default stream reads nothing of the copies before they are done
-        for p in self.model.parameters():
-            dist.all_reduce(p.grad)
+        for bucket in self.buckets:  # gradients all-reduced in buckets, as DDP and FSDP do
+            dist.all_reduce(bucket)
         self.opt.step()
         if self.device == "cuda":
             torch.cuda.synchronize()
@@ -94,20 +98,26 @@ def actions_for(device: str):
     return RecordingActions()
 
 
-def measure(step: Step, spec: str | None, *, steps: int, device: str) -> float:
-    """Median seconds per step over `steps` steps with `spec` installed (None: nothing)."""
+POINTS: dict[str, int] = {}  # config -> points passed per step
+
+
+def measure(step: Step, name: str, *, steps: int, device: str) -> float:
+    """Median seconds per step over `steps` steps with CONFIGS[name] installed (None: nothing)."""
+    spec = CONFIGS[name]
     patch = None if spec is None else PatchMode(parse_profile(spec), actions=actions_for(device))
+    clock = time.perf_counter if device == "cuda" else time.process_time
     times = []
     if patch is not None:
         patch.install()
     try:
         for _ in range(steps):
-            start = time.perf_counter()
+            start = clock()
             step()
-            times.append(time.perf_counter() - start)
+            times.append(clock() - start)
     finally:
         if patch is not None:
             patch.uninstall()
+            POINTS[name] = patch.passed // steps
     return statistics.median(times)
 
 
@@ -121,6 +131,8 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--out", type=Path, required=True, help="OUT.csv and OUT.md are written")
     args = parser.parse_args()
+    if args.device == "cpu":
+        torch.set_num_threads(1)  # one core's work per step: less scheduling noise on a shared machine
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29517")
     dist.init_process_group("nccl" if args.device == "cuda" else "gloo", rank=0, world_size=1)
@@ -131,12 +143,13 @@ def main() -> int:
     names = list(CONFIGS)
     for r in range(args.rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:  # rotating order: drift hits all alike
-            medians[name].append(measure(step, CONFIGS[name], steps=args.steps, device=args.device))
+            medians[name].append(measure(step, name, steps=args.steps, device=args.device))
     dist.destroy_process_group()
     bare = statistics.median(medians["bare"])
     rows = [{"config": name, "profile": CONFIGS[name] or "", "median_step_ms": round(statistics.median(m) * 1e3, 4),
              "ratio_to_bare": round(statistics.median(m) / bare, 4),
-             "worst_round_ratio": round(max(a / b for a, b in zip(m, medians["bare"])), 4)}
+             "worst_round_ratio": round(max(a / b for a, b in zip(m, medians["bare"])), 4),
+             "points_per_step": POINTS.get(name, 0)}
             for name, m in medians.items()]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with open(args.out.with_suffix(".csv"), "w", newline="") as fh:
@@ -146,10 +159,12 @@ def main() -> int:
     command = "python bench/patch_off_overhead.py " + " ".join(sys.argv[1:])
     lines = [f"# Patch mode installed but not acting: cost per training step ({args.device})", "",
              f"`{command}`; torch {torch.__version__}; {args.rounds} rounds x {args.steps} steps per "
-             f"configuration, rotating order; MLP {args.layers}x{args.width}, batch {args.batch}.", "",
-             "| config | profile | median step (ms) | ratio to bare | worst round |", "|---|---|---|---|---|"]
-    lines += [f"| {r['config']} | `{r['profile'] or '-'}` | {r['median_step_ms']} | {r['ratio_to_bare']} | "
-              f"{r['worst_round_ratio']} |" for r in rows]
+             f"configuration, rotating order; MLP {args.layers}x{args.width}, batch {args.batch}; clock: "
+             f"{'wall' if args.device == 'cuda' else 'process CPU time'}.", "",
+             "| config | profile | points per step | median step (ms) | ratio to bare | worst round |",
+             "|---|---|---|---|---|---|"]
+    lines += [f"| {r['config']} | `{r['profile'] or '-'}` | {r['points_per_step']} | {r['median_step_ms']} | "
+              f"{r['ratio_to_bare']} | {r['worst_round_ratio']} |" for r in rows]
     args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -22,7 +22,14 @@ from racecheck.perturb.profiles import Profile, parse_profile
 def configure_project(config: pytest.Config, specs: list) -> "ProjectTests":
     """Register per-test patch mode and detection for a project suite whose tests run the
     profiles `specs`; a profile or the detector that cannot act here is a usage error, in one line."""
+    from racecheck.perturb.patch import PatchMode
+
     acting = [s for s in specs if s and not parse_profile(s).is_off]
+    for spec in acting:
+        try:
+            PatchMode(parse_profile(spec), actions=object())  # the grammar check alone; nothing is installed
+        except ValueError as exc:
+            raise pytest.UsageError(f"--racecheck-perturb: {exc}") from None
     detect = config.getoption("--racecheck-detect")
     factory = None
     if acting or detect:

@@ -112,6 +112,7 @@ class PatchMode:
         self._labels: dict[object, str] = {}  # stream id -> default, s1, s2, ... (first appearance)
         self.handoffs: dict[str, None] = {}  # systematic recording: keys in order of first passage
         self.calls: dict[str, int] = {}  # collective kind -> wrapped calls seen
+        self.passed = 0  # points passed (collectives and hand-offs), acted on or not
         self.counts = {"sleep": 0, "pressure": 0, "poison": 0}  # actions taken
 
     # -- install / uninstall ---------------------------------------------------------------------
@@ -232,6 +233,7 @@ class PatchMode:
     def _decide(self, point: str, stream) -> float:
         """The delay at this passage of `point` (0: none); frees noted since the last point are
         acted on first."""
+        self.passed += 1
         if self._pending:
             self._flush_frees()
         label = self._label(stream)

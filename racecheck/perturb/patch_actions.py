@@ -78,10 +78,16 @@ class CudaActions:
     def is_default(self, stream) -> bool:
         import torch
 
-        return stream.cuda_stream == torch.cuda.default_stream(stream.device).cuda_stream
+        return self.stream_id(stream) == torch.cuda.default_stream(stream.device).cuda_stream
 
     def stream_id(self, stream) -> int:
-        return stream.cuda_stream
+        handle = getattr(stream, "cuda_stream", None)
+        if handle is None:  # a generic torch.Stream: its cudaStream_t through torch.cuda.Stream
+            import torch
+
+            handle = torch.cuda.Stream(stream_id=stream.stream_id, device_index=stream.device_index,
+                                       device_type=stream.device_type).cuda_stream
+        return handle
 
     def handoff_targets(self) -> list[tuple[object, str, str]]:
         import torch
