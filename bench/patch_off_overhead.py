@@ -121,6 +121,27 @@ def measure(step: Step, name: str, *, steps: int, device: str) -> float:
     return statistics.median(times)
 
 
+def point_cost(step: Step, spec: str, *, device: str, calls: int = 5000, repeats: int = 7) -> float:
+    """Seconds one passage of a hand-off point costs with `spec` installed, over the bare call: the
+    best of `repeats` timings of `calls` x (stream entry, wait_stream, record_event), 3 points."""
+    streams, side = step.streams, step.side
+    current = streams.current_stream()
+
+    def sequence() -> float:
+        start = time.perf_counter()
+        for _ in range(calls):
+            with streams.stream(side):
+                pass
+            side.wait_stream(current)
+            side.record_event()
+        return time.perf_counter() - start
+
+    bare = min(sequence() for _ in range(repeats))
+    with PatchMode(parse_profile(spec), actions=actions_for(device)):
+        patched = min(sequence() for _ in range(repeats))
+    return max(patched - bare, 0.0) / (3 * calls)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
@@ -133,9 +154,12 @@ def main() -> int:
     args = parser.parse_args()
     if args.device == "cpu":
         torch.set_num_threads(1)  # one core's work per step: less scheduling noise on a shared machine
+    if args.device == "cuda":
+        torch.cuda.set_device(0)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29517")
     dist.init_process_group("nccl" if args.device == "cuda" else "gloo", rank=0, world_size=1)
+    load = os.getloadavg()[0]  # a shared machine's load is the side-by-side figures' noise
     step = Step(args.device, width=args.width, layers=args.layers, batch=args.batch)
     for _ in range(5):
         step()  # warm-up: allocator pools, kernels, gloo buffers
@@ -144,6 +168,8 @@ def main() -> int:
     for r in range(args.rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:  # rotating order: drift hits all alike
             medians[name].append(measure(step, name, steps=args.steps, device=args.device))
+    costs = {name: point_cost(step, spec, device=args.device) for name, spec in CONFIGS.items()
+             if spec is not None and spec != "off"}
     dist.destroy_process_group()
     bare = statistics.median(medians["bare"])
     rows = [{"config": name, "profile": CONFIGS[name] or "", "median_step_ms": round(statistics.median(m) * 1e3, 4),
@@ -160,11 +186,20 @@ def main() -> int:
     lines = [f"# Patch mode installed but not acting: cost per training step ({args.device})", "",
              f"`{command}`; torch {torch.__version__}; {args.rounds} rounds x {args.steps} steps per "
              f"configuration, rotating order; MLP {args.layers}x{args.width}, batch {args.batch}; clock: "
-             f"{'wall' if args.device == 'cuda' else 'process CPU time'}.", "",
+             f"{'wall' if args.device == 'cuda' else 'process CPU time'}; {os.cpu_count()} cores, load "
+             f"average {load:.1f} at the start.", "",
              "| config | profile | points per step | median step (ms) | ratio to bare | worst round |",
              "|---|---|---|---|---|---|"]
     lines += [f"| {r['config']} | `{r['profile'] or '-'}` | {r['points_per_step']} | {r['median_step_ms']} | "
               f"{r['ratio_to_bare']} | {r['worst_round_ratio']} |" for r in rows]
+    lines += ["", "Per point passed (wrapped minus bare call, best of 7 x 5000 x 3 points), and what that "
+              "bounds per step (points per step x cost / bare step):", "",
+              "| config | cost per point (us) | bound per step |", "|---|---|---|"]
+    for name, cost in costs.items():
+        bound = POINTS.get(name, 0) * cost / bare
+        lines.append(f"| {name} | {cost * 1e6:.2f} | {1 + bound:.5f}x |")
+    lines += ["", "`off` wraps nothing, so off against bare is the same code twice: its ratio is this "
+              "machine's noise floor for the side-by-side figures."]
     args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
