@@ -52,19 +52,23 @@ def records(out) -> dict:
 
 def test_each_arms_profile_reaches_the_rank_and_its_actions_are_counted(tmp_path, monkeypatch):
     monkeypatch.setenv("RACECHECK_PATCH_ACTIONS", "recording")
-    root = write_suite(tmp_path / "p", arms={"race": {"perturb": "sleep@stream_enter:2ms"}, "safe": {}},
+    root = write_suite(tmp_path / "p", arms={"race": {"perturb": "enter_delay"}, "safe": {}},
                        tests={"test_copy.py": SUITE})
     res = racecheck("run", "--trials", 2, "--perturb", "sleep@event_record:1ms", "--out", tmp_path / "out", "-q",
                     cwd=root)
     assert res.code == 0, res
+    (schedule,) = (tmp_path / "out" / "ranks").glob("*.schedule.json")  # the ranks' one source
+    assert json.loads(schedule.read_text())["blocks"] == [
+        [t, arm, spec] for t in (0, 1) for arm, spec in (("race", "sleep@stream_enter:5ms"),
+                                                         ("safe", "sleep@event_record:1ms"))]
     got = records(tmp_path / "out")
     for trial in (0, 1):
         race, safe = got["race", trial], got["safe", trial]
-        assert race.perturb == "sleep@stream_enter:2ms" and race.outcome == "failed"
+        assert race.perturb == "sleep@stream_enter:5ms" and race.outcome == "failed"
         assert race.actions == {"sleep": 2, "pressure": 0, "poison": 0}  # both stream entries
         assert safe.perturb == "sleep@event_record:1ms" and safe.outcome == "passed"
         assert safe.actions == {"sleep": 1, "pressure": 0, "poison": 0}  # wait_stream's record is inner
-    assert "--perturb sleep@stream_enter:2ms" in got["race", 0].replay
+    assert "--perturb sleep@stream_enter:5ms" in got["race", 0].replay
     assert "never acted" not in res.out
 
 

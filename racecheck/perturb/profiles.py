@@ -46,6 +46,11 @@ PROFILES = {
     "compute_delay": "sleep@wait_all_gather:3ms",
     # Delay an offload copy on its copy stream.
     "copy_delay": "sleep@before_copy:3ms",
+    # Patch mode's hand-off points (a project's own suite): hold back the work after the host
+    # entered a side stream, after a stream was made to wait, or the work an event marks.
+    "enter_delay": "sleep@stream_enter:5ms",
+    "wait_delay": "sleep@stream_wait:5ms",
+    "record_delay": "sleep@event_record:5ms",
     "poison": "poison@free",
     "pressure": "pressure@free",
     "random": "random",
