@@ -48,7 +48,7 @@ from racecheck.perturb import systematic
 from racecheck.perturb.points import (COLLECTIVE_POINTS, EVENT_RECORD, FREE, HANDOFF_POINTS, STREAM_ENTER,
                                       STREAM_WAIT)
 from racecheck.perturb.profiles import Profile, parse_profile
-from racecheck.perturb.schedule import Poison, Pressure, Schedule, Sleep, make_schedule
+from racecheck.perturb.schedule import Hold, Poison, Pressure, Schedule, Sleep, make_schedule
 
 # torch.distributed function -> (collective kind, name of its input argument)
 WRAPPED = {
@@ -238,7 +238,9 @@ class PatchMode:
             self._flush_frees()
         label = self._label(stream)
         if self.systematic is None:
-            return sum(a.seconds for a in self.schedule.actions(point, stream=label) if isinstance(a, Sleep))
+            # A hold (the random schedule's priority change) is a delay of its bound: a CUDA stream
+            # cannot wait for the host, as in the injector on CUDA.
+            return sum(a.seconds for a in self.schedule.actions(point, stream=label) if isinstance(a, (Sleep, Hold)))
         key = systematic.handoff_key(point, systematic.location(), label)
         if self.plan is None:
             self.handoffs.setdefault(key, None)
