@@ -14,7 +14,7 @@
    on 2 GPUs) and as FSDP over the world, under patch mode with delays before every collective and
    allocator pressure, compared with a single-GPU reference each trial. No failure is expected: patch mode
    must not make correct third-party code fail.
-The code under test is unchanged by patch mode: it is installed around it (CollectivePatch).
+The code under test is unchanged by patch mode: it is installed around it (PatchMode).
 Writes DIR/patch_mode.csv and DIR/patch_mode.md (rank 0).
 """
 
@@ -38,7 +38,7 @@ import torch.distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from racecheck.perturb.patch import CollectivePatch  # noqa: E402
+from racecheck.perturb.patch import PatchMode  # noqa: E402
 from racecheck.perturb.profiles import parse_profile  # noqa: E402
 
 GROUPS = 4
@@ -120,11 +120,11 @@ class PatchStats:
     def __init__(self) -> None:
         self.calls = self.delayed = self.pressured = 0
 
-    def add(self, patch: CollectivePatch | None) -> None:
+    def add(self, patch: PatchMode | None) -> None:
         if patch is not None:
             self.calls += sum(patch.calls.values())
-            self.delayed += patch.delayed
-            self.pressured += patch.pressured
+            self.delayed += patch.counts["sleep"]
+            self.pressured += patch.counts["pressure"]
 
     def columns(self) -> dict:
         return {"wrapped_calls": self.calls, "delayed": self.delayed, "pressure_allocs": self.pressured}
@@ -133,7 +133,7 @@ class PatchStats:
 @contextlib.contextmanager
 def patched(perturb: str | None, seed: int, stats: PatchStats):
     """Patch mode with profile `perturb` (none when None) around one trial; its counts go to `stats`."""
-    patch = CollectivePatch(parse_profile(perturb), seed=seed) if perturb else None
+    patch = PatchMode(parse_profile(perturb), seed=seed) if perturb else None
     if patch:
         patch.install()
     try:

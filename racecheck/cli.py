@@ -183,6 +183,7 @@ def run_command(ctx, **opts):
         ctx.exit(ExitCode.INTERRUPTED)
     have_records = _summarize(config.out, footer=f"{config.out}/summary.csv and trials.jsonl written "
                                                  f"({time.monotonic() - started:.1f} s)")
+    _perturbation_notes(config.out)
     if result.stopped:
         why = "--max-time was reached" if result.stopped == "max-time" else "the stop rules held"
         click.echo(f"stopped early: {why}; 'racecheck run --resume {config.out}' continues")
@@ -190,6 +191,19 @@ def run_command(ctx, **opts):
         raise InfrastructureError(f"no test finished (stopped: {result.stopped or 'no'}); see {config.out}/logs")
     if gate is not None:
         ctx.exit(run_options.apply_gate(config.out, gate))
+
+
+def _perturbation_notes(out_dir: Path) -> None:
+    """What the perturbation did: profiles that never acted, the systematic schedule's bound."""
+    from racecheck.trials.perturb_notes import perturbation_notes
+    from racecheck.trials.record import read_log
+
+    try:
+        records = list(read_log(out_dir / "trials.jsonl"))
+    except (OSError, ValueError):
+        return
+    for line in perturbation_notes(records):
+        click.echo(line)
 
 
 def _summarize(out_dir: Path, *, footer: str | None = None) -> bool:

@@ -6,6 +6,8 @@ one, arm k mod len(arms) in trial start + k div len(arms), with the arms of each
 --racecheck-order says (schedule.py). Every test's outcome is written, as soon as it is known, as
 one JSON line to the per-process log given with --racecheck-log; the trial runner merges the ranks.
 Under pytest-xdist every worker writes its own file (the worker id is added to the name).
+With --racecheck-patch (a project's own suite), every test runs under patch mode and, with
+--racecheck-detect, TorchRaceTracker (plugin_patch.py); a block's profile comes from the schedule.
 torch is imported lazily so that loading the plugin costs nothing for suites that do not use it.
 """
 
@@ -22,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from racecheck.failure_text import error_line, failure_signature, first_line
 from racecheck.trials.catalogue import check_profile
 from racecheck.trials.lifeline import die_with_parent
 from racecheck.trials.record import Outcome, worst
@@ -44,6 +47,9 @@ class ItemTrial:
     message: str = ""
     duration: float = 0.0
     reports: list = dataclasses.field(default_factory=list)  # detector reports attached by fixtures
+    perturb: str = ""  # the canonical spec of this block (the schedule's), "" for the options'
+    patch: object = None  # project suites: this test's installed PatchMode (plugin_patch.py)
+    tracker: object = None  # project suites with --racecheck-detect: its TorchRaceTracker
 
 
 ITEM_TRIAL = pytest.StashKey[ItemTrial]()
@@ -51,6 +57,7 @@ _LOG_KEY = pytest.StashKey["_ProcessLog | None"]()
 _STOPPED_KEY = pytest.StashKey[bool]()
 _ARM_PERTURB_KEY = pytest.StashKey[dict]()
 _SCHEDULE_KEY = pytest.StashKey[list]()
+_PROJECT_KEY = pytest.StashKey[object]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -75,6 +82,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="per-process JSONL outcome log; '{rank}' in PATH is replaced by the rank")
     group.addoption("--racecheck-stop-file", default=None, metavar="PATH",
                     help="stop before trial T once PATH exists and holds T (the runner's graceful stop)")
+    group.addoption("--racecheck-patch", action="store_true", default=False,
+                    help="a suite not written against racecheck's runtime: install patch mode around every "
+                         "test with its profile, and with --racecheck-detect run it under TorchRaceTracker")
+    group.addoption("--racecheck-handoffs", default=None, metavar="DIR",
+                    help="where the systematic schedule keeps each test's hand-off points (the runner's)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -105,6 +117,11 @@ def pytest_configure(config: pytest.Config) -> None:
         if len(config.stash[_SCHEDULE_KEY]) != count:
             raise pytest.UsageError(f"--racecheck-schedule lists {len(config.stash[_SCHEDULE_KEY])} blocks "
                                     f"but --count is {count}")
+    if config.getoption("--racecheck-patch"):
+        from racecheck.plugin_patch import configure_project
+
+        specs = [b.perturb for b in config.stash.get(_SCHEDULE_KEY, [])] or [global_spec, *perturbs.values()]
+        config.stash[_PROJECT_KEY] = configure_project(config, specs)
     log = config.getoption("--racecheck-log")
     config.stash[_LOG_KEY] = _ProcessLog(log) if log else None
     if log:
@@ -136,7 +153,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         params = test[test.index("[") + 1:-1] if test.endswith("]") and "[" in test else ""
         block = blocks[step]
         item.stash[ITEM_TRIAL] = ItemTrial(step=step, trial=block.trial, arm=block.arm, test=test,
-                                           params=params)
+                                           params=params, perturb=block.perturb)
     # Block order (trial-major, arms in each trial's order); stable inside (pytest's own order).
     items.sort(key=lambda it: it.stash[ITEM_TRIAL].step)
 
@@ -165,11 +182,15 @@ def racecheck_seed(request: pytest.FixtureRequest) -> int:
 
 @pytest.fixture
 def racecheck_perturb(request: pytest.FixtureRequest):
-    """This arm's perturbation spec (--racecheck-arm-perturb), else --racecheck-perturb's, else
-    None for the scenario's default."""
-    arm = request.node.stash[ITEM_TRIAL].arm
-    per_arm = request.config.stash[_ARM_PERTURB_KEY]
-    return per_arm.get(arm, request.config.getoption("--racecheck-perturb"))
+    """This block's perturbation spec: the session schedule's (the runner resolved it), else this
+    arm's --racecheck-arm-perturb, else --racecheck-perturb's, else None for the scenario's default."""
+    return _spec(request.node.stash[ITEM_TRIAL], request.config)
+
+
+def _spec(t: ItemTrial, config: pytest.Config):
+    if t.perturb:
+        return t.perturb
+    return config.stash[_ARM_PERTURB_KEY].get(t.arm, config.getoption("--racecheck-perturb"))
 
 
 @pytest.fixture
@@ -225,16 +246,23 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem):
-    result = yield
     config = item.config
-    log = config.stash[_LOG_KEY]
     t = item.stash.get(ITEM_TRIAL, None)
+    project = config.stash.get(_PROJECT_KEY, None)
+    seed = config.getoption("--racecheck-seed") + (t.trial if t is not None else 0)
+    if project is not None and t is not None:
+        project.start(t, spec=_spec(t, config) or "off", seed=seed)
+    try:
+        result = yield
+    finally:
+        extra = project.finish(t) if project is not None and t is not None else {}
+    log = config.stash[_LOG_KEY]
     if log is not None and t is not None:
+        device = "cuda" if project is not None and project.cuda else _device()
         log.write({"event": "outcome", "test": t.test, "params": t.params, "trial": t.trial,
-                   "arm": t.arm, "seed": config.getoption("--racecheck-seed") + t.trial,
-                   "outcome": worst(t.outcomes).value, "signature": t.signature, "message": t.message,
-                   "duration": round(t.duration, 4), "device": _device(),
-                   "detected": len(t.reports), "reports": t.reports})
+                   "arm": t.arm, "seed": seed, "outcome": worst(t.outcomes).value, "signature": t.signature,
+                   "message": t.message, "duration": round(t.duration, 4), "device": device,
+                   "detected": len(t.reports), "reports": t.reports, **extra})
     following = nextitem.stash.get(ITEM_TRIAL, None) if nextitem is not None else None
     if t is not None and following is not None and following.trial != t.trial:
         if _stop_requested(config, following.trial):
@@ -262,40 +290,6 @@ def _device() -> str:
     return "cuda" if rt is not None and rt.backend == "cuda" else "cpu"
 
 
-def failure_signature(excinfo: pytest.ExceptionInfo, rootpath: Path) -> str:
-    """`ExcType at file.py:LINE in func`, naming the innermost frame in the user's own code."""
-    package_dir = str(Path(__file__).resolve().parent)
-    frame = None
-    for entry in excinfo.traceback:
-        path = str(entry.path)
-        if "site-packages" in path or path.startswith(package_dir):
-            continue  # library frames: not where the user's failure is
-        frame = entry
-    if frame is None and len(excinfo.traceback):
-        frame = excinfo.traceback[-1]
-    where = ""
-    if frame is not None:
-        try:
-            rel = Path(str(frame.path)).relative_to(rootpath)
-        except ValueError:
-            rel = Path(str(frame.path)).name
-        where = f" at {rel}:{frame.lineno + 1} in {frame.name}"
-    return f"{excinfo.typename}{where}"
-
-
-def first_line(excinfo: pytest.ExceptionInfo, limit: int = 300) -> str:
-    text = str(excinfo.value).strip().splitlines()
-    line = text[0] if text else excinfo.typename
-    return line[:limit]
-
-
-def _error_line(text: str, limit: int = 300) -> str:
-    """The most telling line of a collection error: its last `E   ...` line, else its last line."""
-    lines = [l.strip() for l in text.splitlines() if l.strip()]
-    marked = [l[1:].strip() for l in lines if l.startswith("E ")]
-    return (marked[-1] if marked else lines[-1] if lines else "collection error")[:limit]
-
-
 class _CollectErrors:
     """Logs collection errors (an object, because collect reports carry no config)."""
 
@@ -305,7 +299,7 @@ class _CollectErrors:
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         if report.failed:
             self.log.write({"event": "collecterror", "nodeid": report.nodeid,
-                            "message": _error_line(report.longreprtext)})
+                            "message": error_line(report.longreprtext)})
 
 
 class _ProcessLog:

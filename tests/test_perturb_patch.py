@@ -1,48 +1,22 @@
 """Patch mode's wrapping of torch.distributed, on the CPU over a one-rank gloo group.
 
 What a GPU adds (the calibrated sleep on the collective's stream, the side stream of asynchronous
-calls, the caching allocator's reuse) runs in bench/patch_mode_gpu.py; here a recording stand-in
-for the CUDA actions checks which calls are wrapped, what each is told, and that the program's
-results and the module's functions are untouched.
+calls, the caching allocator's reuse) runs in bench/patch_mode_gpu.py; here the recording twin of
+the CUDA actions (racecheck.perturb.recording) checks which calls are wrapped, what each is told,
+and that the program's results and the module's functions are untouched.
 """
 
 from __future__ import annotations
-
-import time
-import weakref
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from racecheck.perturb.patch import WRAPPED, CollectivePatch
+from racecheck.perturb.patch import WRAPPED, PatchMode
+from racecheck.perturb import recording
 from racecheck.perturb.profiles import parse_profile
-
-
-class RecordingActions:
-    """Acts on CPU tensors and records every request instead of touching a GPU."""
-
-    def __init__(self) -> None:
-        self.launches: list[tuple[float, bool]] = []
-        self.pressures: list[int] = []
-
-    def applies(self, tensors) -> bool:
-        return bool(tensors)
-
-    def stream_name(self) -> str:
-        return "default"
-
-    def launch(self, call, *, delay: float, async_op: bool):
-        self.launches.append((delay, async_op))
-        return call()
-
-    def watch_free(self, tensor, callback) -> None:
-        storage = tensor.untyped_storage()
-        weakref.finalize(storage, callback, storage.nbytes())
-
-    def pressure(self, nbytes: int) -> None:
-        self.pressures.append(nbytes)
+from racecheck.perturb.recording import RecordingActions
 
 
 @pytest.fixture(scope="module")
@@ -52,9 +26,9 @@ def one_rank_group():
     dist.destroy_process_group()
 
 
-def patched(spec: str) -> tuple[CollectivePatch, RecordingActions]:
+def patched(spec: str) -> tuple[PatchMode, RecordingActions]:
     actions = RecordingActions()
-    return CollectivePatch(parse_profile(spec), actions=actions), actions
+    return PatchMode(parse_profile(spec), actions=actions), actions
 
 
 @pytest.mark.filterwarnings("ignore:.*is deprecated:FutureWarning")
@@ -82,29 +56,23 @@ def test_uninstall_restores_every_function(one_rank_group):
     assert before == {(m.__name__, n): getattr(m, n) for m in (dist, c10d) for n in WRAPPED if hasattr(m, n)}
 
 
-def test_pressure_follows_an_inputs_free_at_the_next_call(one_rank_group):
+def test_pressure_follows_a_free_at_the_next_point(one_rank_group):
     patch, actions = patched("pressure@free")
     with patch:
-        grad = torch.ones(1000)
-        dist.all_reduce(grad)
-        del grad  # the program drops the collective's input
-        assert actions.pressures == []  # never inside the finalizer: at the next wrapped call
-        # gloo's work object may hold the input a little longer than the call; the free is noted
-        # whenever the storage dies, and acted on at the first wrapped call after that.
-        for _ in range(200):
-            dist.all_reduce(torch.ones(4))
-            if actions.pressures:
-                break
-            time.sleep(0.01)
-    assert actions.pressures[0] == 4000
-    assert patch.pressured == len(actions.pressures)
+        ptr = recording.release(4000)  # the allocator's deallocation callback
+        assert actions.frees == []  # never inside the callback: at the next point the host passes
+        dist.all_reduce(torch.ones(4))
+    assert actions.frees == [(ptr, False, True)]
+    assert patch.counts == {"sleep": 0, "pressure": 1, "poison": 0}
+    recording.release(4000)  # uninstalled: no longer seen
+    assert len(actions.frees) == 1
 
 
 def test_patch_mode_refuses_what_it_cannot_do():
-    for spec in ("poison@free", "reorder@before_all_reduce>end_of_backward:1ms", "sleep@reshard:1ms",
-                 "sleep@before_all_reduce:1ms/other"):
+    for spec in ("sleep@free:1ms", "reorder@before_all_reduce>end_of_backward:1ms", "sleep@reshard:1ms",
+                 "sleep@before_all_reduce:1ms/other", "pressure@free/other"):
         with pytest.raises(ValueError, match="patch mode"):
-            CollectivePatch(parse_profile(spec), actions=RecordingActions())
+            PatchMode(parse_profile(spec), actions=RecordingActions())
 
 
 def test_launcher_runs_the_script_under_the_patch(tmp_path, monkeypatch):
@@ -126,3 +94,53 @@ def test_launcher_runs_the_script_under_the_patch(tmp_path, monkeypatch):
             installed.uninstall()
     assert seen.read_text() == "sleep@before_all_reduce:1ms"
     assert getattr(dist.all_reduce, "_racecheck_patch", None) is None
+
+
+def test_each_hand_off_point_delays_the_stream_the_work_after_it_runs_on():
+    side, other = recording.HostStream("side"), recording.HostStream("other")
+    before = {(o, n): getattr(o, n) for o, n, _ in RecordingActions().handoff_targets()}
+    patch, actions = patched("sleep@stream_enter:1ms,sleep@stream_wait:2ms,sleep@event_record:3ms")
+    with patch:
+        with recording.stream(side):  # entered: side; left for the default stream: no point
+            pass
+        other.wait_stream(side)  # the waiting stream; its inner record and wait are not points
+        side.wait_event(other.record_event())  # a record on other, a wait on side
+        recording.HostEvent().record()  # on the current (default) stream
+    assert actions.delays == [("side", 0.001), ("other", 0.002), ("other", 0.003), ("side", 0.002),
+                              ("default", 0.003)]
+    assert patch.counts["sleep"] == 5
+    assert before == {(o, n): getattr(o, n) for o, n in before}  # uninstalled: the originals again
+
+
+def test_systematic_records_then_delays_only_the_planned_keys():
+    from racecheck.perturb.patch import PatchMode
+
+    def step():
+        side = recording.HostStream("side")
+        with recording.stream(side):
+            pass
+        recording.current_stream().wait_stream(side)
+        return side
+
+    recorder = PatchMode(parse_profile("systematic"), actions=RecordingActions())
+    with recorder:
+        alive = [step(), step()]  # a second pass adds its new stream's keys, not the same ones again
+    keys = list(recorder.handoffs)
+    assert [k.split("@")[0] for k in keys] == ["stream_enter", "stream_wait", "stream_enter"]
+    assert keys[0].endswith("/s1") and keys[1].endswith("/default") and keys[2].endswith("/s2")
+    assert recorder.counts["sleep"] == 0
+    actions = RecordingActions()
+    with PatchMode(parse_profile("systematic:delay=2ms"), actions=actions, plan=(keys[1],)):
+        alive += [step(), step()]
+    assert actions.delays == [("default", 0.002), ("default", 0.002)]
+
+
+def test_systematic_selection_and_its_stated_bound():
+    from racecheck.perturb.systematic import coverage, selection
+
+    assert [selection(t, 3, pairs=True) for t in range(8)] == [(), (0,), (1,), (2,), (0, 1), (0, 2), (1, 2), (0,)]
+    assert [selection(t, 2, pairs=False) for t in range(4)] == [(), (0,), (1,), (0,)]
+    assert coverage(7, 8, pairs=False) == "systematic: k=7 points, all singles covered in trials 1..7"
+    assert coverage(3, 10, pairs=True) == ("systematic: k=3 points, all singles covered in trials 1..3, "
+                                           "all 3 pairs in trials 4..6")
+    assert "only in trials 1..2 (2 of 7)" in coverage(7, 3, pairs=True)

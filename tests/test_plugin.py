@@ -123,6 +123,21 @@ def test_bad_plugin_options_are_usage_errors(pytester, tmp_path):
     assert result.ret == pytest.ExitCode.USAGE_ERROR and "cannot read the schedule" in result.stderr.str()
 
 
+def test_a_project_profile_without_cuda_is_a_usage_error(pytester, monkeypatch):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the error is for machines without it")
+    monkeypatch.delenv("RACECHECK_PATCH_ACTIONS", raising=False)
+    pytester.makepyfile(test_a="def test_a():\n    pass\n")
+    for option in ("--racecheck-perturb=sleep@stream_enter:1ms", "--racecheck-detect"):
+        result = pytester.runpytest("-p", "racecheck", "--racecheck-patch", option)
+        assert result.ret == pytest.ExitCode.USAGE_ERROR, option
+        assert "CUDA" in result.stderr.str(), option
+    result = pytester.runpytest("-p", "racecheck", "--racecheck-patch", "--racecheck-perturb=off")
+    assert result.ret == 0
+
+
 def test_xdist_workers_write_one_file_each_and_report_each_test_once(pytester, tmp_path):
     pytest.importorskip("xdist")
     pytester.makepyfile(test_many="import pytest\n\n@pytest.mark.parametrize('i', range(8))\n"

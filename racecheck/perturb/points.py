@@ -5,6 +5,8 @@ Two kinds, one namespace:
   `Runtime.point(name, ...)` on the host; the stream current at that moment is where a delay goes.
 - runtime points: derived by the injector from the runtime's own observer calls, on both backends
   (`free` from on_free, `event_wait` from on_event_wait), so they need no marking at all.
+- hand-off points: where patch mode (patch.py) sees plain torch.cuda code hand work from one
+  stream to another; they exist in patch mode only (the runtime's code marks its own points).
 """
 
 MARKED_POINTS = {
@@ -29,7 +31,20 @@ RUNTIME_POINTS = {
     EVENT_WAIT: "a stream is made to wait for an event (on_event_wait); the stream is the waiting one",
 }
 
-POINTS = {**MARKED_POINTS, **RUNTIME_POINTS}
+STREAM_ENTER = "stream_enter"
+STREAM_WAIT = "stream_wait"
+EVENT_RECORD = "event_record"
+
+HANDOFF_POINTS = {
+    STREAM_ENTER: "host, right after it made a non-default stream current (torch.cuda.stream(s), "
+                  "torch.cuda.set_stream); the delay goes on that stream",
+    STREAM_WAIT: "host, right after a stream was made to wait (wait_stream, wait_event, Event.wait); "
+                 "the delay goes on the waiting stream",
+    EVENT_RECORD: "host, right before an event is recorded (Event.record, Stream.record_event); the "
+                  "delay goes on the recording stream, ahead of the record",
+}
+
+POINTS = {**MARKED_POINTS, **RUNTIME_POINTS, **HANDOFF_POINTS}
 
 # The collective each `before_*` point precedes: patch mode maps torch.distributed calls onto them.
 COLLECTIVE_POINTS = {

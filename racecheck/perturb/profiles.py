@@ -15,14 +15,23 @@ A spec is one of
 - the random schedule, `random[:KEY=VALUE]...`, with keys max (largest delay), sleep, poison and
   pressure (probabilities per point or free), depth (PCT depth: 1 + the number of priority change
   points) and horizon (steps over which change points are drawn), e.g. `random:max=2ms:depth=4`.
+- the systematic schedule of patch mode, `systematic[:delay=SIZE][:pairs=0|1][:at=KEY[+KEY]]`:
+  trial 0 records the hand-off points a test passes, trial t >= 1 delays the t-th of them alone by
+  `delay` (default 5 ms), then, with pairs=1 (the default), every pair once the singles are done
+  (racecheck.perturb.systematic). `at=` (last, it takes the rest of the spec) names the points to
+  delay directly, as a failing trial's record does (`stream_enter@train.py:42/s1`): the replay.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 
-from racecheck.perturb.points import FREE, POINTS
+from racecheck.perturb.points import COLLECTIVE_POINTS, FREE, HANDOFF_POINTS, POINTS
+
+# The points the systematic schedule enumerates: every place where work passes between streams.
+SYSTEMATIC_POINTS = (*HANDOFF_POINTS, *COLLECTIVE_POINTS.values())
 
 ACTIONS = ("sleep", "reorder", "poison", "pressure")
 FREE_ONLY_ACTIONS = ("poison", "pressure")  # they act on a freed block
@@ -37,9 +46,15 @@ PROFILES = {
     "compute_delay": "sleep@wait_all_gather:3ms",
     # Delay an offload copy on its copy stream.
     "copy_delay": "sleep@before_copy:3ms",
+    # Patch mode's hand-off points (a project's own suite): hold back the work after the host
+    # entered a side stream, after a stream was made to wait, or the work an event marks.
+    "enter_delay": "sleep@stream_enter:5ms",
+    "wait_delay": "sleep@stream_wait:5ms",
+    "record_delay": "sleep@event_record:5ms",
     "poison": "poison@free",
     "pressure": "pressure@free",
     "random": "random",
+    "systematic": "systematic",
 }
 
 DEFAULT_SLEEP_S = 0.01
@@ -50,6 +65,9 @@ _RULE = re.compile(rf"^(?P<action>\w+)@(?P<point>\w+)(?:>(?P<until>\w+))?"
                    rf"(?::(?P<size>{_NUMBER})(?P<unit>us|ms|s))?(?:/(?P<stream>[\w.-]+))?$")
 _SIZE = re.compile(rf"^(?P<size>{_NUMBER})(?P<unit>us|ms|s)$")
 _UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
+DEFAULT_SYSTEMATIC_DELAY_S = 0.005
+# A hand-off point's key: POINT@FILE:LINE/STREAM (racecheck.perturb.systematic.handoff_key)
+HANDOFF_KEY = re.compile(r"^(?P<point>\w+)@(?P<where>[^+]+:\d+)/(?P<stream>[\w.-]+)$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,19 +112,41 @@ class RandomConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class SystematicConfig:
+    """The systematic schedule (see racecheck.perturb.systematic)."""
+
+    delay: float = DEFAULT_SYSTEMATIC_DELAY_S
+    pairs: bool = True  # pairs of points once every single point had its trial
+    at: tuple[str, ...] = ()  # hand-off keys to delay in every trial (a replay); () = enumerate
+
+    def to_spec(self) -> str:
+        parts = ["systematic"]
+        if self.delay != DEFAULT_SYSTEMATIC_DELAY_S:
+            parts.append(f"delay={_format_seconds(self.delay)}")
+        if not self.pairs:
+            parts.append("pairs=0")
+        if self.at:
+            parts.append("at=" + "+".join(self.at))
+        return ":".join(parts)
+
+
+@dataclasses.dataclass(frozen=True)
 class Profile:
     name: str
     rules: tuple[Rule, ...] = ()
     random: RandomConfig | None = None
+    systematic: SystematicConfig | None = None
 
     @property
     def is_off(self) -> bool:
-        return not self.rules and self.random is None
+        return not self.rules and self.random is None and self.systematic is None
 
     def to_spec(self) -> str:
         """The explicit form, parseable by parse_profile."""
         if self.random is not None:
             return self.random.to_spec()
+        if self.systematic is not None:
+            return self.systematic.to_spec()
         return ",".join(r.to_spec() for r in self.rules) or "off"
 
     def with_delay(self, seconds: float) -> "Profile":
@@ -115,17 +155,24 @@ class Profile:
         if self.random is not None:
             return Profile(f"{self.name}:{seconds * 1e3:g}ms",
                            random=dataclasses.replace(self.random, max_delay=seconds))
+        if self.systematic is not None:
+            return Profile(f"{self.name}:{seconds * 1e3:g}ms",
+                           systematic=dataclasses.replace(self.systematic, delay=seconds))
         rules = tuple(dataclasses.replace(r, seconds=seconds) if r.action == "sleep" else r
                       for r in self.rules)
         return Profile(f"{self.name}:{seconds * 1e3:g}ms", rules)
 
 
+@functools.lru_cache(maxsize=256)
 def parse_profile(spec: str | None) -> Profile:
-    """A Profile from a name, a rule list or a random spec; ValueError with a one-line reason."""
+    """A Profile from a name, a rule list, a random or systematic spec; ValueError with a one-line
+    reason. Parsed once per process and spec (profiles are immutable)."""
     spec = (spec or "off").strip()
     text = PROFILES.get(spec, spec)
     if text == "random" or text.startswith("random:"):
         return Profile(spec, random=_parse_random(text))
+    if text == "systematic" or text.startswith("systematic:"):
+        return Profile(spec, systematic=_parse_systematic(text))
     rules = tuple(_parse_rule(part) for part in filter(None, (p.strip() for p in text.split(","))))
     return Profile(spec, rules)
 
@@ -180,6 +227,37 @@ def _parse_random(text: str) -> RandomConfig:
         except ValueError:
             raise ValueError(f"bad value {value!r} for random schedule option {key!r}") from None
     return RandomConfig(**values)
+
+
+def _parse_systematic(text: str) -> SystematicConfig:
+    rest = text[len("systematic"):]
+    at: tuple[str, ...] = ()
+    head, sep, keys = rest.partition(":at=")
+    if sep:
+        at = tuple(keys.split("+"))
+        for key in at:
+            m = HANDOFF_KEY.match(key)
+            if not m:
+                raise ValueError(f"bad hand-off point {key!r} in systematic at=: expected POINT@FILE:LINE/STREAM")
+            if m["point"] not in SYSTEMATIC_POINTS:
+                raise ValueError(f"unknown hand-off point {m['point']!r}; known: {', '.join(SYSTEMATIC_POINTS)}")
+    values: dict = {}
+    for item in filter(None, head.split(":")):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"bad systematic schedule option {item!r}: expected KEY=VALUE")
+        if key == "delay":
+            m = _SIZE.match(value)
+            if not m:
+                raise ValueError(f"bad value {value!r} for systematic schedule option 'delay': expected e.g. 5ms")
+            values["delay"] = float(m["size"]) * _UNITS[m["unit"]]
+        elif key == "pairs":
+            if value not in ("0", "1"):
+                raise ValueError(f"bad value {value!r} for systematic schedule option 'pairs': expected 0 or 1")
+            values["pairs"] = value == "1"
+        else:
+            raise ValueError(f"unknown systematic schedule option {key!r}; known: delay, pairs, at")
+    return SystematicConfig(at=at, **values)
 
 
 def _format_seconds(seconds: float) -> str:

@@ -155,4 +155,22 @@ def merge_ranks(reports: list[dict]) -> dict:
         "duration": max(float(r.get("duration", 0.0)) for r in reports),
         "detected": max(int(r.get("detected", 0)) for r in reports),
         "reports": list(dict.fromkeys(detector)),
+        **_patch_fields(reports),
     }
+
+
+def _patch_fields(reports: list[dict]) -> dict:
+    """Patch mode's fields (project suites): actions summed over ranks, delayed points joined."""
+    counted = [r["actions"] for r in reports if isinstance(r.get("actions"), dict)]
+    if not counted:
+        return {}
+    actions: dict = {}
+    for a in counted:
+        for kind, n in a.items():
+            actions[kind] = actions.get(kind, 0) + int(n)
+    out = {"actions": actions, "perturb": next((r["perturb"] for r in reports if r.get("perturb")), ""),
+           "delayed": list(dict.fromkeys(k for r in reports for k in r.get("delayed", [])))}
+    handoffs = [int(r["handoffs"]) for r in reports if r.get("handoffs") is not None]
+    if handoffs:
+        out["handoffs"] = max(handoffs)
+    return out

@@ -58,7 +58,12 @@ class TrialRecord:
     message: str = ""  # first line of the failure, shortened
     duration: float = 0.0
     device: str = "cpu"
-    perturb: str = "off"
+    perturb: str = "off"  # the canonical spec that ran (racecheck.perturb.profiles)
+    # Project suites (patch mode): the actions taken, summed over ranks ({"sleep": N, "pressure": N,
+    # "poison": N}); None where nothing counted them (the catalogue's injector).
+    actions: dict | None = None
+    delayed: list = dataclasses.field(default_factory=list)  # systematic: the hand-off keys delayed
+    handoffs: int | None = None  # systematic trial 0: the hand-off points recorded (most over ranks)
     detect: bool = False
     detected: int = 0  # detector reports in this test (0 when the detector is off)
     reports: list = dataclasses.field(default_factory=list)  # detector report texts

@@ -158,12 +158,47 @@ def check_run(config) -> None:
         if rule.arm not in arms:
             raise click.BadParameter(f"rule {str(rule)!r} names arm {rule.arm!r}, which the run does not "
                                      f"have (arms: {', '.join(sorted(arms))})", param_hint="--stop-when")
+    check_perturbation(config)
     if config.backend == "cuda":
         import torch
 
         if not torch.cuda.is_available():
             raise click.BadParameter("cuda: no CUDA device is available on this machine",
                                      param_hint="--backend")
+
+
+def check_perturbation(config) -> None:
+    """Each suite's profiles against what can carry them out: patch mode's grammar and a CUDA
+    device for a project's own suite (exit 2 rather than a run that silently perturbs nothing),
+    the runtime's points for the catalogue's scenarios."""
+    from racecheck.perturb.points import HANDOFF_POINTS
+    from racecheck.perturb.profiles import parse_profile
+
+    for s in config.scenarios:
+        specs = {config.spec_for(s, a) for a in config.arms_for(s)}
+        profiles = [parse_profile(spec) for spec in sorted(specs)]
+        if s.config_file is None:
+            for p in profiles:
+                if p.systematic is not None or any(r.point in HANDOFF_POINTS for r in p.rules):
+                    raise click.BadParameter(f"{p.to_spec()}: the systematic schedule and the hand-off points "
+                                             f"({', '.join(HANDOFF_POINTS)}) act in patch mode, on a project's "
+                                             f"own suite; {s.name} runs on racecheck's runtime", param_hint="--perturb")
+            continue
+        from racecheck.perturb.patch import PatchMode
+        from racecheck.perturb.patch_actions import PatchUnavailable, actions_factory
+
+        acting = [p for p in profiles if not p.is_off]
+        for p in acting:
+            try:
+                PatchMode(p, actions=object())  # the grammar check alone; nothing is installed
+            except ValueError as exc:
+                raise click.BadParameter(str(exc), param_hint="--perturb") from None
+        if acting or config.detect:
+            need = f"the profile {acting[0].to_spec()!r}" if acting else "--detect"
+            try:
+                actions_factory(need=need)
+            except PatchUnavailable as exc:
+                raise click.UsageError(f"{s.name}: {exc}") from None
 
 
 def perturb_spec(opts, suites) -> str | None:

@@ -76,6 +76,13 @@ class RunConfig:
             return own
         return scenario.default_perturb if self.perturb is None else self.perturb
 
+    def spec_for(self, scenario: Scenario, arm: str) -> str:
+        """The canonical form of perturb_for: the one spec the schedule, the ranks and the records
+        carry (profile names resolved, e.g. rs_delay -> sleep@before_reduce_scatter:5ms)."""
+        from racecheck.perturb.profiles import parse_profile
+
+        return parse_profile(self.perturb_for(scenario, arm)).to_spec()
+
     def world_for(self, scenario: Scenario) -> int:
         return self.world_size or self.worlds.get(scenario.name) or scenario.world_size
 
@@ -281,7 +288,10 @@ class Runner:
         c = self.config
         arm = suite.arm(plan.arms[0])  # every arm of a plan has the same process_key
         ranks = c.out / "ranks"
-        schedule.write_schedule(ranks / f"{sid}.schedule.json", plan)
+        # Every block carries its arm's canonical spec: the ranks take it from the schedule.
+        specs = {a: c.spec_for(suite, a) for a in plan.arms}
+        schedule.write_schedule(ranks / f"{sid}.schedule.json",
+                                SessionPlan(tuple(Block(b.trial, b.arm, specs[b.arm]) for b in plan.blocks)))
         targets, _ = split_targets(c.pytest_args, suite.run_root)
         user = list(suite.targets if not targets else ()) + list(suite.pytest_args) + list(arm.pytest_args)
         user += list(c.pytest_args)
@@ -289,16 +299,15 @@ class Runner:
         args = list(user) + ["-p", "racecheck", "-p", "repeat", "-p", "no:cacheprovider", "-q", "-rN", "--no-header",
                              f"--racecheck-schedule={ranks / f'{sid}.schedule.json'}",
                              f"--racecheck-seed={c.seed}",
-                             f"--racecheck-perturb={c.perturb_for(suite)}",
                              f"--racecheck-log={ranks / sid}-rank-{{rank}}.jsonl",
                              f"--racecheck-stop-file={ranks / sid}.stop"]
-        args += [f"--racecheck-arm-perturb={a}={suite.arms[a].perturb}" for a in plan.arms
-                 if suite.arms[a].perturb is not None]
         if not any(a == "--tb" or a.startswith("--tb=") for a in user):
             # Python's own tracebacks in the session log: pytest's long ones parse the source of
             # every frame (seconds per rank for a failing trial); the record's signature and
             # message come from the exception, not from this text.
             args.append("--tb=native")
+        if suite.config_file is not None:  # a project's own suite: patch mode, not the injector
+            args += ["--racecheck-patch", f"--racecheck-handoffs={c.out / 'handoffs'}"]
         if len(plan.blocks) > 1:
             args += [f"--count={len(plan.blocks)}", "--repeat-scope=session"]
         if c.detect:
@@ -333,8 +342,10 @@ class Runner:
             expect=suite.arms[arm].expect if arm in suite.arms else "", trial=trial,
             seed=c.seed + trial, test=test, params=params, outcome=merged["outcome"],
             signature=merged["signature"], message=merged["message"], duration=merged["duration"],
-            device=merged.get("device", "cpu"), perturb=c.perturb_for(suite, arm), detect=c.detect,
-            detected=merged["detected"], reports=merged["reports"], versions=self.versions, time=_now())
+            device=merged.get("device", "cpu"), perturb=merged.get("perturb") or c.spec_for(suite, arm),
+            detect=c.detect, detected=merged["detected"], reports=merged["reports"],
+            actions=merged.get("actions"), delayed=merged.get("delayed", []), handoffs=merged.get("handoffs"),
+            versions=self.versions, time=_now())
         if Outcome(record.outcome).is_failure:
             record.replay = replay_command(record, suite=suite, config=c)
         self._log.append(record)
@@ -377,6 +388,23 @@ def split_targets(args, root: Path) -> tuple[list[str], list[str]]:
     return targets, options
 
 
+def replay_spec(record: TrialRecord) -> str:
+    """The profile that replays the record's trial in a run of one trial: its own, or for a
+    systematic trial the schedule with the points it delayed named (`at=`), since trial 0 of a
+    new run would only record them."""
+    spec = record.perturb or "off"
+    if not record.delayed:
+        return spec
+    import dataclasses
+
+    from racecheck.perturb.profiles import parse_profile
+
+    systematic = parse_profile(spec).systematic
+    if systematic is None:
+        return spec
+    return dataclasses.replace(systematic, at=tuple(record.delayed)).to_spec()
+
+
 def replay_command(record: TrialRecord, *, suite: Scenario, config: RunConfig) -> str:
     """One command line that reruns exactly this test of this trial under this arm."""
     if suite.config_file is not None:
@@ -388,7 +416,7 @@ def replay_command(record: TrialRecord, *, suite: Scenario, config: RunConfig) -
     else:
         parts = ["racecheck", "run", "--scenario", suite.name]
     parts += ["--arms", record.arm, "--trials", "1", "--seed", str(record.seed),
-              "--perturb", record.perturb or "off"]
+              "--perturb", replay_spec(record)]
     if config.detect:
         parts.append("--detect")
     if config.backend != "auto":

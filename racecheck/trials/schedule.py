@@ -29,6 +29,10 @@ ORDERS = ("alternate", "random")
 class Block:
     trial: int
     arm: str
+    # The canonical perturbation spec the block runs (RunConfig.spec_for), written into the
+    # session schedule so that every rank parses it once; "" where the pytest options decide.
+    # Not part of a block's identity.
+    perturb: str = dataclasses.field(default="", compare=False)
 
 
 def arm_order(arms, trial: int, *, seed: int, order: str) -> tuple[str, ...]:
@@ -113,13 +117,14 @@ def sessions(pending: list[Block], *, groups: list[tuple[str, ...]], isolation: 
 # -- the schedule file: how the runner tells the plugin which block each repeat step is ----------
 def write_schedule(path: Path, plan: SessionPlan) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"blocks": [[b.trial, b.arm] for b in plan.blocks]}) + "\n")
+    path.write_text(json.dumps({"blocks": [[b.trial, b.arm, b.perturb] for b in plan.blocks]}) + "\n")
 
 
 def read_schedule(path: str | Path) -> list[Block]:
-    """The blocks of a schedule file; ValueError (one line) when it is unreadable."""
+    """The blocks of a schedule file ([trial, arm] or [trial, arm, perturb] each); ValueError
+    (one line) when it is unreadable."""
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
-        return [Block(int(t), str(a)) for t, a in data["blocks"]]
+        return [Block(int(b[0]), str(b[1]), str(b[2]) if len(b) > 2 else "") for b in data["blocks"]]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"cannot read the schedule {path}: {exc}") from None

@@ -1,0 +1,44 @@
+"""What a failing test is called in the trial log: its signature (`ExcType at file.py:LINE in func`,
+the innermost frame in the user's own code) and the first line of its message. Used by the pytest
+plugin for test failures and collection errors.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+def failure_signature(excinfo: pytest.ExceptionInfo, rootpath: Path) -> str:
+    """`ExcType at file.py:LINE in func`, naming the innermost frame in the user's own code."""
+    package_dir = str(Path(__file__).resolve().parent)  # racecheck's own frames
+    frame = None
+    for entry in excinfo.traceback:
+        path = str(entry.path)
+        if "site-packages" in path or path.startswith(package_dir):
+            continue  # library frames: not where the user's failure is
+        frame = entry
+    if frame is None and len(excinfo.traceback):
+        frame = excinfo.traceback[-1]
+    where = ""
+    if frame is not None:
+        try:
+            rel = Path(str(frame.path)).relative_to(rootpath)
+        except ValueError:
+            rel = Path(str(frame.path)).name
+        where = f" at {rel}:{frame.lineno + 1} in {frame.name}"
+    return f"{excinfo.typename}{where}"
+
+
+def first_line(excinfo: pytest.ExceptionInfo, limit: int = 300) -> str:
+    text = str(excinfo.value).strip().splitlines()
+    line = text[0] if text else excinfo.typename
+    return line[:limit]
+
+
+def error_line(text: str, limit: int = 300) -> str:
+    """The most telling line of a collection error: its last `E   ...` line, else its last line."""
+    lines = [l.strip() for l in text.splitlines() if l.strip()]
+    marked = [l[1:].strip() for l in lines if l.startswith("E ")]
+    return (marked[-1] if marked else lines[-1] if lines else "collection error")[:limit]
