@@ -86,13 +86,32 @@ def kill_node(proc: subprocess.Popen) -> None:
             pass
 
 
+def run_nodes(root, args_for, *, limit: float = LIMIT_S) -> list[tuple[int, str, str]]:
+    """Run one node per entry of args_for at once; (exit code, stdout, stderr) of each."""
+    procs = [start_node(root, args) for args in args_for]
+    try:
+        outs = [p.communicate(timeout=limit) for p in procs]
+        return [(p.returncode, *o) for p, o in zip(procs, outs)]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                kill_node(p)
+
+
+def outcome_of(arm: str, trial: int, *, seed: int) -> dict:
+    """{test: whether it fails} for one trial of WORLD_TEST over two ranks."""
+    fails = {f"test_draw[{c}]": any(random.Random(f"{seed + trial}-{c}-{r}").random() < RATES[arm] for r in (0, 1))
+             for c in ("x", "y")}
+    fails["test_rank_one"] = bool((seed + trial) % 2)
+    return fails
+
+
 def expected(trials, seed: int) -> dict:
     """What WORLD_TEST must give over two ranks: {(arm, test or '*'): (failures, trials)}."""
     out = {}
-    for arm, rate in RATES.items():
-        fails = {f"test_draw[{c}]": [any(random.Random(f"{seed + t}-{c}-{r}").random() < rate for r in (0, 1))
-                                     for t in trials] for c in ("x", "y")}
-        fails["test_rank_one"] = [bool((seed + t) % 2) for t in trials]
+    for arm in RATES:
+        per_trial = [outcome_of(arm, t, seed=seed) for t in trials]
+        fails = {test: [f[test] for f in per_trial] for test in per_trial[0]}
         for test, per in fails.items():
             out[(arm, test)] = (sum(per), len(trials))
         out[(arm, "*")] = (sum(any(v[i] for v in fails.values()) for i in range(len(trials))), len(trials))
@@ -103,16 +122,10 @@ def test_two_nodes_give_the_counts_of_one_node_running_both_ranks(project, tmp_p
     port = free_port()
     common = ["--trials", 3, "--seed", 4, "-q"]
     # The two nodes, and beside them one node running both ranks (the reference).
-    runs = [start_node(project, common + ["--out", tmp_path / "nodes"] + node_args(port, rank)) for rank in (0, 1)]
-    runs.append(start_node(project, common + ["--out", tmp_path / "one"]))
-    try:
-        outs = [p.communicate(timeout=LIMIT_S) for p in runs]
-    finally:
-        for p in runs:
-            if p.poll() is None:
-                kill_node(p)
-    assert [p.returncode for p in runs] == [0, 0, 0], outs
-    assert "ran its part of 1 session(s) of node 0's run" in outs[1][0]
+    done = run_nodes(project, [common + ["--out", tmp_path / "nodes"] + node_args(port, rank) for rank in (0, 1)]
+                     + [common + ["--out", tmp_path / "one"]])
+    assert [d[0] for d in done] == [0, 0, 0], done
+    assert "ran its part of 1 session(s) of node 0's run" in done[1][1]
     assert summary_counts(tmp_path / "nodes") == summary_counts(tmp_path / "one") == expected(range(3), 4)
     # Node 0 wrote the one log, with node 1's failure in it; node 1 kept its own rank logs.
     failing = {r.message for r in records(tmp_path / "nodes") if r.outcome == "failed"}
@@ -122,11 +135,12 @@ def test_two_nodes_give_the_counts_of_one_node_running_both_ranks(project, tmp_p
     assert json.loads((follower / "run.json").read_text())["node"] == {"rank": 1, "nnodes": 2}
 
 
-def test_a_killed_node_ends_its_trial_as_crash_and_the_other_node_reports_it(project, tmp_path, monkeypatch):
+def test_a_killed_node_ends_its_trial_as_crash_the_other_reports_it_and_resume_finishes(project, tmp_path,
+                                                                                       monkeypatch):
     monkeypatch.setenv("STEP_S", "0.2")
     port = free_port()
     out = tmp_path / "out"
-    common = ["--trials", 40, "--out", out, "-q"]
+    common = ["--trials", 12, "--seed", 4, "--out", out, "-q"]
     writer = start_node(project, common + node_args(port, 0))
     follower = start_node(project, common + node_args(port, 1))
     try:
@@ -144,11 +158,23 @@ def test_a_killed_node_ends_its_trial_as_crash_and_the_other_node_reports_it(pro
     assert "node 1 stopped responding" in err and f"racecheck run --resume {out}' on every node" in err
     recs = records(out)
     bad = [r for r in recs if r.outcome in ("crash", "error")]
-    # The trial in flight is blamed, naming the node; every trial before it is whole and clean.
-    assert bad and {r.trial for r in bad} == {max(r.trial for r in recs)}
+    # The trial in flight is blamed, naming the node; every trial before it is whole.
+    crashed = max(r.trial for r in recs)
+    assert bad and {r.trial for r in bad} == {crashed}
     assert all("node 1" in r.signature for r in bad if r.outcome == "crash")
-    assert (out / "summary.csv").exists()
+    assert (out / "summary.csv").exists() and crashed < 11
     assert not [p for p in psutil.process_iter(["cmdline"]) if str(out) in " ".join(p.info["cmdline"] or [])]
+    # Both nodes resume the run: the trials after the crash run; the crashed block stays crashed.
+    port = free_port()
+    done = run_nodes(project, [["--resume", out, "-q"] + node_args(port, rank) for rank in (0, 1)])
+    assert [d[0] for d in done] == [0, 0], done
+    blamed = {(r.trial, r.arm) for r in bad}
+    done_blocks = [json.loads(line) for line in (out / "completed.jsonl").read_text().splitlines()]
+    assert sorted((d["trial"], d["arm"]) for d in done_blocks) == sorted((t, a) for t in range(12) for a in RATES)
+    outcomes = {(r.trial, r.arm, r.test.split("::")[-1]): r.outcome for r in records(out)}
+    assert {k: v for k, v in outcomes.items() if k[:2] not in blamed} == {
+        (t, a, test): "failed" if fails else "passed" for t in range(12) for a in RATES
+        for test, fails in outcome_of(a, t, seed=4).items() if (t, a) not in blamed}
 
 
 def test_a_node_that_never_joins_stops_the_run_within_the_join_timeout(project, tmp_path):
