@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 
 from racecheck.exitcodes import ExitCode, InfrastructureError, InputError
-from racecheck.trials import run_options
+from racecheck.trials import node_options, run_options
 from racecheck.trials.cli_commands import COMMANDS, check_rate
 
 
@@ -169,27 +169,27 @@ def run_command(ctx, **opts):
     Arguments after `--` go to pytest (for example a node id to run one test)."""
     from racecheck.trials.runner import Runner
 
-    nodes = run_options.node_spec(ctx, opts)  # None on one node; a follower's folder is OUT/nodes/node-R
+    nodes = node_options.node_spec(ctx, opts)  # None on one node; a follower's folder is OUT/nodes/node-R
     if opts["resume_dir"] is not None:
         config = run_options.resumed_config(ctx, opts)
     else:
         config = run_options.fresh_config(ctx, opts)
-    run_options.check_nodes(config, nodes)
+    node_options.check_nodes(config, nodes)
     gate = run_options.gate_options(ctx, opts, config)
 
     from racecheck.trials import interrupts
     from racecheck.trials.progress import Progress
 
     if nodes is not None and not nodes.is_writer:
-        run_options.follow(ctx, nodes, config)
+        node_options.follow(ctx, nodes, config)
         return
     started = time.monotonic()
-    writer = run_options.writer_for(nodes, config)
+    writer = node_options.writer_for(nodes, config)
     runner = Runner(config, resume=opts["resume_dir"] is not None, nodes=writer)
     progress = Progress(config, counts=runner.counts, enabled=not opts["quiet"])
     runner.listener = progress
     try:
-        with interrupts.handled(), progress, run_options.hosting(writer):
+        with interrupts.handled(), progress, node_options.hosting(writer):
             result = runner.run()
     except KeyboardInterrupt:
         _summarize(config.out)

@@ -189,6 +189,20 @@ def test_a_node_that_never_joins_stops_the_run_within_the_join_timeout(project, 
     assert res.code == 3 and f"node 1: could not reach node 0 at 127.0.0.1:{port} within 2 s" in res.err, res
 
 
+def test_a_node_with_other_settings_is_refused_by_both(project, tmp_path):
+    port = free_port()
+    follower = start_node(project, ["--seed", 2, "--out", tmp_path / "out", "-q"] + node_args(port, 1))
+    try:
+        res = racecheck("run", "--seed", 1, "--out", tmp_path / "out", "-q", *node_args(port, 0), cwd=project)
+        _, err = follower.communicate(timeout=LIMIT_S)
+    finally:
+        if follower.poll() is None:
+            kill_node(follower)
+    message = "node 1 runs another experiment than node 0: its seed is 2, node 0's 1"
+    assert res.code == 2 and message in res.err, res
+    assert follower.returncode == 2 and message in err and err.count("\n") == 1, err
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--nnodes", "2"], "--nnodes above 1 needs --rdzv-endpoint HOST:PORT"),
     (["--node-rank", "1"], "--node-rank needs --nnodes above 1"),
