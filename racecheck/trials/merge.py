@@ -100,7 +100,7 @@ def expand_inputs(patterns, out: Path) -> list[Path]:
         if not found:
             raise MergeError(f"{pattern}: no run folder matches")
         folders += found
-    return list(dict.fromkeys(folders))
+    return folders  # a folder named twice is merge()'s to refuse, naming both
 
 
 def check_shards(inputs: list[Path], runs: list[dict]) -> None:
