@@ -209,6 +209,8 @@ def test_a_node_with_other_settings_is_refused_by_both(project, tmp_path):
     (["--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "h:1"], "Invalid value for --node-rank: 2 is not below"),
     (["--nnodes", "2", "--rdzv-endpoint", "h:x"], "Invalid value for --rdzv-endpoint: 'h:x' is not HOST:PORT"),
     (["--nnodes", "2", "--rdzv-endpoint", "h:1", "--rdzv-conf", "is_host=true"], "is_host is racecheck's to set"),
+    (["--nnodes", "2", "--rdzv-endpoint", "h:1", "--rdzv-conf", "join_timeout=soon"],
+     "Invalid value for --rdzv-conf: join_timeout='soon' is not a whole number of seconds"),
     (["--nnodes", "3", "--rdzv-endpoint", "h:1"], "tiny runs 2 ranks, which 3 nodes cannot share evenly"),
 ])
 def test_bad_node_options_get_one_line_and_exit_2(project, args, message):

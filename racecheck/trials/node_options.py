@@ -18,7 +18,7 @@ def node_spec(ctx, opts):
     never write the same file."""
     from click.core import ParameterSource
 
-    from racecheck.trials.nodes import NodeSpec
+    from racecheck.trials.nodes import NodeSpec, parse_conf, parse_endpoint
 
     if opts["nnodes"] == 1:
         given = [n for n in ("node_rank", "rdzv_endpoint", "rdzv_id", "rdzv_conf")
@@ -32,11 +32,15 @@ def node_spec(ctx, opts):
         raise click.BadParameter(f"{opts['node_rank']} is not below --nnodes {opts['nnodes']}",
                                  param_hint="--node-rank")
     try:
-        spec = NodeSpec.parse(nnodes=opts["nnodes"], node_rank=opts["node_rank"], endpoint=opts["rdzv_endpoint"],
-                              rdzv_id=opts["rdzv_id"], conf=opts["rdzv_conf"])
+        host, port = parse_endpoint(opts["rdzv_endpoint"])
     except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--rdzv-endpoint" if "HOST" in str(exc) else "--rdzv-conf") \
-            from None
+        raise click.BadParameter(str(exc), param_hint="--rdzv-endpoint") from None
+    try:
+        conf = parse_conf(opts["rdzv_conf"])
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--rdzv-conf") from None
+    spec = NodeSpec(nnodes=opts["nnodes"], node_rank=opts["node_rank"], host=host, port=port,
+                    rdzv_id=opts["rdzv_id"], rdzv_conf=conf)
     if not spec.is_writer:
         where = f"nodes/node-{spec.node_rank}"
         if opts["resume_dir"] is not None:

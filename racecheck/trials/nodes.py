@@ -54,28 +54,6 @@ class NodeSpec:
     rdzv_id: str = "racecheck"
     rdzv_conf: tuple[tuple[str, str], ...] = ()  # torchrun's --rdzv-conf, passed through
 
-    @classmethod
-    def parse(cls, *, nnodes: int, node_rank: int, endpoint: str, rdzv_id: str, conf: str) -> "NodeSpec":
-        """ValueError (one line) for an endpoint or a conf that torchrun would not take."""
-        host, sep, port = (endpoint or "").rpartition(":")
-        if not sep:
-            host, port = endpoint, "29400"  # torchrun's default port for the c10d backend
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"{endpoint!r} is not HOST:PORT")
-        pairs = []
-        for item in filter(None, (p.strip() for p in (conf or "").split(","))):
-            key, eq, value = item.partition("=")
-            if not eq or not key.strip():
-                raise ValueError(f"--rdzv-conf: {item!r} is not KEY=VALUE")
-            if key.strip() == "is_host":
-                raise ValueError("--rdzv-conf: is_host is racecheck's to set (node rank 0 hosts the store)")
-            pairs.append((key.strip(), value.strip()))
-        spec = cls(nnodes, node_rank, host.strip("[]"), int(port), rdzv_id, tuple(pairs))
-        for key in ("join_timeout", *_KEEP_ALIVE):
-            if key in spec.conf and not spec.conf[key].isdigit():
-                raise ValueError(f"--rdzv-conf: {key}={spec.conf[key]!r} is not a whole number of seconds")
-        return spec
-
     @property
     def conf(self) -> dict:
         return dict(self.rdzv_conf)
@@ -112,6 +90,32 @@ def definition(config) -> dict:
     for key in ("trials", "timeout", "shard_source"):
         data.pop(key, None)
     return data
+
+
+def parse_endpoint(text: str) -> tuple[str, int]:
+    """(host, port) of HOST[:PORT] (torchrun's default port 29400); ValueError (one line)."""
+    host, sep, port = (text or "").rpartition(":")
+    if not sep:
+        host, port = text, "29400"
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{text!r} is not HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+def parse_conf(text: str) -> tuple[tuple[str, str], ...]:
+    """torchrun's --rdzv-conf K=V,...; ValueError (one line) for what torchrun would not take, or
+    for is_host, which racecheck sets (node 0 hosts the store)."""
+    pairs = []
+    for item in filter(None, (p.strip() for p in (text or "").split(","))):
+        key, eq, value = (part.strip() for part in item.partition("="))
+        if not eq or not key:
+            raise ValueError(f"{item!r} is not KEY=VALUE")
+        if key == "is_host":
+            raise ValueError("is_host is racecheck's to set (node rank 0 hosts the store)")
+        if key in ("join_timeout", *_KEEP_ALIVE) and not value.isdigit():
+            raise ValueError(f"{key}={value!r} is not a whole number of seconds")
+        pairs.append((key, value))
+    return tuple(pairs)
 
 
 # -- the channel: keys in the writer's store ------------------------------------------------------
