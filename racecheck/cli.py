@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 
 from racecheck.exitcodes import ExitCode, InfrastructureError, InputError
-from racecheck.trials import run_options
+from racecheck.trials import node_options, run_options
 from racecheck.trials.cli_commands import COMMANDS, check_rate
 
 
@@ -72,8 +72,8 @@ def _parse_mesh(ctx, param, value):
 def _parse_shard(ctx, param, value):
     from racecheck.trials.schedule import Shard
 
-    if value is None:
-        return None
+    if value is None or value == "auto":
+        return value  # auto: resolved from the job's environment (shard_env.py)
     try:
         return Shard.parse(value)
     except ValueError as exc:
@@ -120,8 +120,9 @@ def _parse_stop(ctx, param, value):
 @click.option("--chunk", type=click.IntRange(min=1), default=5, show_default=True,
               help="session isolation, arms that need their own process (env, pytest args, git): "
                    "trials per session; the arms' sessions alternate chunk by chunk.")
-@click.option("--shard", default=None, callback=_parse_shard, metavar="i/N",
-              help="Run slice i of N of the trials (merge the slices with 'racecheck merge').")
+@click.option("--shard", default=None, callback=_parse_shard, metavar="i/N|auto",
+              help="Run slice i of N of the trials (merge the slices with 'racecheck merge'); 'auto': "
+                   "from the job's environment (RACECHECK_SHARD=i/N, or a Slurm array's task).")
 @click.option("--timeout", type=click.FloatRange(min=1), default=300, show_default=True,
               help="Seconds without a test starting or finishing before the trial counts as hung "
                    "and its process tree is killed; the run goes on (start-up gets at least 120 s).")
@@ -137,6 +138,18 @@ def _parse_stop(ctx, param, value):
               help="The HSDP mesh of the scenarios that take theirs from the run (main_grad_reuse), "
                    "e.g. 4x2; its size must be the world size (default: 2 x world/2 for an even "
                    "world above 2, else every rank a shard).")
+@click.option("--nnodes", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Nodes the world spans; every node runs this same command (see docs/cluster.md).")
+@click.option("--node-rank", type=click.IntRange(min=0), default=0, show_default=True,
+              help="This node's rank; node 0 writes the run folder and hosts the rendezvous.")
+@click.option("--rdzv-endpoint", default=None, metavar="HOST:PORT",
+              help="With --nnodes: node 0's address for torchrun's c10d rendezvous.")
+@click.option("--rdzv-backend", type=click.Choice(["c10d"]), default="c10d", show_default=True,
+              help="torchrun's rendezvous backend (racecheck's node 0 hosts its store).")
+@click.option("--rdzv-id", default="racecheck", show_default=True,
+              help="torchrun's rendezvous id (the same on every node); each session adds its own suffix.")
+@click.option("--rdzv-conf", default="", metavar="K=V,...",
+              help="torchrun's rendezvous settings, passed through (join_timeout, keep_alive_interval, ...).")
 @click.option("--detect", is_flag=True, help="Run the happens-before detector in every trial.")
 @click.option("--scenarios", "scenarios_dir", default=None, help="The catalogue folder (default: ./scenarios).")
 @click.option("--gate", is_flag=True, help="After the run, apply the gate (see 'racecheck gate') and "
@@ -158,29 +171,39 @@ def run_command(ctx, **opts):
     Arguments after `--` go to pytest (for example a node id to run one test)."""
     from racecheck.trials.runner import Runner
 
+    nodes = node_options.node_spec(ctx, opts)  # None on one node; a follower's folder is OUT/nodes/node-R
     if opts["resume_dir"] is not None:
         config = run_options.resumed_config(ctx, opts)
     else:
         config = run_options.fresh_config(ctx, opts)
+    node_options.check_nodes(config, nodes)
     gate = run_options.gate_options(ctx, opts, config)
 
     from racecheck.trials import interrupts
     from racecheck.trials.progress import Progress
 
+    if nodes is not None and not nodes.is_writer:
+        node_options.follow(ctx, nodes, config)
+        return
     started = time.monotonic()
     for line in run_options.describe_worlds(config):
         click.echo(line)
-    runner = Runner(config, resume=opts["resume_dir"] is not None)
+    writer = node_options.writer_for(nodes, config)
+    runner = Runner(config, resume=opts["resume_dir"] is not None, nodes=writer)
     progress = Progress(config, counts=runner.counts, enabled=not opts["quiet"])
     runner.listener = progress
     try:
-        with interrupts.handled(), progress:
+        with interrupts.handled(), progress, node_options.hosting(writer):
             result = runner.run()
     except KeyboardInterrupt:
         _summarize(config.out)
         click.echo(f"racecheck: interrupted; finished trials are in {config.out}; continue with "
                    f"'racecheck run --resume {config.out}'", err=True)
         ctx.exit(ExitCode.INTERRUPTED)
+    if result.stopped == "node lost":
+        _summarize(config.out)
+        raise InfrastructureError(f"{writer.lost}; the run stopped; finished trials are in {config.out}; "
+                                  f"continue with 'racecheck run --resume {config.out}' on every node")
     have_records = _summarize(config.out, footer=f"{config.out}/summary.csv and trials.jsonl written "
                                                  f"({time.monotonic() - started:.1f} s)")
     _perturbation_notes(config.out)
@@ -224,15 +247,19 @@ def _summarize(out_dir: Path, *, footer: str | None = None) -> bool:
 
 
 @cli.command("merge")
-@click.argument("inputs", nargs=-1, required=True, type=click.Path(file_okay=False, path_type=Path))
+@click.argument("inputs", nargs=-1, required=True)
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="The folder to write the merged run into.")
 def merge_command(inputs, out_dir):
-    """Join run folders (shards from --shard i/N, other machines, CI jobs) into one run in OUT."""
-    from racecheck.trials.merge import MergeError, merge
+    """Join run folders (shards from --shard i/N, other machines, CI jobs) into one run in OUT.
+
+    INPUTS are folders or quoted glob patterns ('shards/*'); a split must be whole (every shard
+    of 1/N ... N/N once)."""
+    from racecheck.trials.merge import MergeError, expand_inputs, merge
 
     try:
-        n = merge(list(inputs), out_dir)
+        inputs = expand_inputs(inputs, out_dir)
+        n = merge(inputs, out_dir)
     except MergeError as exc:
         raise click.UsageError(str(exc)) from None
     _summarize(out_dir, footer=f"{n} records from {len(inputs)} runs merged into {out_dir} "

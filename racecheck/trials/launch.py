@@ -30,12 +30,14 @@ class SessionSpec:
     cwd: Path
     log_path: Path  # combined stdout/stderr of the session
     user_args: tuple[str, ...] = ()  # the suite's own part of pytest_args (for messages)
+    rendezvous: tuple[str, ...] = ()  # torchrun's arguments for a world across nodes (nodes.py)
 
 
 def command(spec: SessionSpec) -> list[str]:
-    if spec.world_size > 1:
-        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
-                    "--nproc-per-node", str(spec.world_size), "--monitor-interval", "0.2", "-m", "pytest"]
+    if spec.world_size > 1 or spec.rendezvous:
+        where = list(spec.rendezvous) or ["--standalone", "--nnodes", "1", "--nproc-per-node", str(spec.world_size)]
+        launcher = [sys.executable, "-m", "torch.distributed.run", *where, "--monitor-interval", "0.2",
+                    "-m", "pytest"]
     else:
         launcher = [sys.executable, "-m", "pytest"]
     return launcher + list(spec.pytest_args)
@@ -43,7 +45,7 @@ def command(spec: SessionSpec) -> list[str]:
 
 def start(spec: SessionSpec) -> subprocess.Popen:
     env = {**os.environ, **spec.env, "PYTHONUNBUFFERED": "1"}
-    if spec.world_size == 1:
+    if spec.world_size == 1 and not spec.rendezvous:
         env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
     spec.log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(spec.log_path, "ab") as log:

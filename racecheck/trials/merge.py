@@ -4,14 +4,19 @@ Shards of one run (`--shard i/N`) hold disjoint trials of the same suites and ar
 seed, so their logs concatenate into the log an unsharded run would have written. The merged
 folder's run.json describes the whole run (no shard), so `racecheck run --resume MERGED` can fill
 in the trials of a shard that never finished.
+
+Inputs may be glob patterns (`'out/shard-*'`, quoted so that racecheck expands them), and a set of
+shards must be whole: one folder for each of 1/N ... N/N, none missing and none twice.
 """
 
 from __future__ import annotations
 
+import glob
 import shutil
 from pathlib import Path
 
 from racecheck.trials import state
+from racecheck.trials.schedule import Shard
 from racecheck.trials.record import TrialLog, read_log
 
 # Settings that must agree for logs to be one experiment: everything that changes what a trial
@@ -28,7 +33,7 @@ class MergeError(ValueError):
 def merge(inputs: list[Path], out: Path) -> int:
     """Write OUT/trials.jsonl, completed.jsonl and run.json from `inputs`; returns the records written."""
     if len(inputs) < 2:
-        raise MergeError("give at least two run folders to merge")
+        raise MergeError("give at least two run folders to merge" + _lone_shard(inputs))
     if (out / "trials.jsonl").exists():
         raise MergeError(f"{out} already holds a run; choose another --out")
     runs, owner, seen = [], {}, {}
@@ -50,6 +55,7 @@ def merge(inputs: list[Path], out: Path) -> int:
             if run.get(key) != first.get(key):
                 raise MergeError(f"{inputs[0]} and {folder} are different runs: their {key} differs "
                                  f"({first.get(key)!r} vs {run.get(key)!r})")
+    check_shards(inputs, runs)
     records = []
     for folder in inputs:
         bad: list = []
@@ -85,3 +91,59 @@ def merge(inputs: list[Path], out: Path) -> int:
     merged["attempts"] = [a for r in runs for a in r.get("attempts", [])]
     state.write_run(out, merged)
     return len(records)
+
+
+def expand_inputs(patterns, out: Path) -> list[Path]:
+    """The run folders that `patterns` name: each a folder, or a glob of folders (sorted; the
+    output folder and plain files excluded). MergeError for a pattern that matches no folder."""
+    folders = []
+    for pattern in map(str, patterns):
+        if not glob.has_magic(pattern):
+            folders.append(Path(pattern))
+            continue
+        found = [Path(p) for p in sorted(glob.glob(pattern)) if Path(p).is_dir()
+                 and Path(p).resolve() != Path(out).resolve()]
+        if not found:
+            raise MergeError(f"{pattern}: no run folder matches")
+        folders += found
+    return folders  # a folder named twice is merge()'s to refuse, naming both
+
+
+def check_shards(inputs: list[Path], runs: list[dict]) -> None:
+    """Shards of one run must be complete and distinct: MergeError naming the shard missing or
+    given twice. Runs that are no shards (1/1, e.g. machines that each ran every trial) pass;
+    the trial-overlap check judges them."""
+    shards = [_shard(folder, run) for folder, run in zip(inputs, runs)]
+    counts = {s.count for s in shards}
+    if counts == {1}:
+        return
+    if len(counts) > 1:
+        raise MergeError("the folders are shards of different splits: " + ", ".join(
+            f"{folder} is {shard}" for folder, shard in zip(inputs, shards)))
+    count = counts.pop()
+    holder: dict[int, Path] = {}
+    for folder, shard in zip(inputs, shards):
+        if shard.index in holder:
+            raise MergeError(f"shard {shard} is given twice: {holder[shard.index]} and {folder}")
+        holder[shard.index] = folder
+    missing = [f"{i}/{count}" for i in range(1, count + 1) if i not in holder]
+    if missing:
+        raise MergeError(f"shard{'s' if len(missing) > 1 else ''} {', '.join(missing)} missing "
+                         f"(given: {', '.join(f'{i}/{count}' for i in sorted(holder))})")
+
+
+def _shard(folder: Path, run: dict) -> Shard:
+    try:
+        return Shard.parse(str(run.get("shard", "1/1")))
+    except ValueError as exc:
+        raise MergeError(f"{folder}: run.json: shard {exc}") from None
+
+
+def _lone_shard(inputs: list[Path]) -> str:
+    """`; shard 2/2 is missing` when the one input is a shard of a larger split."""
+    try:
+        shard = _shard(inputs[0], state.read_run(inputs[0])) if inputs else Shard()
+    except ValueError:
+        return ""
+    others = [f"{i}/{shard.count}" for i in range(1, shard.count + 1) if i != shard.index]
+    return f" ({inputs[0]} is shard {shard}; missing: {', '.join(others)})" if others else ""

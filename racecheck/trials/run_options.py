@@ -44,7 +44,6 @@ def fresh_config(ctx, opts):
     """The RunConfig the command line describes (arms checked, git revisions resolved)."""
     from racecheck.trials.catalogue import CatalogueError
     from racecheck.trials.runner import RunConfig
-    from racecheck.trials.schedule import Shard
 
     suites, source = suites_from_options(opts)
     all_arms = opts["scenario_names"] == "all" or opts["arms"] == "all"
@@ -60,12 +59,14 @@ def fresh_config(ctx, opts):
     except CatalogueError as exc:
         raise click.UsageError(str(exc)) from None
     spec = perturb_spec(opts, suites)
+    shard, shard_source = job_shard(opts["shard"])
     out_dir = opts["out_dir"] or Path("racecheck-out") / time.strftime("run-%Y%m%d-%H%M%S")
     config = RunConfig(scenarios=tuple(suites), arms=arm_list, trials=trials_value(opts["trials"], 10),
                        out=out_dir, perturb=spec, seed=opts["seed"], isolation=opts["isolation"],
                        order=opts["order"], chunk=opts["chunk"], timeout=opts["timeout"],
                        backend=opts["backend"], detect=opts["detect"], pytest_args=tuple(opts["pytest_args"]),
-                       all_arms=all_arms, world_size=opts["world_size"], mesh=opts["mesh"], shard=opts["shard"] or Shard(),
+                       all_arms=all_arms, world_size=opts["world_size"], mesh=opts["mesh"], shard=shard,
+                       shard_source=shard_source,
                        max_time=opts["max_time"], stop_rules=opts["stop_rules"], source=source)
     config = fit_worlds(config)
     check_run(config)
@@ -135,6 +136,23 @@ def describe_worlds(config) -> list[str]:
         lines.append(f"{s.name}: {world} rank{'s' * (world != 1)}{mesh} on {backend}")
     lines += [f"{name}: skipped, {info['why']}" for name, info in config.skipped.items()]
     return lines
+
+
+def job_shard(value):
+    """(Shard, source) of --shard: as given, or for `auto` from the job's environment."""
+    from racecheck.trials.schedule import Shard
+
+    if value != "auto":
+        return value or Shard(), ""
+    import os
+
+    from racecheck.trials.shard_env import from_environment
+
+    try:
+        job = from_environment(os.environ)
+    except ValueError as exc:
+        raise click.BadParameter(f"auto: {exc}", param_hint="--shard") from None
+    return job.shard, job.source
 
 
 def check_run(config) -> None:
@@ -282,7 +300,8 @@ def resumed_config(ctx, opts):
             timeout=opts["timeout"] if timeout_given else float(run.get("timeout", 300)),
             detect=bool(run.get("detect")), pytest_args=tuple(run.get("pytest_args", ())),
             all_arms=bool(run.get("all_arms")), world_size=run.get("world_size"), mesh=run.get("mesh"),
-            shard=Shard.parse(run.get("shard", "1/1")), max_time=opts["max_time"],
+            shard=Shard.parse(run.get("shard", "1/1")),
+            shard_source=run.get("shard_source", ""), max_time=opts["max_time"],
             stop_rules=opts["stop_rules"], revisions=dict(run.get("revisions", {})), source=run["source"])
         config = fit_worlds(config)
     except CatalogueError as exc:
@@ -328,3 +347,4 @@ def apply_gate(out_dir: Path, gate: dict) -> int:
         click.echo(line)
     click.echo(f"gate: {result.decision.value}")
     return int(result.exit_code)
+

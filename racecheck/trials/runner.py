@@ -58,6 +58,7 @@ class RunConfig:
     world_size: int | None = None  # overrides the suites' world size
     mesh: str | None = None  # SHARDxREPLICATE for racecheck.harness.hsdp_mesh_config (RACECHECK_MESH)
     shard: Shard = Shard()
+    shard_source: str = ""  # where --shard auto found the shard (shard_env.py); "" when given
     max_time: float | None = None  # seconds; then the run stops at the next trial boundary
     stop_rules: tuple[StopRule, ...] = ()
     revisions: dict = dataclasses.field(default_factory=dict)  # "suite/arm" -> resolved commit
@@ -99,7 +100,8 @@ class RunConfig:
                 "isolation": self.isolation, "order": self.order, "chunk": self.chunk,
                 "timeout": self.timeout, "backend": self.backend, "detect": self.detect,
                 "pytest_args": list(self.pytest_args), "all_arms": self.all_arms,
-                "world_size": self.world_size, "mesh": self.mesh, "shard": str(self.shard), "revisions": self.revisions,
+                "world_size": self.world_size, "mesh": self.mesh, "shard": str(self.shard),
+                "shard_source": self.shard_source, "revisions": self.revisions,
                 "worlds": {s.name: self.world_for(s) for s in self.scenarios}, "skipped": self.skipped,
                 "scenarios": {s.name: {"arms": list(self.arms_for(s)),
                                        "perturb": {a: self.perturb_for(s, a) for a in self.arms_for(s)}}
@@ -140,8 +142,9 @@ class Runner:
     """Executes a RunConfig into config.out; with `resume`, skips the blocks OUT already finished."""
 
     def __init__(self, config: RunConfig, *, listener: RunListener | None = None,
-                 resume: bool = False) -> None:
+                 resume: bool = False, nodes=None) -> None:
         self.config = config
+        self.nodes = nodes  # node_writer.Writer when the world spans nodes, else None
         self.listener = listener or RunListener()
         self.resume = resume
         self.run_id = uuid.uuid4().hex[:12]
@@ -184,7 +187,7 @@ class Runner:
                 self._log, self._completed = log, state.CompletedLog(out)
                 try:
                     for suite in self.config.scenarios:
-                        if self._stopped == "max-time":
+                        if self._stopped in ("max-time", "node lost"):
                             break
                         self._run_suite(suite, plans[suite.name])
                 finally:
@@ -263,7 +266,9 @@ class Runner:
             self._stopped = ""  # the rules stop this suite; the next one starts afresh
 
     def _should_stop(self) -> bool:
-        if self._deadline is not None and time.monotonic() >= self._deadline:
+        if self.nodes is not None and self.nodes.lost:
+            self._stopped = "node lost"
+        elif self._deadline is not None and time.monotonic() >= self._deadline:
             self._stopped = "max-time"
         elif self._suite is not None and self.counts.met(self._suite.name, self.config.stop_rules):
             self._stopped = "stop rules"
@@ -275,14 +280,22 @@ class Runner:
         sid = f"{self.run_id}-{k}"
         out = self.config.out
         spec = self._session_spec(suite, plan, sid)
+        peers = None
+        if self.nodes is not None:  # every node starts its part of the world (nodes.py)
+            spec = dataclasses.replace(spec, rendezvous=self.nodes.spec.torchrun_args(sid, spec.world_size))
+            peers = self.nodes.session(sid, suite.name, plan)
         run = SessionRun(spec, plan, files=out / "ranks" / sid, timeout=self.config.timeout,
                          on_merged=lambda merged: self._record(suite, merged),
                          on_block=lambda block, outcome: self._block(suite, block, outcome),
-                         should_stop=self._should_stop, on_start=self._lock.session)
+                         should_stop=self._should_stop, on_start=self._lock.session, peers=peers)
         try:
             return run.run()
         finally:
             self._lock.session(None)
+
+    def session_spec(self, suite: Scenario, plan: SessionPlan, sid: str) -> launch.SessionSpec:
+        """What a session of `plan` runs on this node (a follower node runs the writer's plans)."""
+        return self._session_spec(suite, plan, sid)
 
     def _session_spec(self, suite: Scenario, plan: SessionPlan, sid: str) -> launch.SessionSpec:
         c = self.config

@@ -77,7 +77,7 @@ class SessionRun:
     def __init__(self, spec: launch.SessionSpec, plan: SessionPlan, *, files: Path, timeout: float,
                  on_merged: Callable[[dict], None], on_block: Callable[[Block, Outcome], None],
                  should_stop: Callable[[], bool] = lambda: False,
-                 on_start: Callable[[int], None] = lambda pid: None) -> None:
+                 on_start: Callable[[int], None] = lambda pid: None, peers=None) -> None:
         self.spec = spec
         self.plan = plan
         self.files = files  # the per-process logs: FILES-rank-R[-WORKER].jsonl
@@ -86,6 +86,10 @@ class SessionRun:
         self.on_block = on_block
         self.should_stop = should_stop
         self.on_start = on_start
+        # The other nodes' part of a world across nodes (node_writer.SessionPeers), else None:
+        # it relays their ranks' events into `files`' folder and reports a node that died.
+        self.peers = peers
+        self._peer_failure = ""
         self.stop_file = files.with_name(files.name + ".stop")
         self._index = {b: i for i, b in enumerate(plan.blocks)}
         self._merger = RankMerger(spec.world_size)
@@ -114,6 +118,7 @@ class SessionRun:
         kind = event.get("event")
         if kind == "collected":
             self._saw_collected = True
+            self._last_progress = time.monotonic()  # --timeout counts from here, not from the start
             count = int(event.get("count", 0))
             if count > self._collected:  # every rank (and xdist worker) collects the whole suite
                 self._collected = count
@@ -155,9 +160,15 @@ class SessionRun:
             self.on_start(proc.pid)
             while ending is None:
                 exited = proc.poll() is not None
+                failure = self.peers.check() if self.peers is not None else ""
                 self._poll_files()
                 if exited:
                     ending = Ending.FINISHED if proc.returncode == 0 else Ending.CRASHED
+                elif failure:  # another node's ranks died: this node's cannot finish the world's tests
+                    launch.kill_tree(proc)
+                    self._poll_files()
+                    self._peer_failure = failure
+                    ending = Ending.CRASHED
                 elif time.monotonic() - self._last_progress > self._patience():
                     launch.kill_tree(proc)
                     self._poll_files()
@@ -177,6 +188,9 @@ class SessionRun:
         finally:
             if proc.poll() is None:  # interrupted (Ctrl-C) or an error above: leave nothing behind
                 launch.kill_tree(proc)
+            if self.peers is not None:  # end the other nodes' parts too; their last events land here
+                self.peers.finish()
+                self._poll_files()
         if self._stop_sent and ending is not Ending.TIMED_OUT:
             ending = Ending.STOPPED
         self._check_suite(ending, proc.returncode)
@@ -234,8 +248,9 @@ class SessionRun:
                 Outcome.TIMEOUT, keys=blamed,
                 signature=f"timeout: no test finished within {self.timeout:g} s; the session was killed")
         else:
-            abandoned = self._merger.abandon(Outcome.CRASH, keys=blamed,
-                                             signature=crash_signature(returncode, self.spec.log_path))
+            abandoned = self._merger.abandon(
+                Outcome.CRASH, keys=blamed,
+                signature=self._peer_failure or crash_signature(returncode, self.spec.log_path))
         for merged in abandoned:
             self._merged(merged)
         if first < len(self.plan.blocks) and self.plan.blocks[first] not in self._done:

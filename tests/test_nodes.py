@@ -1,0 +1,218 @@
+"""Worlds across nodes on one machine: two `racecheck run` processes as two nodes (one rank each,
+gloo, a localhost c10d rendezvous) give the counts of one node running both ranks; a node that is
+killed, or never joins, ends the run cleanly instead of hanging."""
+
+from __future__ import annotations
+
+import json
+import random
+import socket
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from test_runner import racecheck, records, summary_counts, write_suite
+
+# Each rank draws; the world fails a test when any rank's draw was unlucky (an all-reduce, so
+# both nodes must take part). test_rank_one fails on rank 1 alone: its outcome crosses the nodes.
+WORLD_TEST = """
+import random, time
+import pytest
+import torch
+import torch.distributed as dist
+
+RATES = {"often": 0.4, "never": 0.0}
+
+@pytest.fixture(scope="session")
+def rank():
+    dist.init_process_group("gloo")
+    yield dist.get_rank()
+    dist.destroy_process_group()
+
+@pytest.mark.parametrize("case", ["x", "y"])
+def test_draw(rank, case, racecheck_arm, racecheck_seed):
+    unlucky = random.Random(f"{racecheck_seed}-{case}-{rank}").random() < RATES[racecheck_arm]
+    flag = torch.tensor([float(unlucky)])
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    assert flag.item() == 0, "unlucky draw"
+
+def test_rank_one(rank, racecheck_seed):
+    time.sleep(float(__import__("os").environ.get("STEP_S", "0")))
+    flag = torch.ones(1)
+    dist.all_reduce(flag)
+    assert not (rank == 1 and racecheck_seed % 2), "rank 1 disagrees"
+"""
+RATES = {"often": 0.4, "never": 0.0}
+LIMIT_S = 120  # no command here may hang: each is killed after this long
+
+
+@pytest.fixture(autouse=True)
+def _fast_sessions(monkeypatch):
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+
+
+@pytest.fixture
+def project(tmp_path):
+    return write_suite(tmp_path / "p", arms={"often": {"expect": "race"}, "never": {"expect": "safe"}},
+                       tests={"test_world.py": WORLD_TEST}, suite="world_size = 2")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def node_args(port: int, rank: int, *, conf: str = "join_timeout=30,keep_alive_interval=1,keep_alive_max_attempt=2"):
+    return ["--nnodes", "2", "--node-rank", str(rank), "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-conf", conf]
+
+
+def start_node(root, args) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "racecheck", "run", *map(str, args)], cwd=root,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def kill_node(proc: subprocess.Popen) -> None:
+    """A node's death: its racecheck process, torchrun and every rank at once."""
+    root = psutil.Process(proc.pid)
+    family = root.children(recursive=True) + [root]
+    for p in family:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def run_nodes(root, args_for, *, limit: float = LIMIT_S) -> list[tuple[int, str, str]]:
+    """Run one node per entry of args_for at once; (exit code, stdout, stderr) of each."""
+    procs = [start_node(root, args) for args in args_for]
+    try:
+        outs = [p.communicate(timeout=limit) for p in procs]
+        return [(p.returncode, *o) for p, o in zip(procs, outs)]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                kill_node(p)
+
+
+def outcome_of(arm: str, trial: int, *, seed: int) -> dict:
+    """{test: whether it fails} for one trial of WORLD_TEST over two ranks."""
+    fails = {f"test_draw[{c}]": any(random.Random(f"{seed + trial}-{c}-{r}").random() < RATES[arm] for r in (0, 1))
+             for c in ("x", "y")}
+    fails["test_rank_one"] = bool((seed + trial) % 2)
+    return fails
+
+
+def expected(trials, seed: int) -> dict:
+    """What WORLD_TEST must give over two ranks: {(arm, test or '*'): (failures, trials)}."""
+    out = {}
+    for arm in RATES:
+        per_trial = [outcome_of(arm, t, seed=seed) for t in trials]
+        fails = {test: [f[test] for f in per_trial] for test in per_trial[0]}
+        for test, per in fails.items():
+            out[(arm, test)] = (sum(per), len(trials))
+        out[(arm, "*")] = (sum(any(v[i] for v in fails.values()) for i in range(len(trials))), len(trials))
+    return out
+
+
+def test_two_nodes_give_the_counts_of_one_node_running_both_ranks(project, tmp_path):
+    port = free_port()
+    common = ["--trials", 3, "--seed", 4, "-q"]
+    # The two nodes, and beside them one node running both ranks (the reference).
+    done = run_nodes(project, [common + ["--out", tmp_path / "nodes"] + node_args(port, rank) for rank in (0, 1)]
+                     + [common + ["--out", tmp_path / "one"]])
+    assert [d[0] for d in done] == [0, 0, 0], done
+    assert "ran its part of 1 session(s) of node 0's run" in done[1][1]
+    assert summary_counts(tmp_path / "nodes") == summary_counts(tmp_path / "one") == expected(range(3), 4)
+    # Node 0 wrote the one log, with node 1's failure in it; node 1 kept its own rank logs.
+    failing = {r.message for r in records(tmp_path / "nodes") if r.outcome == "failed"}
+    assert failing == {"unlucky draw", "rank 1 disagrees"}
+    follower = tmp_path / "nodes" / "nodes" / "node-1"
+    assert not (follower / "trials.jsonl").exists() and list((follower / "ranks").glob("*-rank-1.jsonl"))
+    assert json.loads((follower / "run.json").read_text())["node"] == {"rank": 1, "nnodes": 2}
+
+
+def test_a_killed_node_ends_its_trial_as_crash_the_other_reports_it_and_resume_finishes(project, tmp_path,
+                                                                                       monkeypatch):
+    monkeypatch.setenv("STEP_S", "0.2")
+    port = free_port()
+    out = tmp_path / "out"
+    common = ["--trials", 12, "--seed", 4, "--out", out, "-q"]
+    writer = start_node(project, common + node_args(port, 0))
+    follower = start_node(project, common + node_args(port, 1))
+    try:
+        deadline = time.monotonic() + LIMIT_S
+        while not (out / "trials.jsonl").exists() or len((out / "trials.jsonl").read_text().splitlines()) < 4:
+            assert time.monotonic() < deadline and writer.poll() is None, writer.communicate()
+            time.sleep(0.05)
+        kill_node(follower)
+        _, err = writer.communicate(timeout=LIMIT_S)
+    finally:
+        for p in (writer, follower):
+            if p.poll() is None:
+                kill_node(p)
+    assert writer.returncode == 3, err
+    assert "node 1 stopped responding" in err and f"racecheck run --resume {out}' on every node" in err
+    recs = records(out)
+    bad = [r for r in recs if r.outcome in ("crash", "error")]
+    # The trial in flight is blamed, naming the node; every trial before it is whole.
+    crashed = max(r.trial for r in recs)
+    assert bad and {r.trial for r in bad} == {crashed}
+    assert all("node 1" in r.signature for r in bad if r.outcome == "crash")
+    assert (out / "summary.csv").exists() and crashed < 11
+    assert not [p for p in psutil.process_iter(["cmdline"]) if str(out) in " ".join(p.info["cmdline"] or [])]
+    # Both nodes resume the run: the trials after the crash run; the crashed block stays crashed.
+    port = free_port()
+    done = run_nodes(project, [["--resume", out, "-q"] + node_args(port, rank) for rank in (0, 1)])
+    assert [d[0] for d in done] == [0, 0], done
+    blamed = {(r.trial, r.arm) for r in bad}
+    done_blocks = [json.loads(line) for line in (out / "completed.jsonl").read_text().splitlines()]
+    assert sorted((d["trial"], d["arm"]) for d in done_blocks) == sorted((t, a) for t in range(12) for a in RATES)
+    outcomes = {(r.trial, r.arm, r.test.split("::")[-1]): r.outcome for r in records(out)}
+    assert {k: v for k, v in outcomes.items() if k[:2] not in blamed} == {
+        (t, a, test): "failed" if fails else "passed" for t in range(12) for a in RATES
+        for test, fails in outcome_of(a, t, seed=4).items() if (t, a) not in blamed}
+
+
+def test_a_node_that_never_joins_stops_the_run_within_the_join_timeout(project, tmp_path):
+    port = free_port()
+    res = racecheck("run", "--trials", 2, "--out", tmp_path / "out", "-q",
+                    *node_args(port, 0, conf="join_timeout=2"), cwd=project)
+    assert res.code == 3, res
+    assert "node 1 of 2 did not join within 2 s (--rdzv-conf join_timeout)" in res.err
+    assert not (tmp_path / "out" / "trials.jsonl").exists()
+    res = racecheck("run", "--trials", 2, "--out", tmp_path / "f", "-q", *node_args(port, 1, conf="join_timeout=2"),
+                    cwd=project)
+    assert res.code == 3 and f"node 1: could not reach node 0 at 127.0.0.1:{port} within 2 s" in res.err, res
+
+
+def test_a_node_with_other_settings_is_refused_by_both(project, tmp_path):
+    port = free_port()
+    follower = start_node(project, ["--seed", 2, "--out", tmp_path / "out", "-q"] + node_args(port, 1))
+    try:
+        res = racecheck("run", "--seed", 1, "--out", tmp_path / "out", "-q", *node_args(port, 0), cwd=project)
+        _, err = follower.communicate(timeout=LIMIT_S)
+    finally:
+        if follower.poll() is None:
+            kill_node(follower)
+    message = "node 1 runs another experiment than node 0: its seed is 2, node 0's 1"
+    assert res.code == 2 and message in res.err, res
+    assert follower.returncode == 2 and message in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--nnodes", "2"], "--nnodes above 1 needs --rdzv-endpoint HOST:PORT"),
+    (["--node-rank", "1"], "--node-rank needs --nnodes above 1"),
+    (["--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "h:1"], "Invalid value for --node-rank: 2 is not below"),
+    (["--nnodes", "2", "--rdzv-endpoint", "h:x"], "Invalid value for --rdzv-endpoint: 'h:x' is not HOST:PORT"),
+    (["--nnodes", "2", "--rdzv-endpoint", "h:1", "--rdzv-conf", "is_host=true"], "is_host is racecheck's to set"),
+    (["--nnodes", "2", "--rdzv-endpoint", "h:1", "--rdzv-conf", "join_timeout=soon"],
+     "Invalid value for --rdzv-conf: join_timeout='soon' is not a whole number of seconds"),
+    (["--nnodes", "3", "--rdzv-endpoint", "h:1"], "tiny runs 2 ranks, which 3 nodes cannot share evenly"),
+])
+def test_bad_node_options_get_one_line_and_exit_2(project, args, message):
+    res = racecheck("run", "-q", "--out", "o", *args, cwd=project)
+    assert res.code == 2 and res.err.count("\n") == 1 and message in res.err, res
