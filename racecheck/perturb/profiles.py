@@ -37,6 +37,10 @@ PROFILES = {
     "compute_delay": "sleep@wait_all_gather:3ms",
     # Delay an offload copy on its copy stream.
     "copy_delay": "sleep@before_copy:3ms",
+    # Delay a gradient's producer stream, so a consumer that waited on the wrong stream reads early.
+    "grad_delay": "sleep@before_grad:3ms",
+    # Delay the consumer of a host-to-device copy right after its wait (NO_SHARD CPU offload).
+    "h2d_consumer_delay": "sleep@wait_copy:3ms",
     "poison": "poison@free",
     "pressure": "pressure@free",
     "random": "random",
