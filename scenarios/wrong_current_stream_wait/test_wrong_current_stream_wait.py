@@ -51,9 +51,11 @@ def test_partitions_match(steps, runtime, zero3, racecheck_arm, racecheck_seed):
     rank, size = zero3["rank"], zero3["size"]
     chunk = NUMEL // size
     partitions, expected = {}, {}
+    inputs = []  # the backward's inputs, kept to the end: its stream reads them after the host moved on
     for step in range(steps):
         for p in range(PARAMS):
             value = local_grad(step, p, rank, seed=racecheck_seed).to(rt.device)
+            inputs.append(value)
             name = f"step{step}.param{p}"
             mean = sum(local_grad(step, p, r, seed=racecheck_seed) for r in range(size)) / size
             expected[name] = mean[rank * chunk:(rank + 1) * chunk]
