@@ -417,3 +417,33 @@ def test_pinned_buffers_are_reported_to_observers(rt):
     del host
     assert rec.calls == ["on_host_alloc", "on_host_free"]
     assert side in rt.streams() and rt.streams()[0] is rt.default_stream()
+
+
+def test_work_enqueued_at_a_deferred_free_runs_before_the_block_is_reused(rt):
+    """A record_stream'd block goes back to its pool only after the recorded stream passed the
+    free; work an observer enqueues on that stream while it hears of the free (the perturbation's
+    poison) is part of what the stream must pass, so it can never land in the block's next owner."""
+    started, gate = threading.Event(), threading.Event()
+    side = rt.new_stream("side")
+
+    class Probe(RuntimeObserver):
+        def on_free(self, rt, *, block, stream, ptr, nbytes, deferred_to):
+            if deferred_to:
+                with rt.stream(deferred_to[0]):
+                    rt.launch("probe", lambda: (started.set(), gate.wait(GATE_TIMEOUT_S)))
+
+    a = rt.empty(256)
+    ptr = a.data_ptr()
+    side.wait_stream(rt.default_stream())
+    with rt.stream(side):
+        rt.launch("read", lambda t: t.sum(), reads=(a,))
+    rt.record_stream(a, side)
+    rt.add_observer(Probe())
+    del a  # deferred to side: the probe is enqueued there now
+    assert started.wait(GATE_TIMEOUT_S)  # side has passed the read and runs the probe
+    b = rt.empty(256)
+    assert b.data_ptr() != ptr  # the block is still held: the probe precedes its release
+    gate.set()
+    side.synchronize()
+    c = rt.empty(256)
+    assert c.data_ptr() == ptr  # released once side passed the probe

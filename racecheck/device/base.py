@@ -157,6 +157,10 @@ class Runtime(abc.ABC):
 
     backend: str
     device: torch.device
+    # Whether observers hear of a record_stream-deferred free before the allocator records its
+    # release events, so work they enqueue then on a recorded stream runs before the block can be
+    # handed out again (the emulation's allocator); CUDA's records them inside the free.
+    free_observed_before_release: bool = True
 
     def __init__(self) -> None:
         self._observers: tuple[RuntimeObserver, ...] = ()
