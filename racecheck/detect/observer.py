@@ -2,15 +2,16 @@
 with the runtime's own events, identically on the CPU emulation and on CUDA.
 
 What it sees: every allocation and free of the runtime's caching allocator (with its stream and,
-for frees, the streams record_stream deferred it to) and of its pinned host buffers, every launch with the byte ranges it reads
-and writes (collectives included, on the stream that issues them), every event record and wait
-(`wait_stream` is one of each), and every host synchronization. With `host_ops` (the default) it
-also sees plain PyTorch operations issued on the host (autograd, optimizers, `.copy_()` in test
-code) on the runtime's buffers, through a TorchDispatchMode, and charges each to the stream that is
-current on the host: that is where CUDA would run it; on the emulation it runs on the host thread,
-the inline default stream's thread, so a host-side access is a default-stream access. Host-side
-reads are checked but not remembered ([Note: host-side reads]); operations inside a launched
-function are the launch's own and are not counted twice.
+for frees, the streams record_stream deferred it to) and of its pinned host buffers, every launch
+with the byte ranges it reads and writes (collectives included, on the stream that issues them),
+every event record and wait (`wait_stream` is one of each), and every host synchronization. With
+`host_ops` (the default) it also sees plain PyTorch operations issued on the host (autograd,
+optimizers, `.copy_()` in test code) on the runtime's buffers, through a TorchDispatchMode, and
+charges each to the stream that is current on the host: that is where CUDA would run it; on the
+emulation it runs on the host thread, the inline default stream's thread, so a host-side access is
+a default-stream access. Host-side reads are checked but not remembered ([Note: host-side reads]);
+operations on pinned host buffers are the host's own ([Note: pinned host buffers]); operations
+inside a launched function are the launch's own and are not counted twice.
 
 Memory that the runtime did not allocate (tensors made by plain torch calls) has no lifetime the
 detector could follow, so accesses to it are not tracked; on CUDA, racecheck.detect.torch_tracker
