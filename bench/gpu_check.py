@@ -1,12 +1,13 @@
-"""The whole GPU check: environment, CUDA tests, the catalogue over CUDA (perturbed, natural, with
-the detector), FSDP parity, the detector against torch.cuda._sanitizer, patch mode and FSDP2, and
+"""The whole GPU check: environment, CUDA tests, the catalogue over CUDA (perturbed, natural, the
+random schedule, with the detector, and unperturbed under torch.cuda._sanitizer), FSDP parity, the detector against torch.cuda._sanitizer, patch mode and FSDP2, and
 the injector's and detector's overheads. Every step runs as its own subprocess with a time limit;
 its output and tables land under OUT/<step>/, and a summary table is printed last.
 
     python3 bench/gpu_check.py --out "$OUT/gpu" [--steps default|more|all|STEP,PART,...] [--trials 10]
 
 `default` fits one 10-minute device call, `more` is the rest of the evidence in a second one
-(`--continue` resumes catalogue runs that a time limit cut). Run it through bench/gpu_check.sh on
+(`--continue` resumes catalogue runs that a time limit cut); `benchmark` is every catalogue part
+the benchmark table reads (bench/catalogue_table.py --benchmark), in more than one call. Run it through bench/gpu_check.sh on
 the GPU machine; it adapts to the number of GPUs present.
 """
 
@@ -41,8 +42,16 @@ def gpu_count() -> int:
 PRESETS = {
     "default": ["env", "tests", "perturbed", "natural", "sanitizer-compare", "fsdp-vs-fsdp2", "injector-overhead"],
     "more": ["detect", "meshes", "fsdp-parity", "patch-mode", "detector-overhead"],
+    # The benchmark's GPU columns (bench/catalogue_table.py --benchmark): more than one call holds,
+    # see the README's GPU section for the split.
+    "benchmark": ["env", "perturbed", "natural", "random", "detect", "sanitizer"],
 }
-PRESETS["all"] = PRESETS["default"] + PRESETS["more"]
+PRESETS["all"] = PRESETS["default"] + PRESETS["more"] + ["random", "sanitizer"]
+# torch.cuda._sanitizer on the unperturbed catalogue: enabled at `import torch` in every process the
+# run starts (torch/__init__.py reads TORCH_CUDA_SANITIZER); a test it reports on fails with
+# CUDASanitizerErrors, which `racecheck report --signature` counts apart from wrong numbers.
+SANITIZER_ENV = ["env", "TORCH_CUDA_SANITIZER=1"]
+SANITIZER_SIGNATURE = "CUDASanitizerErrors"
 
 
 def catalogue_split(gpus: int) -> tuple[list[str], list[str]]:
@@ -67,7 +76,7 @@ def catalogue_run(args, name: str, extra: list[str], runnable: list[str], gpus: 
     main copies its folder in before the part runs; run.json keeps the options)."""
     out = f"{{dir}}/{name}"
     limit = ["--max-time", str(args.run_seconds)]  # a slow run keeps its finished trials
-    rc = [PY, "-m", "racecheck", "run", "--quiet"]
+    rc = (SANITIZER_ENV if name == "sanitizer" else []) + [PY, "-m", "racecheck", "run", "--quiet"]
     if earlier_run(args, name) is not None:
         return rc + ["--resume", out, *limit]
     # The whole catalogue at one rank per GPU (the HSDP meshes adapt, see
@@ -112,7 +121,9 @@ def steps(args, gpus: int, runnable: list[str]) -> dict[str, list[tuple[str, lis
         "catalogue": [
             (name, catalogue_run(args, name, extra, runnable, gpus), args.run_seconds + 60)
             for name, extra in (("perturbed", []), ("natural", ["--no-perturb"]),
-                                ("detect", ["--no-perturb", "--detect"]))
+                                ("random", ["--perturb", "random"]),
+                                ("detect", ["--no-perturb", "--detect"]),
+                                ("sanitizer", ["--no-perturb"]))
         ] if runnable else [],
         "meshes": mesh_runs(args, gpus),
         "parity": [("fsdp-parity", every_gpu + [str(ROOT / "bench/gpu_parity.py"), "--out", "{dir}"], 240)],
@@ -151,6 +162,14 @@ def run_step(name: str, argv: list[str], limit: float, folder: Path) -> dict:
     tail = [l for l in log.read_text(errors="replace").splitlines() if l.strip()][-3:]
     return {"step": name, "status": status, "detail": " | ".join(tail)[-300:],
             "seconds": round(time.monotonic() - started, 1)}
+
+
+def sanitizer_counts(run: Path) -> None:
+    """RUN/sanitizer.csv: the sanitizer run's summary counting only the trials it reported in."""
+    if not (run / "trials.jsonl").exists():
+        return
+    subprocess.run([PY, "-m", "racecheck", "report", str(run), "--format", "csv", "--signature",
+                    SANITIZER_SIGNATURE, "--output", str(run / "sanitizer.csv")], cwd=ROOT, check=False)
 
 
 def write_summary(out: Path, gpus: int, results: list[dict]) -> None:
@@ -202,7 +221,9 @@ def main() -> int:
         write_summary(args.out, gpus, results)  # after every step: a cut-off check keeps what ran
     if runs_catalogue:
         folder = args.out / "catalogue"
-        runs = [f"{n}={folder / n / 'summary.csv'}" for n in ("perturbed", "natural", "detect")]
+        sanitizer_counts(folder / "sanitizer")
+        runs = [f"{n}={folder / n / 'summary.csv'}" for n in ("perturbed", "natural", "random", "detect")]
+        runs.append(f"sanitizer={folder / 'sanitizer' / 'sanitizer.csv'}")
         subprocess.run([PY, str(ROOT / "bench/catalogue_table.py"), str(folder / "catalogue_table.md"), *runs,
                         "--title", f"Catalogue over {args.backend} on {gpus} rank(s), {args.trials} trials per arm",
                         "--note", f"Failing trials out of trials (`*` rows); every scenario at --world-size {gpus}."

@@ -258,3 +258,40 @@ def test_detached_detector_sees_nothing(rt, side):
     a.add_(1.0)
     assert detector.reports() == [] and detector not in rt.observers
     del out
+
+
+# -- pinned host buffers -------------------------------------------------------------------------
+def offload_to_pinned(rt, side):
+    """A default-stream buffer copied into a pinned host buffer on `side` (non-blocking), with
+    the event recorded after the copy."""
+    a = rt.zeros(N)
+    host = rt.pinned_empty(N)
+    side.wait_stream(rt.default_stream())  # producer default (zeros), consumer side
+    with rt.stream(side):
+        rt.launch("d2h", copy, writes=(host,), reads=(a,))
+        rt.record_stream(a, side)
+        done = rt.new_event()
+        done.record()
+    return host, done
+
+
+def test_host_read_of_pinned_buffer_before_its_copy_is_reported(rt, side, det):
+    """The early hook: the host reads the pinned destination of a queued non-blocking copy."""
+    host, done = offload_to_pinned(rt, side)
+    host.sum()  # no wait on the copy's stream
+    assert kinds(det) == [RaceKind.READ_AFTER_WRITE]
+    assert det.reports()[0].streams() == ("side", "host")
+    done.synchronize()
+
+
+def test_host_read_of_pinned_buffer_after_event_synchronize(rt, side, det):
+    host, done = offload_to_pinned(rt, side)
+    done.synchronize()  # the host learns the copy complete
+    host.sum()
+    host.add_(1.0)  # a host write, done at once: later copies on any stream follow it
+    with rt.stream(side):
+        back = rt.empty(N)
+        rt.launch("h2d", copy, writes=(back,), reads=(host,))
+    del host, back
+    rt.synchronize()
+    assert det.reports() == []

@@ -56,6 +56,30 @@ def test_runtime_detector_on_cuda(rt, fix):
     del out, b
 
 
+@pytest.mark.parametrize("sync", [False, True])
+def test_host_read_of_pinned_memory_on_cuda(rt, sync):
+    """A non-blocking device-to-host copy into pinned memory on a side stream; the host reads the
+    buffer before (race) or after (no report) synchronizing the event after the copy."""
+    from racecheck.detect import RaceDetector
+
+    side = rt.new_stream("side")
+    with RaceDetector().attached(rt) as det:
+        a = rt.zeros(N)
+        host = rt.pinned_empty(N)
+        side.wait_stream(rt.default_stream())  # producer default (zeros), consumer side
+        with rt.stream(side):
+            rt.launch("d2h", lambda out, src: out.copy_(src, non_blocking=True), reads=(a,), writes=(host,))
+            rt.record_stream(a, side)
+            done = rt.new_event()
+            done.record()
+        if sync:
+            done.synchronize()
+        host.sum()
+        rt.synchronize()
+    assert [r.kind for r in det.reports()] == ([] if sync else [RaceKind.READ_AFTER_WRITE])
+    del a, host
+
+
 @pytest.mark.parametrize("fix", [None, "record_stream", "hold_until_wait", "fixed"])
 def test_torch_tracker_on_plain_pytorch(fix):
     from racecheck.detect import TorchRaceTracker

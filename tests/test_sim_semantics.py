@@ -351,3 +351,99 @@ def test_stream_error_surfaces_at_synchronize_and_markers_still_complete():
     assert isinstance(info.value.__cause__, ZeroDivisionError)
     with pytest.raises(StreamError):
         rt.close()  # the error stays (sticky, like CUDA's); the workers still stop
+
+
+def test_queued_default_stream_lets_the_host_run_ahead(rt):
+    """CUDA: the host does not wait for work it enqueues on the default stream either. Inside
+    `queued_default_stream()` a held launch on the default stream returns at once and runs in
+    launch order; on exit the queue drains and the stream runs on the host again."""
+    gate, log = threading.Event(), []
+    default = rt.default_stream()
+    with rt.queued_default_stream():
+        assert not default.inline
+        rt.launch("held", held(gate, log, "held"))
+        rt.launch("after", logs(log, "after"))
+        log.append("host")  # the host is past both launches while the stream is blocked
+        gate.set()
+    assert log == ["host", "held", "after"]
+    assert default.inline
+    rt.launch("inline", logs(log, "inline"))
+    assert log[-1] == "inline"  # inline again: done when launch returns
+
+
+def test_queued_default_stream_keeps_cross_stream_order(rt):
+    """CUDA: `side.wait_stream(default)` orders side's later work after all default-stream work
+    enqueued so far, also when the default stream lags behind the host."""
+    gate, log = threading.Event(), []
+    side = rt.new_stream("side")
+    with rt.queued_default_stream():
+        rt.launch("held", held(gate, log, "default"))
+        side.wait_stream(rt.default_stream())
+        with rt.stream(side):
+            rt.launch("consumer", logs(log, "side"))
+        gate.set()
+        side.synchronize()
+    assert log == ["default", "side"]
+
+
+def test_non_blocking_copy_into_pinned_memory_is_stream_work(rt):
+    """CUDA: a `non_blocking` device-to-host copy into pinned memory returns before the data is
+    there; the host sees it only after waiting for the copy's stream (an event after it)."""
+    gate = threading.Event()
+    side = rt.new_stream("side")
+    src = rt.empty(64)
+    rt.launch("fill", lambda t: t.fill_(3.0), writes=(src,))
+    host = rt.pinned_empty(64)
+    host.zero_()
+    side.wait_stream(rt.default_stream())
+    with rt.stream(side):
+        rt.launch("gate", lambda: gate.wait(GATE_TIMEOUT_S))
+        rt.launch("d2h", lambda out, s: out.copy_(s, non_blocking=True), reads=(src,), writes=(host,))
+        done = rt.new_event()
+        done.record()
+    assert torch.equal(host, torch.zeros(64))  # the copy is still queued
+    gate.set()
+    done.synchronize()
+    assert torch.equal(host, torch.full((64,), 3.0))
+
+
+def test_pinned_buffers_are_reported_to_observers(rt):
+    """pinned_empty tells observers of the buffer and of its release (with the streams it is
+    deferred to), and nothing else: it is not the device allocator's."""
+    rec = Recorder()
+    rt.add_observer(rec)
+    side = rt.new_stream("side")
+    host = rt.pinned_empty(16)
+    del host
+    assert rec.calls == ["on_host_alloc", "on_host_free"]
+    assert side in rt.streams() and rt.streams()[0] is rt.default_stream()
+
+
+def test_work_enqueued_at_a_deferred_free_runs_before_the_block_is_reused(rt):
+    """A record_stream'd block goes back to its pool only after the recorded stream passed the
+    free; work an observer enqueues on that stream while it hears of the free (the perturbation's
+    poison) is part of what the stream must pass, so it can never land in the block's next owner."""
+    started, gate = threading.Event(), threading.Event()
+    side = rt.new_stream("side")
+
+    class Probe(RuntimeObserver):
+        def on_free(self, rt, *, block, stream, ptr, nbytes, deferred_to):
+            if deferred_to:
+                with rt.stream(deferred_to[0]):
+                    rt.launch("probe", lambda: (started.set(), gate.wait(GATE_TIMEOUT_S)))
+
+    a = rt.empty(256)
+    ptr = a.data_ptr()
+    side.wait_stream(rt.default_stream())
+    with rt.stream(side):
+        rt.launch("read", lambda t: t.sum(), reads=(a,))
+    rt.record_stream(a, side)
+    rt.add_observer(Probe())
+    del a  # deferred to side: the probe is enqueued there now
+    assert started.wait(GATE_TIMEOUT_S)  # side has passed the read and runs the probe
+    b = rt.empty(256)
+    assert b.data_ptr() != ptr  # the block is still held: the probe precedes its release
+    gate.set()
+    side.synchronize()
+    c = rt.empty(256)
+    assert c.data_ptr() == ptr  # released once side passed the probe

@@ -2,15 +2,16 @@
 with the runtime's own events, identically on the CPU emulation and on CUDA.
 
 What it sees: every allocation and free of the runtime's caching allocator (with its stream and,
-for frees, the streams record_stream deferred it to), every launch with the byte ranges it reads
-and writes (collectives included, on the stream that issues them), every event record and wait
-(`wait_stream` is one of each), and every host synchronization. With `host_ops` (the default) it
-also sees plain PyTorch operations issued on the host (autograd, optimizers, `.copy_()` in test
-code) on the runtime's buffers, through a TorchDispatchMode, and charges each to the stream that is
-current on the host: that is where CUDA would run it; on the emulation it runs on the host thread,
-the inline default stream's thread, so a host-side access is a default-stream access. Host-side
-reads are checked but not remembered ([Note: host-side reads]); operations inside a launched
-function are the launch's own and are not counted twice.
+for frees, the streams record_stream deferred it to) and of its pinned host buffers, every launch
+with the byte ranges it reads and writes (collectives included, on the stream that issues them),
+every event record and wait (`wait_stream` is one of each), and every host synchronization. With
+`host_ops` (the default) it also sees plain PyTorch operations issued on the host (autograd,
+optimizers, `.copy_()` in test code) on the runtime's buffers, through a TorchDispatchMode, and
+charges each to the stream that is current on the host: that is where CUDA would run it; on the
+emulation it runs on the host thread, the inline default stream's thread, so a host-side access is
+a default-stream access. Host-side reads are checked but not remembered ([Note: host-side reads]);
+operations on pinned host buffers are the host's own ([Note: pinned host buffers]); operations
+inside a launched function are the launch's own and are not counted twice.
 
 Memory that the runtime did not allocate (tensors made by plain torch calls) has no lifetime the
 detector could follow, so accesses to it are not tracked; on CUDA, racecheck.detect.torch_tracker
@@ -51,6 +52,10 @@ class RaceDetector(RuntimeObserver):
         self._mode: _HostOps | None = None
         self._launch_code = None
         self._block_ptr: dict[int, int] = {}  # runtime block id -> its start address (for record_stream)
+        self._pinned: set[int] = set()  # start addresses of live pinned host buffers
+        # The host's own work on pinned host buffers, as a clock domain ([Note: pinned host buffers]).
+        self._host_ops = _HOST_OPS
+        self.engine.domain(_HOST_OPS, "host")
 
     # -- lifetime --------------------------------------------------------------------------
     def attach(self, rt: Runtime) -> None:
@@ -91,8 +96,13 @@ class RaceDetector(RuntimeObserver):
 
     # -- runtime events --------------------------------------------------------------------
     def _key(self, stream):
-        """The engine key of a runtime stream (the stream itself), named on first use."""
-        self.engine.domain(stream, stream.name, inline=getattr(stream, "inline", False))
+        """The engine key of a runtime stream (the stream itself), named on first use. Whether it
+        runs inline is read each time: the emulation's default stream can get a queue for a while
+        (SimRuntime.queued_default_stream), and reports say which mode the access ran in."""
+        inline = getattr(stream, "inline", False)
+        domain = self.engine.domain(stream, stream.name, inline=inline)
+        if domain.inline is not inline:
+            domain.inline = inline
         return stream
 
     def on_alloc(self, rt, *, block, stream, ptr, nbytes) -> None:
@@ -101,6 +111,16 @@ class RaceDetector(RuntimeObserver):
 
     def on_free(self, rt, *, block, stream, ptr, nbytes, deferred_to) -> None:
         self._block_ptr.pop(block, None)
+        self.engine.free(ptr, deferred_to=[self._key(s) for s in deferred_to], stack=self._capture())
+
+    def on_host_alloc(self, rt, *, ptr, nbytes) -> None:
+        # A pinned host buffer, owned by the host: see [Note: pinned host buffers].
+        self._pinned.add(ptr)
+        self.engine.allocate(self._host_ops, ptr, nbytes, stack=self._capture())
+
+    def on_host_free(self, rt, *, ptr, nbytes, deferred_to) -> None:
+        # Reused only after every stream that may have copied to or from it passed the free.
+        self._pinned.discard(ptr)
         self.engine.free(ptr, deferred_to=[self._key(s) for s in deferred_to], stack=self._capture())
 
     def on_record_stream(self, rt, *, block, stream) -> None:
@@ -159,9 +179,20 @@ class RaceDetector(RuntimeObserver):
             return
         key = self._key(self._runtime.current_stream())
         stack = self._capture()
+        pinned = self._pinned
+        on_host = False
         for ptr, nbytes, is_write in touched:
+            alloc = engine.allocation_at(ptr) if pinned else None
+            if alloc is not None and alloc.ptr in pinned:
+                # [Note: pinned host buffers]: the host itself touches host memory, at once.
+                engine.access(self._host_ops, ptr, nbytes, write=is_write, op=plan.name, stack=stack,
+                              record=is_write)
+                on_host = True
+                continue
             # [Note: host-side reads] below: a read is checked, not remembered.
             engine.access(key, ptr, nbytes, write=is_write, op=plan.name, stack=stack, record=is_write)
+        if on_host:
+            engine.host_sync_stream(self._host_ops)  # done when the op returns: later work follows it
 
 
 # [Note: host-side reads]
@@ -172,6 +203,18 @@ class RaceDetector(RuntimeObserver):
 # the emulation, where runtime buffers are host memory and `.cpu()` is the identity, cannot tell
 # them apart, and remembering the read would report correct code that hands results to the host.
 # Host-issued writes are remembered and checked like launched ones.
+
+# [Note: pinned host buffers]
+# A pinned host buffer (Runtime.pinned_empty) is host memory on both backends: a host operation on
+# it runs on the host and is complete when it returns, whichever stream is current. Its accesses
+# are charged to a clock domain of their own, the host's work, which knows of stream work only
+# what the host learned at synchronizations: so a host read of bytes that a queued non-blocking
+# copy writes is a race until the host waited for the copy's stream or an event after it. Once the
+# operation returns the host knows it complete (a host sync of that domain), so work enqueued
+# afterwards on any stream is ordered after it, as a copy that reads the buffer later is.
+
+
+_HOST_OPS = "host operations on pinned memory"  # the engine key of the host's own work
 
 
 class _HostOps(TorchDispatchMode):

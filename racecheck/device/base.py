@@ -80,6 +80,14 @@ class RuntimeObserver:
         """The last reference to a block died; it returns to `stream`'s pool, after the streams in
         `deferred_to` (from record_stream) pass this point."""
 
+    def on_host_alloc(self, rt: "Runtime", *, ptr: int, nbytes: int) -> None:
+        """A page-locked host buffer was made (`Runtime.pinned_empty`): host memory, which the host
+        reads and writes at once and streams reach only through queued copies."""
+
+    def on_host_free(self, rt: "Runtime", *, ptr: int, nbytes: int, deferred_to: Sequence["Stream"]) -> None:
+        """A pinned host buffer's last reference died. CUDA's host allocator hands it out again only
+        after the streams that copied to or from it passed this point; `deferred_to` names them."""
+
     def on_record_stream(self, rt: "Runtime", *, block: int, stream: "Stream") -> None:
         """record_stream(tensor, stream) on a tensor of `block`."""
 
@@ -149,6 +157,10 @@ class Runtime(abc.ABC):
 
     backend: str
     device: torch.device
+    # Whether observers hear of a record_stream-deferred free before the allocator records its
+    # release events, so work they enqueue then on a recorded stream runs before the block can be
+    # handed out again (the emulation's allocator); CUDA's records them inside the free.
+    free_observed_before_release: bool = True
 
     def __init__(self) -> None:
         self._observers: tuple[RuntimeObserver, ...] = ()
@@ -170,6 +182,13 @@ class Runtime(abc.ABC):
     @abc.abstractmethod
     def new_event(self) -> Event: ...
 
+    def queued_default_stream(self) -> contextlib.AbstractContextManager:
+        """A context in which the default stream is an ordered queue that the host runs ahead of,
+        as on a GPU. CUDA's default stream always is; the CPU emulation runs it inline on the host
+        unless asked (see sim.py), for code that reaches default-stream results only through
+        launches and synchronization."""
+        return contextlib.nullcontext(self.default_stream())
+
     @abc.abstractmethod
     def synchronize(self) -> None:
         """The host waits for every stream."""
@@ -184,6 +203,20 @@ class Runtime(abc.ABC):
         t = self.empty(shape, dtype=dtype)
         self.launch("zero_", lambda out: out.zero_(), writes=(t,))
         return t
+
+    def pinned_empty(self, shape: int | Sequence[int], *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """A new uninitialized host buffer for asynchronous copies to and from the device:
+        page-locked on CUDA, where a `non_blocking` copy into it returns before the data is there.
+        Observers learn of it (on_host_alloc / on_host_free), so the detector checks the host's
+        reads of it against the copies that fill it."""
+        from racecheck.device.host_memory import track_host_buffer
+
+        tensor = torch.empty(as_shape(shape), dtype=dtype, pin_memory=self.backend == "cuda")
+        return track_host_buffer(self, tensor)
+
+    def streams(self) -> Sequence[Stream]:
+        """The streams this runtime made, the default stream first."""
+        return tuple(self._streams)
 
     @abc.abstractmethod
     def record_stream(self, tensor: torch.Tensor, stream: Stream) -> None:

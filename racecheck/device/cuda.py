@@ -145,6 +145,10 @@ class _Allocation:
 
 class CudaRuntime(Runtime):
     backend = "cuda"
+    # The caching allocator records its record_stream events inside its own free, in C++; whether
+    # the storage's finalizer (on_free) runs before or after that is not this runtime's to decide,
+    # so work observers enqueue then is not known to precede the block's reuse.
+    free_observed_before_release = False
 
     def __init__(self, device: torch.device | int | None = None) -> None:
         super().__init__()

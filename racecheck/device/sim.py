@@ -3,7 +3,11 @@
 - A side stream is an ordered queue run by its own worker thread; launching returns at once.
 - The default stream runs inline on the host thread: the host never runs ahead of it. The limit this
   implies: a side stream that forgets to wait for default-stream output cannot fail by timing here
-  (on a GPU it can); the happens-before detector reports that class regardless of timing.
+  (on a GPU it can); the happens-before detector reports that class regardless of timing. Code that
+  reaches default-stream results only through launches can lift the limit with
+  `queued_default_stream()`, which gives the default stream a worker thread like any other.
+- Pinned host buffers (`pinned_empty`) are plain host memory; a copy into one launched on a side
+  stream is queued work like any other, so the host that reads it before waiting reads stale bytes.
 - Events order work across streams exactly as in CUDA; waiting on the inline default stream blocks
   the host, which is the only faithful order for a stream that the host itself executes.
 - Collectives run on gloo inside the issuing stream's worker. Each communicator holds one gloo
@@ -40,18 +44,28 @@ class SimStream(Stream):
     def __init__(self, runtime: "SimRuntime", name: str, *, inline: bool) -> None:
         self.runtime = runtime
         self.name = name
-        self.inline = inline
         self._queue: queue.SimpleQueue | None = None
         self._worker: threading.Thread | None = None
         self.error: BaseException | None = None
         if not inline:
-            self._queue = queue.SimpleQueue()
-            self._worker = threading.Thread(target=self._run, name=f"stream-{name}", daemon=True)
-            self._worker.start()
+            self.start_queue()
 
-    def _run(self) -> None:
+    @property
+    def inline(self) -> bool:
+        """Whether the host thread runs this stream's work at launch (no queue of its own)."""
+        return self._queue is None
+
+    def start_queue(self) -> None:
+        """Give the stream a queue and a worker thread: launching returns at once from now on."""
+        assert self._queue is None, "the stream already has a queue"
+        self._queue = queue.SimpleQueue()
+        self._worker = threading.Thread(target=self._run, args=(self._queue,), name=f"stream-{self.name}",
+                                        daemon=True)
+        self._worker.start()
+
+    def _run(self, tasks: queue.SimpleQueue) -> None:
         while True:
-            task = self._queue.get()
+            task = tasks.get()
             if task is None:
                 return
             if self.error is not None:
@@ -65,10 +79,11 @@ class SimStream(Stream):
                 self.error = exc
 
     def enqueue(self, fn: Callable[[], None]) -> None:
-        if self.inline:
+        tasks = self._queue
+        if tasks is None:
             fn()
         else:
-            self._queue.put(fn)
+            tasks.put(fn)
 
     def wait_event(self, event: "SimEvent") -> None:
         marker = event.marker
@@ -89,10 +104,14 @@ class SimStream(Stream):
         if self.error is not None:
             raise StreamError(f"work on stream {self.name!r} failed: {self.error!r}") from self.error
 
-    def stop(self) -> None:
+    def stop(self, *, timeout: float | None = 5) -> None:
+        """Drain and end the worker (the stream runs inline afterwards); `timeout` bounds the wait
+        for the queued work (None: wait for all of it)."""
         if self._queue is not None:
-            self._queue.put(None)
-            self._worker.join(timeout=5)
+            tasks, worker = self._queue, self._worker
+            tasks.put(None)  # after every task already queued
+            worker.join(timeout=timeout)
+            self._queue = self._worker = None
 
 
 class _Marker:
@@ -191,6 +210,25 @@ class SimRuntime(Runtime):
 
     def new_event(self) -> SimEvent:
         return SimEvent(self)
+
+    @contextlib.contextmanager
+    def queued_default_stream(self):
+        """The default stream gets a worker thread of its own while the context is open: launches
+        on it return at once and run in order, so the host runs ahead of it as on a GPU (a
+        consumer on the default stream can still be pending when the host frees what it reads).
+        Host-side PyTorch operations keep running on the host at once, so code inside must reach
+        default-stream results through launches or a synchronization. On exit the queue drains and
+        the stream runs inline again."""
+        stream = self._default
+        if not stream.inline:  # nested: already queued
+            yield stream
+            return
+        stream.start_queue()
+        try:
+            yield stream
+        finally:
+            stream.stop(timeout=None)  # drains every task queued so far; then the host runs it
+        stream.raise_error()
 
     def synchronize(self) -> None:
         for s in self._streams:

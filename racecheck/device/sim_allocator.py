@@ -116,6 +116,17 @@ class SimCachingAllocator:
             self.stats.frees += 1
             deferred_to = sorted(block.recorded, key=lambda s: s.name)
             if deferred_to:
+                block.state = BlockState.DEFERRED  # in no pool: not handed out until released below
+                self.stats.deferred_frees += 1
+            else:
+                block.state = BlockState.CACHED
+                self._pools.setdefault(block.stream, []).append(block)
+        # Observers hear of a deferred free before its release events exist, so work they enqueue
+        # now on a recorded stream (the perturbation's poison) runs before the block can be reused.
+        self._on_free(block=block.id, stream=block.stream, ptr=block.ptr, nbytes=block.size,
+                      deferred_to=deferred_to)
+        if deferred_to:
+            with self._lock:
                 # record_stream: the block may be reused only once every recorded stream has
                 # passed this point. The events are recorded on those streams now, at the free.
                 block.deferred_events = []
@@ -123,14 +134,7 @@ class SimCachingAllocator:
                     ev = s.runtime.new_event()
                     ev.record_unobserved(s)  # internal to the allocator, as in CUDA
                     block.deferred_events.append(ev)
-                block.state = BlockState.DEFERRED
                 self._deferred.append(block)
-                self.stats.deferred_frees += 1
-            else:
-                block.state = BlockState.CACHED
-                self._pools.setdefault(block.stream, []).append(block)
-        self._on_free(block=block.id, stream=block.stream, ptr=block.ptr, nbytes=block.size,
-                      deferred_to=deferred_to)
 
     def _process_deferred(self) -> None:
         for block in list(self._deferred):

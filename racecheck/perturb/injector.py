@@ -227,6 +227,11 @@ class Injector(RuntimeObserver):
         if len(deferred_to) > 1:
             self.skipped["poison_multi_deferred"] = self.skipped.get("poison_multi_deferred", 0) + 1
             return
+        if deferred_to and not rt.free_observed_before_release:
+            # A fill enqueued now would follow the allocator's release event on the recorded
+            # stream and could land in the block's next owner: a failure of correct code.
+            self.skipped["poison_after_release"] = self.skipped.get("poison_after_release", 0) + 1
+            return
         target = deferred_to[0] if deferred_to else stream
         try:
             rt.poison(ptr, nbytes, stream=target)

@@ -19,6 +19,8 @@ MARKED_POINTS = {
     "after_all_reduce": "host, inside the all-reduce stream context, after the HSDP all-reduce",
     "before_copy": "host, inside the copy stream context, before an offload copy is enqueued",
     "after_copy": "host, inside the copy stream context, after an offload copy is enqueued",
+    "before_grad": "host, inside the stream that computes a gradient, before its kernel is enqueued",
+    "wait_copy": "host, after the consumer stream was made to wait for a host-to-device copy",
     "reshard": "host, when a group drops its unsharded parameters",
     "end_of_backward": "host, after the default stream waited for the reduction streams",
 }

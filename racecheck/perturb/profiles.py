@@ -46,6 +46,10 @@ PROFILES = {
     "compute_delay": "sleep@wait_all_gather:3ms",
     # Delay an offload copy on its copy stream.
     "copy_delay": "sleep@before_copy:3ms",
+    # Delay a gradient's producer stream, so a consumer that waited on the wrong stream reads early.
+    "grad_delay": "sleep@before_grad:3ms",
+    # Delay the consumer of a host-to-device copy right after its wait (NO_SHARD CPU offload).
+    "h2d_consumer_delay": "sleep@wait_copy:3ms",
     # Patch mode's hand-off points (a project's own suite): hold back the work after the host
     # entered a side stream, after a stream was made to wait, or the work an event marks.
     "enter_delay": "sleep@stream_enter:5ms",
