@@ -144,8 +144,6 @@ def job_shard(value):
 
     if value != "auto":
         return value or Shard(), ""
-    import os
-
     from racecheck.trials.shard_env import from_environment
 
     try:

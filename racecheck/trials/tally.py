@@ -161,21 +161,17 @@ def skipped_suites(out_dir: str | os.PathLike) -> dict:
         return {}
 
 
-def with_skipped(summary: pd.DataFrame | None, skipped: dict) -> pd.DataFrame:
+def with_skipped(summary: pd.DataFrame, skipped: dict) -> pd.DataFrame:
     """The summary with one `*` row per arm of every suite the run skipped, `skipped` being
     {suite: {"arms": [...], "expect": {arm: ...}, "why": "..."}} as run.json keeps it: no trials,
     and the reason in the column `note` (present only when something was skipped)."""
     if not skipped:
-        if summary is None:
-            raise ValueError("no trial records to summarize")
         return summary
     rows = [{"scenario": suite, "test": ALL_TESTS, "arm": arm, "expect": info.get("expect", {}).get(arm, ""),
              "trials": 0, "failures": 0, "failure_rate": float("nan"), "ci_low": 0.0, "ci_high": 1.0,
              **{c: 0 for c in OUTCOME_COLUMNS}, "note": f"skipped: {info['why']}"}
             for suite, info in skipped.items() for arm in info["arms"]]
     extra = pd.DataFrame(rows)
-    if summary is None:
-        return extra[list(SUMMARY_COLUMNS) + ["note"]]
     summary = summary.assign(note="")
     for column in summary.columns.difference(extra.columns):
         extra[column] = 0
