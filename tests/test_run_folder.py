@@ -138,6 +138,12 @@ def test_merge_refuses_shards_that_differ_in_what_a_trial_means_and_accepts_arms
     assert res.code == 0, res
     res = racecheck("merge", tmp_path / "a", tmp_path / "b", "--out", tmp_path / "m", cwd=root)
     assert res.code == 0, res
+    # So is the suite's own profile (off), once by default and once given.
+    res = racecheck("run", "--trials", 2, "--shard", "2/2", "--no-perturb", "--out", tmp_path / "d",
+                    "-q", cwd=root)
+    assert res.code == 0, res
+    res = racecheck("merge", tmp_path / "a", tmp_path / "d", "--out", tmp_path / "m3", cwd=root)
+    assert res.code == 0, res
     # Different arms are not.
     res = racecheck("run", "--trials", 2, "--shard", "2/2", "--arms", "often", "--out", tmp_path / "c",
                     "-q", cwd=root)

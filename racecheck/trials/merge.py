@@ -21,7 +21,8 @@ from racecheck.trials.record import TrialLog, read_log
 
 # Settings that must agree for logs to be one experiment: everything that changes what a trial
 # means. Arms and profiles are compared as resolved per suite (`scenarios` in run.json: each
-# suite's arms and each arm's profile), so `--arms` spelled out and the same arms by default agree.
+# suite's arms and each arm's canonical profile spec), so `--arms` spelled out and the same arms by
+# default agree, and so do a profile's name and the rules it stands for.
 _SAME = ("source", "seed", "order", "detect", "backend", "pytest_args", "world_size", "mesh",
          "isolation", "chunk", "timeout", "revisions", "scenarios")
 

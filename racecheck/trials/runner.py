@@ -104,7 +104,7 @@ class RunConfig:
                 "shard_source": self.shard_source, "revisions": self.revisions,
                 "worlds": {s.name: self.world_for(s) for s in self.scenarios}, "skipped": self.skipped,
                 "scenarios": {s.name: {"arms": list(self.arms_for(s)),
-                                       "perturb": {a: self.perturb_for(s, a) for a in self.arms_for(s)}}
+                                       "perturb": {a: self.spec_for(s, a) for a in self.arms_for(s)}}
                               for s in self.scenarios}}
 
 
