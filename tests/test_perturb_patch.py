@@ -68,6 +68,21 @@ def test_pressure_follows_a_free_at_the_next_point(one_rank_group):
     assert len(actions.frees) == 1
 
 
+def test_a_free_is_acted_on_before_the_next_calls_own_effect(monkeypatch):
+    # A wait made after the free would order the pressure after the reader it must collide with.
+    patch, actions = patched("poison@free")
+    side = recording.HostStream("side")
+    seen_at_wait = []
+    original = recording.HostEvent.wait
+    monkeypatch.setattr(recording.HostEvent, "wait",
+                        lambda self, stream=None: (seen_at_wait.append(list(actions.frees)), original(self, stream)))
+    with patch:
+        ptr = recording.release(4096)
+        recording.current_stream().wait_stream(side)  # its inner Event.wait is the call's effect
+    assert seen_at_wait == [[(ptr, True, False)]]
+    assert patch.counts["poison"] == 1
+
+
 def test_patch_mode_refuses_what_it_cannot_do():
     for spec in ("sleep@free:1ms", "reorder@before_all_reduce>end_of_backward:1ms", "sleep@reshard:1ms",
                  "sleep@before_all_reduce:1ms/other", "pressure@free/other"):

@@ -9,7 +9,8 @@ Which stream a delay goes on, per point (always the stream the work after the po
 - event_record (Event.record, Stream.record_event): on the recording stream, right before the
   record, so the work the event marks completes late and only the event's waiters see it done;
 - free (the caching allocator's deallocation callback, torch.cuda._gpu_trace): poison and
-  pressure on the freed block's own stream, at the next point the host passes (patch_actions.py);
+  pressure on the freed block's own stream, on entry to the next wrapped call the host makes,
+  before that call's own effect (a wait it makes would otherwise order them after the reader);
 - before_all_gather / before_reduce_scatter / before_all_reduce: the collectives of
   `torch.distributed` (tensor, list and deprecated forms, synchronous and `async_op=True`), with
   the delay on the stream the collective actually runs on:
@@ -22,7 +23,7 @@ Which stream a delay goes on, per point (always the stream the work after the po
     sleeps: only the collective runs late, the caller's stream runs on.
 
 The allocator calls its deallocation callback before the block is back in its pool, so a free is
-only noted there and acted on at the next point. Wrapped calls made by patch mode itself (its
+only noted there and acted on when the host next enters a wrapped call. Wrapped calls made by patch mode itself (its
 delays, its pressure) are passed through: a thread-local flag marks them.
 
 A profile acts only where it names points: `off` wraps nothing at all. The systematic schedule
@@ -172,6 +173,8 @@ class PatchMode:
                 return fn(*args, **kwargs)
             self._local.inside = True
             try:
+                if self._pending:  # before the call: what a next allocation here would collide with
+                    self._flush_frees()
                 return body(*args, **kwargs)
             finally:
                 self._local.inside = False
@@ -231,11 +234,8 @@ class PatchMode:
         return label
 
     def _decide(self, point: str, stream) -> float:
-        """The delay at this passage of `point` (0: none); frees noted since the last point are
-        acted on first."""
+        """The delay at this passage of `point` (0: none)."""
         self.passed += 1
-        if self._pending:
-            self._flush_frees()
         label = self._label(stream)
         if self.systematic is None:
             # A hold (the random schedule's priority change) is a delay of its bound: a CUDA stream
