@@ -99,7 +99,7 @@ class RaceDetector(RuntimeObserver):
         """The engine key of a runtime stream (the stream itself), named on first use. Whether it
         runs inline is read each time: the emulation's default stream can get a queue for a while
         (SimRuntime.queued_default_stream), and reports say which mode the access ran in."""
-        inline = getattr(stream, "inline", False)
+        inline = stream.inline
         domain = self.engine.domain(stream, stream.name, inline=inline)
         if domain.inline is not inline:
             domain.inline = inline

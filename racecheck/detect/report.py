@@ -80,7 +80,7 @@ class RaceReport:
             text = f"{s} can overwrite the bytes before {t} has read them."
         else:
             text = "Which write lands last depends on timing."
-        if getattr(e.domain, "inline", False):
+        if e.domain.inline:
             text += (f" (The CPU emulation runs {t} inline on the host, so this cannot fail by timing "
                      f"there; on a GPU it can.)")
         return text

@@ -10,6 +10,7 @@ import os
 
 from racecheck.device.base import (CommGroup, Event, MemRange, ReduceOp, Runtime, RuntimeObserver,
                                    Stream)
+from racecheck.device.points import Point
 
 BACKENDS = ("sim", "cuda")
 
@@ -57,5 +58,5 @@ def shutdown_runtime() -> None:
         _runtime = None
 
 
-__all__ = ["BACKENDS", "CommGroup", "Event", "MemRange", "ReduceOp", "Runtime", "RuntimeObserver",
+__all__ = ["BACKENDS", "CommGroup", "Event", "MemRange", "Point", "ReduceOp", "Runtime", "RuntimeObserver",
            "Stream", "get_runtime", "init_runtime", "resolve_backend", "shutdown_runtime"]

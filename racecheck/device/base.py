@@ -4,7 +4,9 @@ Two backends implement it with the same semantics: `cuda` (torch.cuda streams an
 caching allocator, NCCL) and `sim` (a CPU emulation: worker-thread streams, an emulated caching
 allocator, gloo). FSDP code never touches torch.cuda directly; it asks the runtime for streams,
 events, buffers and collectives, and every one of those is reported to the runtime's observers
-(the perturbation injector and the happens-before detector), identically on both backends.
+(the perturbation injector and the happens-before detector), identically on both backends:
+the observed methods are defined here and call the observers around a backend hook (`_launch`,
+`_allocate`, `_record`, ...), so a backend implements the work and never the reporting.
 
 [Note: stream semantics]
 Work launched on a stream runs in launch order, asynchronously to the host. Work on two streams is
@@ -26,9 +28,13 @@ import abc
 import contextlib
 import dataclasses
 import enum
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import torch
+
+from racecheck.device.observer import OBSERVER_EVENTS, RuntimeObserver
+from racecheck.device.points import check_point
 
 
 # All-ones bytes: NaN in every IEEE float format (fp64, fp32, bf16, fp16), -1 in signed integers.
@@ -59,65 +65,39 @@ class MemRange:
         return cls(t.data_ptr(), t.numel() * t.element_size())
 
 
-class RuntimeObserver:
-    """Receives runtime events. The injector and the detector subclass it; every method is a
-    no-op by default so that an observer implements only what it needs, and the runtime calls only
-    the methods named by `events()` (by default, those the subclass overrides): an observer pays
-    nothing for the events it ignores.
-
-    Calls happen on the host thread at launch (enqueue) time, in program order, which is what a
-    happens-before analysis needs and what a perturbation acts on."""
-
-    def events(self) -> "Iterable[str]":
-        """The callbacks the runtime should make (asked once, when the observer is added)."""
-        return [m for m in OBSERVER_EVENTS if getattr(type(self), m) is not getattr(RuntimeObserver, m)]
-
-    def on_alloc(self, rt: "Runtime", *, block: int, stream: "Stream", ptr: int, nbytes: int) -> None:
-        """A block was handed out on `stream` (the stream current on the host)."""
-
-    def on_free(self, rt: "Runtime", *, block: int, stream: "Stream", ptr: int, nbytes: int,
-                deferred_to: Sequence["Stream"]) -> None:
-        """The last reference to a block died; it returns to `stream`'s pool, after the streams in
-        `deferred_to` (from record_stream) pass this point."""
-
-    def on_host_alloc(self, rt: "Runtime", *, ptr: int, nbytes: int) -> None:
-        """A page-locked host buffer was made (`Runtime.pinned_empty`): host memory, which the host
-        reads and writes at once and streams reach only through queued copies."""
-
-    def on_host_free(self, rt: "Runtime", *, ptr: int, nbytes: int, deferred_to: Sequence["Stream"]) -> None:
-        """A pinned host buffer's last reference died. CUDA's host allocator hands it out again only
-        after the streams that copied to or from it passed this point; `deferred_to` names them."""
-
-    def on_record_stream(self, rt: "Runtime", *, block: int, stream: "Stream") -> None:
-        """record_stream(tensor, stream) on a tensor of `block`."""
-
-    def on_launch(self, rt: "Runtime", *, stream: "Stream", name: str, reads: Sequence[MemRange],
-                  writes: Sequence[MemRange]) -> None:
-        """Work was enqueued on `stream` (collectives included)."""
-
-    def on_event_record(self, rt: "Runtime", *, event: "Event", stream: "Stream") -> None:
-        """`event` was recorded on `stream`."""
-
-    def on_event_wait(self, rt: "Runtime", *, event: "Event", stream: "Stream") -> None:
-        """`stream` waits for `event`'s last record."""
-
-    def on_host_sync(self, rt: "Runtime", *, stream: "Stream | None", event: "Event | None") -> None:
-        """The host waited for a stream (or all streams when both are None) or an event."""
-
-    def on_point(self, rt: "Runtime", name: str, **context) -> None:
-        """A named injection point along the FSDP path was reached on the host."""
-
-
-OBSERVER_EVENTS = tuple(m for m in vars(RuntimeObserver) if m.startswith("on_"))
-
-
 class Stream(abc.ABC):
-    """An ordered queue of device work."""
+    """An ordered queue of device work.
+
+    What callers may use is declared here, and every backend implements all of it: the
+    perturbation holds a stream with `enqueue` where `runs_host_work` says it can, and the detector
+    and its reports read `inline`. The observer notifications are made here, around the backend's
+    hooks (`_wait_event`, `_synchronize`), so both backends report the same events by construction.
+    """
 
     name: str
+    runtime: "Runtime"
+
+    @property
+    @abc.abstractmethod
+    def inline(self) -> bool:
+        """Whether the host thread runs this stream's work at launch, so the host never runs ahead
+        of it (the emulation's default stream, unless `Runtime.queued_default_stream`)."""
+
+    @property
+    @abc.abstractmethod
+    def runs_host_work(self) -> bool:
+        """Whether `enqueue` can put host work in this stream's order (a stream run by a host
+        thread); a CUDA stream cannot wait for the host."""
 
     @abc.abstractmethod
-    def wait_event(self, event: "Event") -> None: ...
+    def enqueue(self, fn: Callable[[], None]) -> None:
+        """Run the host function `fn` in this stream's order: after the work launched on it so
+        far, before the work launched later. Unobserved (the runtime's and the perturbation's own
+        work, not the program's). Only where `runs_host_work`; NotImplementedError elsewhere."""
+
+    def wait_event(self, event: "Event") -> None:
+        self.runtime._notify("on_event_wait", event=event, stream=self)
+        self._wait_event(event)
 
     def wait_stream(self, other: "Stream") -> None:
         """All later work on this stream runs after all work enqueued on `other` so far."""
@@ -127,29 +107,56 @@ class Stream(abc.ABC):
         ev.record(other)
         self.wait_event(ev)
 
-    @abc.abstractmethod
-    def synchronize(self) -> None: ...
+    def synchronize(self) -> None:
+        self._synchronize()
+        self.runtime._notify("on_host_sync", stream=self, event=None)
 
-    runtime: "Runtime"
+    # Backend hooks (unobserved): order later work behind the event; block the host until done.
+    @abc.abstractmethod
+    def _wait_event(self, event: "Event") -> None: ...
+
+    @abc.abstractmethod
+    def _synchronize(self) -> None: ...
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}>"
 
 
 class Event(abc.ABC):
-    """A marker in a stream's queue. An event never recorded counts as complete (as in CUDA)."""
+    """A marker in a stream's queue. An event never recorded counts as complete (as in CUDA).
+    Records and host waits are reported to observers here, around the backend's hooks."""
 
-    @abc.abstractmethod
-    def record(self, stream: Stream | None = None) -> None: ...
+    runtime: "Runtime"
 
-    @abc.abstractmethod
-    def wait(self, stream: Stream | None = None) -> None: ...
+    def record(self, stream: Stream | None = None) -> None:
+        stream = stream or self.runtime.current_stream()
+        self.runtime._notify("on_event_record", event=self, stream=stream)
+        self._record(stream)
+
+    def wait(self, stream: Stream | None = None) -> None:
+        (stream or self.runtime.current_stream()).wait_event(self)
 
     @abc.abstractmethod
     def query(self) -> bool: ...
 
+    def synchronize(self) -> None:
+        self._synchronize()
+        self.runtime._notify("on_host_sync", stream=None, event=self)
+
+    # Backend hooks (unobserved): place the marker on `stream`; block the host until it is passed.
     @abc.abstractmethod
-    def synchronize(self) -> None: ...
+    def _record(self, stream: Stream) -> None: ...
+
+    @abc.abstractmethod
+    def _synchronize(self) -> None: ...
+
+
+class NewBlock(NamedTuple):
+    """What a backend's allocation hook hands back for observers: the block's id and bytes."""
+
+    block: int
+    ptr: int
+    nbytes: int
 
 
 class Runtime(abc.ABC):
@@ -189,14 +196,34 @@ class Runtime(abc.ABC):
         launches and synchronization."""
         return contextlib.nullcontext(self.default_stream())
 
-    @abc.abstractmethod
     def synchronize(self) -> None:
-        """The host waits for every stream."""
+        """The host waits for every stream; observers hear one host sync per stream, in order."""
+        self._synchronize()
+        for s in self.streams():
+            self._notify("on_host_sync", stream=s, event=None)
+
+    @abc.abstractmethod
+    def _synchronize(self) -> None: ...  # hook: block the host until every stream's work is done
 
     # -- memory -----------------------------------------------------------------------------
-    @abc.abstractmethod
     def empty(self, shape: int | Sequence[int], *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """A new uninitialized buffer from the caching allocator, tagged with the current stream."""
+        stream = self.current_stream()
+        tensor, block = self._allocate(as_shape(shape), dtype, stream)
+        if block is not None:
+            self._notify("on_alloc", block=block.block, stream=stream, ptr=block.ptr, nbytes=block.nbytes)
+        return tensor
+
+    @abc.abstractmethod
+    def _allocate(self, shape: tuple[int, ...], dtype: torch.dtype,
+                  stream: Stream) -> tuple[torch.Tensor, NewBlock | None]:
+        """Backend hook of `empty`: a buffer tagged with `stream`, and its block (None where no
+        block stands behind it, as for an empty CUDA tensor)."""
+
+    def _block_freed(self, *, block: int, stream: Stream, ptr: int, nbytes: int,
+                     deferred_to: Sequence[Stream]) -> None:
+        """Called by the backend when a block's last reference died (from any thread)."""
+        self._notify("on_free", block=block, stream=stream, ptr=ptr, nbytes=nbytes, deferred_to=deferred_to)
 
     def zeros(self, shape: int | Sequence[int], *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """A new buffer, zero-filled by work on the current stream."""
@@ -218,9 +245,14 @@ class Runtime(abc.ABC):
         """The streams this runtime made, the default stream first."""
         return tuple(self._streams)
 
-    @abc.abstractmethod
     def record_stream(self, tensor: torch.Tensor, stream: Stream) -> None:
         """Defer the reuse of `tensor`'s block until `stream` passes the point of its free."""
+        block = self._record_stream(tensor, stream)
+        if block is not None:
+            self._notify("on_record_stream", block=block, stream=stream)
+
+    @abc.abstractmethod
+    def _record_stream(self, tensor: torch.Tensor, stream: Stream) -> int | None: ...  # hook: block id
 
     @abc.abstractmethod
     def allocation_stream(self, tensor: torch.Tensor) -> Stream | None:
@@ -235,11 +267,18 @@ class Runtime(abc.ABC):
         raise NotImplementedError(f"the {self.backend} runtime cannot poison raw memory")
 
     # -- work -------------------------------------------------------------------------------
-    @abc.abstractmethod
     def launch(self, name: str, fn: Callable[..., None], *, reads: Sequence[torch.Tensor] = (),
                writes: Sequence[torch.Tensor] = ()) -> None:
         """Enqueue `fn(*writes, *reads)` on the current stream. `fn` receives raw views of the
         buffers: the queued work holds their memory, not their ownership."""
+        stream = self.current_stream()
+        self._notify("on_launch", stream=stream, name=name, reads=[MemRange.of(t) for t in reads],
+                     writes=[MemRange.of(t) for t in writes])
+        self._launch(stream, fn, reads, writes)
+
+    @abc.abstractmethod
+    def _launch(self, stream: Stream, fn: Callable[..., None], reads: Sequence[torch.Tensor],
+                writes: Sequence[torch.Tensor]) -> None: ...  # hook: run or queue it on `stream`
 
     @abc.abstractmethod
     def sleep(self, seconds: float) -> None:
@@ -291,7 +330,9 @@ class Runtime(abc.ABC):
         self.observers = tuple(o for o in self._observers if o is not observer)
 
     def point(self, name: str, **context) -> None:
-        """Mark a named injection point on the host (see racecheck.perturb.points)."""
+        """Mark a named injection point on the host: one of `Point` (racecheck.device.points);
+        ValueError for any other name, observed or not."""
+        name = check_point(name)
         for fn in self._dispatch.get("on_point", ()):
             fn(self, name, **context)
 
@@ -312,13 +353,3 @@ class CommGroup(abc.ABC):
 
 def as_shape(shape: int | Sequence[int]) -> tuple[int, ...]:
     return (shape,) if isinstance(shape, int) else tuple(shape)
-
-
-@contextlib.contextmanager
-def no_observers(rt: Runtime) -> Iterator[None]:
-    """Temporarily detach every observer (for setup work that must not be perturbed or checked)."""
-    saved, rt.observers = rt.observers, []
-    try:
-        yield
-    finally:
-        rt.observers = saved

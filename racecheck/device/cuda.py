@@ -56,8 +56,8 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-from racecheck.device.base import (POISON_BYTE, CommGroup, Event, MemRange, ReduceOp, Runtime, Stream,
-                                   as_shape, block_size)
+from racecheck.device.base import (POISON_BYTE, CommGroup, Event, NewBlock, ReduceOp, Runtime, Stream,
+                                   block_size)
 
 _CALIBRATION_CYCLES = 20_000_000  # about 10 ms at H200 clocks
 _cycles_per_second: float | None = None  # torch.cuda._sleep's rate, measured once per process
@@ -95,14 +95,23 @@ class CudaStream(Stream):
         self.name = name
         self.torch_stream = torch_stream
 
-    def wait_event(self, event: "CudaEvent") -> None:
-        self.runtime._notify("on_event_wait", event=event, stream=self)
+    @property
+    def inline(self) -> bool:
+        return False  # the GPU runs every stream; the host never executes one
+
+    @property
+    def runs_host_work(self) -> bool:
+        return False  # a CUDA stream cannot wait for the host (no host function is ever queued)
+
+    def enqueue(self, fn) -> None:
+        raise NotImplementedError(f"CUDA stream {self.name!r} cannot run host work in its order")
+
+    def _wait_event(self, event: "CudaEvent") -> None:
         # cudaStreamWaitEvent on the event's most recent record; a no-op if it was never recorded.
         self.torch_stream.wait_event(event.torch_event)
 
-    def synchronize(self) -> None:
+    def _synchronize(self) -> None:
         self.torch_stream.synchronize()
-        self.runtime._notify("on_host_sync", stream=self, event=None)
 
 
 class CudaEvent(Event):
@@ -110,20 +119,14 @@ class CudaEvent(Event):
         self.runtime = runtime
         self.torch_event = torch.cuda.Event()  # no timing: ordering only, as CUDA's cheapest events
 
-    def record(self, stream: Stream | None = None) -> None:
-        stream = stream or self.runtime.current_stream()
-        self.runtime._notify("on_event_record", event=self, stream=stream)
+    def _record(self, stream: Stream) -> None:
         self.torch_event.record(stream.torch_stream)
-
-    def wait(self, stream: Stream | None = None) -> None:
-        (stream or self.runtime.current_stream()).wait_event(self)
 
     def query(self) -> bool:
         return self.torch_event.query()  # True for an event never recorded, as cudaEventQuery
 
-    def synchronize(self) -> None:
+    def _synchronize(self) -> None:
         self.torch_event.synchronize()
-        self.runtime._notify("on_host_sync", stream=None, event=self)
 
 
 class CudaCommGroup(CommGroup):
@@ -195,19 +198,16 @@ class CudaRuntime(Runtime):
     def new_event(self) -> CudaEvent:
         return CudaEvent(self)
 
-    def synchronize(self) -> None:
-        torch.cuda.synchronize(self.device)
-        for s in self._streams:  # report one host sync per stream, in the order sim.py does
-            self._notify("on_host_sync", stream=s, event=None)
+    def _synchronize(self) -> None:
+        torch.cuda.synchronize(self.device)  # base.Runtime.synchronize reports one sync per stream
 
     # -- memory -----------------------------------------------------------------------------
-    def empty(self, shape, *, dtype=torch.float32) -> torch.Tensor:
-        stream = self.current_stream()
+    def _allocate(self, shape, dtype, stream) -> tuple[torch.Tensor, NewBlock | None]:
         # The caching allocator tags the block with the current stream, as [Note: allocator semantics].
-        tensor = torch.empty(as_shape(shape), dtype=dtype, device=self.device)
+        tensor = torch.empty(shape, dtype=dtype, device=self.device)
         nbytes = tensor.numel() * tensor.element_size()
         if nbytes == 0:
-            return tensor  # no block behind it (the allocator returns a null pointer)
+            return tensor, None  # no block behind it (the allocator returns a null pointer)
         storage = tensor.untyped_storage()
         ptr = storage.data_ptr()
         with self._lock:
@@ -217,32 +217,31 @@ class CudaRuntime(Runtime):
         # The storage's Python object lives exactly as long as the C++ storage (PyObject
         # preservation), so this fires when the last tensor or view over the buffer dies.
         weakref.finalize(storage, self._storage_died, alloc)
-        self._notify("on_alloc", block=block, stream=stream, ptr=ptr, nbytes=nbytes)
-        return tensor
+        return tensor, NewBlock(block, ptr, nbytes)
 
     def _storage_died(self, alloc: _Allocation) -> None:
         with self._lock:
             if self._live.get(alloc.ptr) is alloc:
                 del self._live[alloc.ptr]
             deferred_to = sorted(alloc.recorded, key=lambda s: s.name)
-        self._notify("on_free", block=alloc.block, stream=alloc.stream, ptr=alloc.ptr,
-                     nbytes=block_size(alloc.nbytes), deferred_to=deferred_to)
+        self._block_freed(block=alloc.block, stream=alloc.stream, ptr=alloc.ptr,
+                          nbytes=block_size(alloc.nbytes), deferred_to=deferred_to)
 
     def _allocation_of(self, tensor: torch.Tensor) -> _Allocation | None:
         with self._lock:
             return self._live.get(tensor.untyped_storage().data_ptr())
 
-    def record_stream(self, tensor: torch.Tensor, stream: Stream) -> None:
+    def _record_stream(self, tensor: torch.Tensor, stream: Stream) -> int | None:
         # The allocator records an event on `stream` when the block is freed and keeps the block
         # out of its pool until that event completes; a no-op for the allocation stream itself.
         tensor.record_stream(stream.torch_stream)
         alloc = self._allocation_of(tensor)
         if alloc is None:
-            return
+            return None
         if stream is not alloc.stream:
             with self._lock:
                 alloc.recorded.add(stream)
-        self._notify("on_record_stream", block=alloc.block, stream=stream)
+        return alloc.block
 
     def allocation_stream(self, tensor: torch.Tensor) -> Stream | None:
         alloc = self._allocation_of(tensor)
@@ -256,12 +255,10 @@ class CudaRuntime(Runtime):
             raw.fill_(POISON_BYTE)  # a fill kernel queued on `stream`; not reported to observers
 
     # -- work -------------------------------------------------------------------------------
-    def launch(self, name, fn, *, reads=(), writes=()) -> None:
-        stream = self.current_stream()
-        self._notify("on_launch", stream=stream, name=name, reads=[MemRange.of(t) for t in reads],
-                     writes=[MemRange.of(t) for t in writes])
-        # The kernels fn enqueues on `stream` hold device pointers only; our references to the
-        # tensors end with this call, so a buffer can be freed and reused before they run.
+    def _launch(self, stream, fn, reads, writes) -> None:
+        # `stream` is the current one, so the kernels fn enqueues land on it. They hold device
+        # pointers only; our references to the tensors end with this call, so a buffer can be
+        # freed and reused before they run.
         fn(*writes, *reads)
 
     def sleep(self, seconds: float) -> None:

@@ -27,8 +27,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from racecheck.device.base import (POISON_BYTE, CommGroup, Event, MemRange, ReduceOp, Runtime, Stream,
-                                   as_shape)
+from racecheck.device.base import POISON_BYTE, CommGroup, Event, NewBlock, ReduceOp, Runtime, Stream
 from racecheck.device.sim_allocator import SimCachingAllocator
 
 # Gloo groups made per communicator: default, all-gather, reduce-scatter, all-reduce streams,
@@ -55,6 +54,10 @@ class SimStream(Stream):
         """Whether the host thread runs this stream's work at launch (no queue of its own)."""
         return self._queue is None
 
+    @property
+    def runs_host_work(self) -> bool:
+        return True  # every emulated stream is run by a host thread (its worker, or the host itself)
+
     def start_queue(self) -> None:
         """Give the stream a queue and a worker thread: launching returns at once from now on."""
         assert self._queue is None, "the stream already has a queue"
@@ -79,25 +82,22 @@ class SimStream(Stream):
                 self.error = exc
 
     def enqueue(self, fn: Callable[[], None]) -> None:
+        """Queue `fn` behind the stream's work; an inline stream runs it at once."""
         tasks = self._queue
         if tasks is None:
             fn()
         else:
             tasks.put(fn)
 
-    def wait_event(self, event: "SimEvent") -> None:
+    def _wait_event(self, event: "SimEvent") -> None:
         marker = event.marker
-        self.runtime._notify("on_event_wait", event=event, stream=self)
-        if marker is None:
-            return
-        self.enqueue(marker.wait)
+        if marker is not None:  # the worker blocks until the producer's marker ran
+            self.enqueue(marker.wait)
 
-    def synchronize(self) -> None:
+    def _synchronize(self) -> None:
         marker = threading.Event()
-        done = _Marker(marker)
-        self.enqueue(done)
+        self.enqueue(_Marker(marker))
         marker.wait()
-        self.runtime._notify("on_host_sync", stream=self, event=None)
         self.raise_error()
 
     def raise_error(self) -> None:
@@ -131,29 +131,23 @@ class SimEvent(Event):
         self.runtime = runtime
         self.marker: threading.Event | None = None  # the last record's completion flag
 
-    def record(self, stream: Stream | None = None) -> None:
-        stream = stream or self.runtime.current_stream()
-        self.runtime._notify("on_event_record", event=self, stream=stream)
-        self.record_unobserved(stream)
+    def _record(self, stream: Stream) -> None:
+        flag = threading.Event()
+        self.marker = flag  # a later wait() waits for this record, as in CUDA
+        stream.enqueue(_Marker(flag))
 
     def record_unobserved(self, stream: Stream) -> None:
         """Record without telling observers. For the allocator's own record_stream events: CUDA's
         caching allocator keeps those internal, and observers learn of them from on_free's
         `deferred_to`, so both backends report the same calls."""
-        flag = threading.Event()
-        self.marker = flag  # a later wait() waits for this record, as in CUDA
-        stream.enqueue(_Marker(flag))
-
-    def wait(self, stream: Stream | None = None) -> None:
-        (stream or self.runtime.current_stream()).wait_event(self)
+        self._record(stream)
 
     def query(self) -> bool:
         return self.marker is None or self.marker.is_set()
 
-    def synchronize(self) -> None:
+    def _synchronize(self) -> None:
         if self.marker is not None:
             self.marker.wait()
-        self.runtime._notify("on_host_sync", stream=None, event=self)
 
 
 class SimCommGroup(CommGroup):
@@ -182,10 +176,7 @@ class SimRuntime(Runtime):
         self._default = SimStream(self, "default", inline=True)
         self._streams: list[SimStream] = [self._default]
         self._local = threading.local()
-        self.allocator = SimCachingAllocator(
-            on_alloc=lambda **kw: self._notify("on_alloc", **kw),
-            on_free=lambda **kw: self._notify("on_free", **kw),
-        )
+        self.allocator = SimCachingAllocator(on_free=self._block_freed)
 
     # -- streams and events ------------------------------------------------------------------
     def default_stream(self) -> SimStream:
@@ -230,18 +221,18 @@ class SimRuntime(Runtime):
             stream.stop(timeout=None)  # drains every task queued so far; then the host runs it
         stream.raise_error()
 
-    def synchronize(self) -> None:
+    def _synchronize(self) -> None:
         for s in self._streams:
-            s.synchronize()
+            s._synchronize()
 
     # -- memory -----------------------------------------------------------------------------
-    def empty(self, shape, *, dtype=torch.float32) -> torch.Tensor:
-        return self.allocator.allocate(as_shape(shape), dtype, self.current_stream())
+    def _allocate(self, shape, dtype, stream) -> tuple[torch.Tensor, NewBlock]:
+        tensor, block = self.allocator.allocate(shape, dtype, stream)
+        return tensor, NewBlock(block.id, block.ptr, tensor.numel() * tensor.element_size())
 
-    def record_stream(self, tensor: torch.Tensor, stream: Stream) -> None:
+    def _record_stream(self, tensor: torch.Tensor, stream: Stream) -> int | None:
         block = self.allocator.record_stream(tensor, stream)
-        if block is not None:
-            self._notify("on_record_stream", block=block.id, stream=stream)
+        return None if block is None else block.id
 
     def allocation_stream(self, tensor: torch.Tensor) -> Stream | None:
         block = self.allocator.block_of(tensor)
@@ -252,10 +243,7 @@ class SimRuntime(Runtime):
         stream.enqueue(lambda: raw.fill(POISON_BYTE))
 
     # -- work -------------------------------------------------------------------------------
-    def launch(self, name, fn, *, reads=(), writes=()) -> None:
-        stream = self.current_stream()
-        self._notify("on_launch", stream=stream, name=name, reads=[MemRange.of(t) for t in reads],
-                     writes=[MemRange.of(t) for t in writes])
+    def _launch(self, stream, fn, reads, writes) -> None:
         if stream.inline:
             fn(*writes, *reads)
             return

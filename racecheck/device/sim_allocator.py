@@ -65,18 +65,18 @@ class AllocatorStats:
 class SimCachingAllocator:
     """Per-stream pools of blocks over numpy segments. Thread-safe: frees can fire on any thread."""
 
-    def __init__(self, *, on_alloc: Callable, on_free: Callable) -> None:
+    def __init__(self, *, on_free: Callable) -> None:
         self._lock = threading.RLock()
         self._pools: dict[object, list[Block]] = {}
         self._deferred: list[Block] = []
         self._live: dict[int, Block] = {}  # segment ptr -> in-use block
         self._segments: dict[int, Block] = {}  # segment ptr -> block, whatever its state
         self._ids = itertools.count()
-        self._on_alloc = on_alloc
         self._on_free = on_free
         self.stats = AllocatorStats()
 
-    def allocate(self, shape: tuple[int, ...], dtype: torch.dtype, stream) -> torch.Tensor:
+    def allocate(self, shape: tuple[int, ...], dtype: torch.dtype, stream) -> tuple[torch.Tensor, Block]:
+        """A tensor over a block of `stream`'s pool (or a new segment), and the block."""
         itemsize = torch.empty((), dtype=dtype).element_size()
         numel = int(np.prod(shape)) if shape else 1
         nbytes = numel * itemsize
@@ -98,8 +98,7 @@ class SimCachingAllocator:
         view = block.segment[:nbytes]
         weakref.finalize(view, self._free, block)
         tensor = torch.from_numpy(view).view(dtype).view(shape)
-        self._on_alloc(block=block.id, stream=stream, ptr=block.ptr, nbytes=nbytes)
-        return tensor
+        return tensor, block  # the runtime reports the allocation (base.Runtime.empty)
 
     def _take_cached(self, stream, rounded: int) -> Block | None:
         pool = self._pools.setdefault(stream, [])

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 from torch import nn
 
-from racecheck.device import Event, Runtime
+from racecheck.device import Event, Point, Runtime
 from racecheck.fsdp.autograd import UnshardParams, unsharded_storages
 from racecheck.fsdp.config import GroupOptions
 from racecheck.fsdp.flat_param import SHARD_MARK, FlatLayout, flatten_into, take_parameters
@@ -128,7 +128,7 @@ class ParamGroup:
         # also lets the retired buffers go: their blocks may be reused by the allocation below.
         s.retired_unsharded.release()
         with rt.stream(s.all_gather):
-            rt.point("before_all_gather", group=self.name)
+            rt.point(Point.BEFORE_ALL_GATHER, group=self.name)
             full = rt.empty(self.layout.padded_numel, dtype=self.compute_dtype)
             src = self.flat_param_shard.detach()
             if self.compute_dtype != self.layout.dtype:
@@ -137,7 +137,7 @@ class ParamGroup:
                 rt.launch("cast_shard", lambda out, inp: out.copy_(inp), reads=(src,), writes=(cast,))
                 src = cast
             rt.all_gather(full, src, group=self.mesh.shard_group)
-            rt.point("after_all_gather", group=self.name)
+            rt.point(Point.AFTER_ALL_GATHER, group=self.name)
             event = rt.new_event()
             event.record()
         self._gather = Unsharded(full, event)
@@ -152,7 +152,7 @@ class ParamGroup:
         # Producer: the all-gather stream wrote `full`; consumer: default-stream compute, in forward
         # and (through saved-parameter handles) in backward, until reshard() drops `full`.
         self.streams.default.wait_event(event)
-        self.runtime.point("wait_all_gather", group=self.name)
+        self.runtime.point(Point.WAIT_ALL_GATHER, group=self.name)
         self._gather, self._full = None, full
         self.state = GroupState.UNSHARDED
         unsharded_storages.add(full, self)
@@ -181,7 +181,7 @@ class ParamGroup:
         """Drop the unsharded parameters; the block returns to the all-gather stream's pool."""
         if self.state is GroupState.SHARDED:
             return
-        self.runtime.point("reshard", group=self.name)
+        self.runtime.point(Point.RESHARD, group=self.name)
         self.hide_parameters()
         if self._full is not None:
             unsharded_storages.remove(self._full)

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from racecheck.device import Runtime
+from racecheck.device import Point, Runtime
 from racecheck.fsdp.flat_param import FlatLayout
 from racecheck.fsdp.main_grad import HeldBuffer, MainGrad, MainGradPolicy
 from racecheck.fsdp.mesh import Mesh
@@ -88,10 +88,10 @@ class GradReducer:
             del tensors, grads
             if not sync:
                 return  # main_grad lives on (on its policy's terms) until a synchronizing backward
-            rt.point("before_reduce_scatter", group=self.name)
+            rt.point(Point.BEFORE_REDUCE_SCATTER, group=self.name)
             reduced = rt.empty(self.layout.shard_numel, dtype=self.reduce_dtype)
             rt.reduce_scatter(reduced, main_grad, group=mesh.shard_group)
-            rt.point("after_reduce_scatter", group=self.name)
+            rt.point(Point.AFTER_REDUCE_SCATTER, group=self.name)
             # [Note: main_grad lifetime] in main_grad.py: the rebinding drops A here.
             del main_grad
             self.main_grad.release()
@@ -101,9 +101,9 @@ class GradReducer:
         # Producer: the reduce-scatter stream wrote `reduced`; consumer: the all-reduce stream.
         s.all_reduce.wait_stream(s.reduce_scatter)
         with rt.stream(s.all_reduce):
-            rt.point("before_all_reduce", group=self.name)
+            rt.point(Point.BEFORE_ALL_REDUCE, group=self.name)
             rt.all_reduce(reduced, group=mesh.replicate_group)
-            rt.point("after_all_reduce", group=self.name)
+            rt.point(Point.AFTER_ALL_REDUCE, group=self.name)
             self._accumulate(reduced)
             if self.hold_reduce_output:
                 # `reduced` was allocated on the reduce-scatter stream; released from the host now

@@ -22,7 +22,7 @@ import threading
 
 import torch
 
-from racecheck.device import Runtime
+from racecheck.device import Point, Runtime
 from racecheck.fsdp.autograd import SavedParamHooks, register_pre_backward
 from racecheck.fsdp.param_group import GroupState, ParamGroup
 from racecheck.fsdp.streams import FSDPStreams
@@ -117,7 +117,7 @@ class Schedule:
         s.default.wait_stream(s.reduce_scatter)
         s.default.wait_stream(s.all_reduce)
         s.default.wait_stream(s.all_gather)
-        rt.point("end_of_backward")
+        rt.point(Point.END_OF_BACKWARD)
         for group in self.groups:
             group.finish_backward()
         for group in self.groups:

@@ -199,20 +199,20 @@ class Injector(RuntimeObserver):
         return self._streams.get(name)
 
     def _hold(self, rt: Runtime, stream: Stream, hold: Hold) -> None:
-        if getattr(stream, "inline", False):
+        if stream.inline:
             # The emulation runs its default stream on the host: holding it would hold the host
             # that must reach the opening point.
             self.skipped["hold_inline"] = self.skipped.get("hold_inline", 0) + 1
             return
-        enqueue = getattr(stream, "enqueue", None)
-        if enqueue is None:  # CUDA: no stream can wait for the host; hold for the bound
+        if not stream.runs_host_work:  # CUDA: no stream can wait for the host; hold for the bound
             with self._as_injector(), rt.stream(stream):
                 rt.sleep(hold.seconds)
             return
         gate = _Gate(until=hold.until, steps=hold.steps, seconds=hold.seconds)
         with self._lock:
             self._gates.append(gate)
-        enqueue(gate.wait)
+        # Host -> held stream: the stream's worker blocks in gate.wait until the host opens it.
+        stream.enqueue(gate.wait)
 
     def open_gates(self) -> None:
         with self._lock:

@@ -2,28 +2,18 @@
 
 Two kinds, one namespace:
 - marked points: racecheck.fsdp (and scenario code written against the runtime) calls
-  `Runtime.point(name, ...)` on the host; the stream current at that moment is where a delay goes.
+  `Runtime.point(Point.X, ...)` on the host (racecheck.device.points.Point, checked there); the
+  stream current at that moment is where a delay goes.
 - runtime points: derived by the injector from the runtime's own observer calls, on both backends
   (`free` from on_free, `event_wait` from on_event_wait), so they need no marking at all.
 - hand-off points: where patch mode (patch.py) sees plain torch.cuda code hand work from one
   stream to another; they exist in patch mode only (the runtime's code marks its own points).
 """
 
-MARKED_POINTS = {
-    "before_all_gather": "host, inside the all-gather stream context, before the all-gather is enqueued",
-    "after_all_gather": "host, inside the all-gather stream context, after the all-gather is enqueued",
-    "wait_all_gather": "host, after the consumer stream was made to wait for the all-gather",
-    "before_reduce_scatter": "host, inside the reduce-scatter stream context, before the collective",
-    "after_reduce_scatter": "host, inside the reduce-scatter stream context, after the collective",
-    "before_all_reduce": "host, inside the all-reduce stream context, before the HSDP all-reduce",
-    "after_all_reduce": "host, inside the all-reduce stream context, after the HSDP all-reduce",
-    "before_copy": "host, inside the copy stream context, before an offload copy is enqueued",
-    "after_copy": "host, inside the copy stream context, after an offload copy is enqueued",
-    "before_grad": "host, inside the stream that computes a gradient, before its kernel is enqueued",
-    "wait_copy": "host, after the consumer stream was made to wait for a host-to-device copy",
-    "reshard": "host, when a group drops its unsharded parameters",
-    "end_of_backward": "host, after the default stream waited for the reduction streams",
-}
+from racecheck.device.points import Point
+
+# The marked points are the runtime's (racecheck.device.points), described where they are defined.
+MARKED_POINTS = {p.value: p.description for p in Point}
 
 FREE = "free"
 EVENT_WAIT = "event_wait"
