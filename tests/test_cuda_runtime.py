@@ -287,23 +287,6 @@ def test_poison_fills_a_freed_block_on_the_stream(rt):
     assert b.data_ptr() == ptr and bool(b.isnan().all())
 
 
-def test_observers_see_the_same_calls_as_the_emulation(rt):
-    """The sequence test_sim_semantics.py pins for the emulation, call for call."""
-    side = rt.new_stream("side")
-    rt.add_observer(recorder := Recorder())
-    a = rt.empty(256)
-    with rt.stream(side):
-        rt.launch("read", lambda x: None, reads=(a,))
-    ev = rt.new_event()
-    ev.record(side)
-    rt.default_stream().wait_event(ev)
-    rt.record_stream(a, side)
-    del a
-    rt.synchronize()
-    assert recorder.calls == ["on_alloc", "on_launch", "on_event_record", "on_event_wait",
-                              "on_record_stream", "on_free", "on_host_sync", "on_host_sync"]
-
-
 def test_one_rank_collectives_are_copies(rt):
     """A one-rank world: all-gather and reduce-scatter copy, all-reduce leaves the data (AVG of one)."""
     group, side = rt.new_group([0]), rt.new_stream("comm")
