@@ -238,3 +238,30 @@ def test_training_loop_unordered_side_read_is_reported(cur):
     (report,) = t.reports()
     assert report.kind is RaceKind.READ_AFTER_WRITE
     assert (report.earlier.domain.name, report.later.domain.name) == ("default", "reduce_scatter")
+
+
+# -- the engine's public views ---------------------------------------------------------------------
+def test_engine_views_follow_domains_and_live_allocations():
+    """HappensBefore.domains / .live: the tracker's lookups, kept current by the engine itself
+    (on the compiled engine too, racecheck.detect.ENGINE)."""
+    from racecheck.detect import engine as engine_mod
+
+    engine = engine_mod.HappensBefore()
+    assert "s1" not in engine.domains and 4096 not in engine.live
+    d = engine.domain("s1", "side")
+    engine.allocate("s1", 4096, 512)
+    assert engine.domains["s1"] is d and engine.live[4096].nbytes == 512 and engine.live[4096].stream is d
+    engine.free(4096)
+    assert 4096 not in engine.live and "s1" in engine.domains
+
+
+def test_the_tracker_reaches_no_private_name_of_the_engine():
+    import ast
+    import inspect
+
+    import racecheck.detect.torch_tracker as tt
+
+    private = [f"line {n.lineno}: {ast.unparse(n)}" for n in ast.walk(ast.parse(inspect.getsource(tt)))
+               if isinstance(n, ast.Attribute) and n.attr.startswith("_") and not n.attr.startswith("__")
+               and "engine" in ast.unparse(n.value)]
+    assert private == []

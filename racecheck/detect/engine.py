@@ -41,7 +41,7 @@ import enum
 import itertools
 import threading
 from bisect import bisect_right
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 
 from racecheck.detect.report import RaceKind, RaceReport
 from racecheck.detect.shadow import Access, Cell, ShadowMemory
@@ -140,6 +140,18 @@ class HappensBefore:
 
     def rename(self, key, name: str) -> None:
         self.domain(key).name = name
+
+    # Read-only views for front ends that feed the engine from a hot path (torch_tracker): the
+    # engine's own dicts typed as Mapping, so a lookup stays one dict call; never mutate them.
+    @property
+    def domains(self) -> Mapping[object, Domain]:
+        """The domains by key, as `domain` made them."""
+        return self._domains
+
+    @property
+    def live(self) -> Mapping[int, Allocation]:
+        """The live allocations by start address (`allocation_at` finds one by any address)."""
+        return self._live
 
     def _now(self, d: Domain) -> Clock:
         """d's clock, after merging what the host knows complete (see [Note: clocks])."""

@@ -76,7 +76,7 @@ class TorchRaceTracker:
         self._current = current_stream
         self._stream_handle = stream_handle or _cuda_stream_handle
         self._names: dict[int, str] = {}
-        self._domains = self.engine._domains
+        self._domains = self.engine.domains
         self._pending: dict[int, tuple] = {}  # ptr -> (stream, clock at allocation, stack)
         self._inflight: _InFlight | None = None
         self.handler = _make_handler(self)
@@ -172,7 +172,7 @@ class TorchRaceTracker:
         if not reads and not writes:
             return
         engine = self.engine
-        live_get = engine._live.get
+        live_get = engine.live.get
         items = []
         for tensors, is_write in ((reads, False), (writes, True)):
             for t in tensors:
@@ -262,7 +262,7 @@ def _make_handler(tracker: TorchRaceTracker):
     of the sanitizer's per-pointer history (which a free erases)."""
 
     domains = tracker._domains
-    live = tracker.engine._live
+    live = tracker.engine.live
 
     class TraceHandler(_handler_base()):
         def _handle_event_creation(self, event):
