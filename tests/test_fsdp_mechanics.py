@@ -213,3 +213,26 @@ def test_meta_device_module_is_sharded_without_values_then_initialized(rt):
     full = model.full_state_dict()
     for name, p in reference.named_parameters():
         assert torch.equal(full[name], p.detach()), name
+
+
+def test_fully_shard_keeps_its_hook_handles_and_can_remove_them(rt):
+    """fully_shard's forward hooks are handles on the module's state: removed, forward no longer
+    drives the groups (no all-gather, parameters stay hidden); attached again, it trains as before."""
+    model, names, log = build(rt)
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        before = model(x)
+    states = [m.fsdp_state for m in [model, *model]]
+    assert all(len(st.hooks) == 2 for st in states)
+    model.remove_fsdp_hooks()
+    assert all(st.hooks == () for st in states)
+    log.trace.clear()
+    with torch.no_grad(), pytest.raises(AttributeError, match="weight"):
+        model(x)  # the layers' parameters are hidden and nothing unshards them
+    assert log.trace == []  # no point, no launch: no all-gather was issued
+    model.remove_fsdp_hooks()  # idempotent
+    for st in states:
+        st.attach_hooks()
+    with torch.no_grad():
+        assert torch.equal(model(x), before)
+    assert log.index("before_all_gather", names[0]) >= 0

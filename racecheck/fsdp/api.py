@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import nn
 from torch.utils._pytree import tree_map_only
+from torch.utils.hooks import RemovableHandle
 
 from racecheck.device import Runtime, get_runtime
 from racecheck.fsdp import state_dict
@@ -35,7 +36,7 @@ _GROUP_NUMBERS = itertools.count(1)
 
 class FSDPState:
     """What fully_shard attaches to one module: its group (None when no parameters are left to
-    shard) and the forward hooks that drive it."""
+    shard) and the forward hooks that drive it, kept as handles (`hooks`) so they can be removed."""
 
     def __init__(self, module: nn.Module, group: ParamGroup | None, *, runtime: Runtime,
                  options: GroupOptions) -> None:
@@ -45,6 +46,20 @@ class FSDPState:
         self.options = options
         self.schedule: Schedule | None = None
         self.is_root = False
+        self.hooks: tuple[RemovableHandle, ...] = ()  # forward pre-hook and forward hook, while attached
+
+    def attach_hooks(self) -> None:
+        """Drive the group from the module's forward (fully_shard does this once)."""
+        if self.hooks:
+            return
+        self.hooks = (self.module.register_forward_pre_hook(self.pre_forward, prepend=True, with_kwargs=True),
+                      self.module.register_forward_hook(self.post_forward))
+
+    def remove_hooks(self) -> None:
+        """Undo attach_hooks: the module's forward no longer unshards, reshards or hooks backward."""
+        for handle in self.hooks:
+            handle.remove()
+        self.hooks = ()
 
     def pre_forward(self, module: nn.Module, args, kwargs):
         if self.schedule is None:
@@ -87,6 +102,19 @@ class FSDPModule:
     @property
     def _racecheck_group(self) -> ParamGroup | None:
         return self._racecheck_state.group
+
+    @property
+    def fsdp_state(self) -> FSDPState:
+        """What fully_shard attached to this module: its group, its schedule, its hook handles."""
+        return self._racecheck_state
+
+    def remove_fsdp_hooks(self) -> None:
+        """Remove fully_shard's forward hooks from this module and every fully_shard module below
+        it. The groups keep their shards and state; `unshard()`/`reshard()` still drive them by
+        hand, and `fsdp_state.attach_hooks()` puts a module's hooks back."""
+        for m in self.modules():
+            if isinstance(m, FSDPModule):
+                m._racecheck_state.remove_hooks()
 
     def param_groups(self) -> list[ParamGroup]:
         return [m._racecheck_state.group for m in self.modules()
@@ -167,8 +195,7 @@ def fully_shard(module: nn.Module, *, mesh: Mesh, main_grad_policy: str | MainGr
                            options=options)
     state = FSDPState(module, group, runtime=runtime, options=options)
     module._racecheck_state = state
-    module.register_forward_pre_hook(state.pre_forward, prepend=True, with_kwargs=True)
-    module.register_forward_hook(state.post_forward)
+    state.attach_hooks()
     cls = type(module)
     module.__class__ = type(f"FSDP{cls.__name__}", (FSDPModule, cls), {})
     return module
