@@ -1,9 +1,10 @@
 """The racecheck pytest plugin (entry point `pytest11`): trial/arm bookkeeping and outcome capture.
 
-In one pytest session it maps pytest-repeat's steps to blocks (one trial of one arm): step k runs
-block k of the schedule given with --racecheck-schedule (the trial runner writes it), or, without
-one, arm k mod len(arms) in trial start + k div len(arms), with the arms of each trial in the order
---racecheck-order says (schedule.py). Every test's outcome is written, as soon as it is known, as
+In one pytest session it repeats every test --racecheck-steps times (its own parametrization of
+the `racecheck_step` fixture, ids ending in `-K-N` for step K of N) and maps the steps to blocks
+(one trial of one arm): step k runs block k of the schedule given with --racecheck-schedule (the
+trial runner writes it), or, without one, arm k mod len(arms) in trial start + k div len(arms),
+with the arms of each trial in the order --racecheck-order says (schedule.py). Every test's outcome is written, as soon as it is known, as
 one JSON line to the per-process log given with --racecheck-log; the trial runner merges the ranks.
 Under pytest-xdist every worker writes its own file (the worker id is added to the name).
 With --racecheck-patch (a project's own suite), every test runs under patch mode and, with
@@ -16,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import re
 import signal
 import sys
 import time
@@ -30,17 +30,17 @@ from racecheck.trials.lifeline import die_with_parent
 from racecheck.trials.record import Outcome, worst
 from racecheck.trials.schedule import ORDERS, Block, arm_order, read_schedule
 
-REPEAT_PARAM = "__pytest_repeat_step_number"  # pytest-repeat's parametrized fixture
+STEP_FIXTURE = "racecheck_step"  # the fixture this plugin parametrizes with the session's steps
 
 
 @dataclasses.dataclass
 class ItemTrial:
     """Per-item data, kept in item.stash: which trial and arm this item runs, and what happened."""
 
-    step: int  # the pytest-repeat step (the block's position in the session)
+    step: int  # the repeat step (the block's position in the session)
     trial: int
     arm: str
-    test: str  # node id without pytest-repeat's suffix
+    test: str  # node id without the step's id suffix
     params: str
     outcomes: list = dataclasses.field(default_factory=list)
     signature: str = ""
@@ -62,8 +62,10 @@ _PROJECT_KEY = pytest.StashKey[object]()
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("racecheck", "racecheck: arms, trials, perturbation and outcome logging")
+    group.addoption("--racecheck-steps", type=int, default=1, metavar="N",
+                    help="run every test N times in this session, one block (trial, arm) per step")
     group.addoption("--racecheck-arms", default="", metavar="A,B",
-                    help="arms to cycle over pytest-repeat steps in this session (trial by trial)")
+                    help="arms to cycle over the steps of this session (trial by trial)")
     group.addoption("--racecheck-trial-start", type=int, default=0, metavar="N",
                     help="index of this session's first trial")
     group.addoption("--racecheck-order", default="alternate", choices=ORDERS,
@@ -94,6 +96,15 @@ def pytest_configure(config: pytest.Config) -> None:
                             "in a world of another size it fails at setup instead of hanging in a collective")
     if config.getoption("--racecheck-trial-start") < 0:
         raise pytest.UsageError("--racecheck-trial-start must be >= 0")
+    count = config.getoption("--racecheck-steps")
+    if count < 1:
+        raise pytest.UsageError("--racecheck-steps must be >= 1")
+    # pytest-repeat's public --count, where that plugin is installed, repeats tests outside the
+    # steps: every repeat would run block 0. Refuse the mix instead of mislabelling trials.
+    if (config.getoption("count", None) or 1) > 1 and (count > 1 or config.getoption("--racecheck-arms")
+                                                        or config.getoption("--racecheck-schedule")):
+        raise pytest.UsageError("--count (pytest-repeat) does not map repeats to racecheck's blocks; "
+                                "use --racecheck-steps")
     perturbs = {}
     for item in config.getoption("--racecheck-arm-perturb"):
         arm, sep, spec = item.partition("=")
@@ -113,10 +124,9 @@ def pytest_configure(config: pytest.Config) -> None:
             config.stash[_SCHEDULE_KEY] = read_schedule(schedule)
         except ValueError as exc:
             raise pytest.UsageError(f"--racecheck-schedule: {exc}") from None
-        count = config.getoption("count", 1) or 1
         if len(config.stash[_SCHEDULE_KEY]) != count:
             raise pytest.UsageError(f"--racecheck-schedule lists {len(config.stash[_SCHEDULE_KEY])} blocks "
-                                    f"but --count is {count}")
+                                    f"but --racecheck-steps is {count}")
     if config.getoption("--racecheck-patch"):
         from racecheck.plugin_patch import configure_project
 
@@ -134,7 +144,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def _blocks(config: pytest.Config, count: int) -> list[Block]:
     """The block of every repeat step: the schedule file's, or arms cycled from the trial start."""
     if _SCHEDULE_KEY in config.stash:
-        return config.stash[_SCHEDULE_KEY]  # as many as --count (pytest_configure checks)
+        return config.stash[_SCHEDULE_KEY]  # as many as --racecheck-steps (pytest_configure checks)
     arms = [a for a in config.getoption("--racecheck-arms").split(",") if a] or [""]
     start, seed = config.getoption("--racecheck-trial-start"), config.getoption("--racecheck-seed")
     order = config.getoption("--racecheck-order")
@@ -143,29 +153,53 @@ def _blocks(config: pytest.Config, count: int) -> list[Block]:
     return blocks[:count]
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Repeat the test once per step. Last of all parametrizations, so the step's id comes last
+    (`test_x[1-True-3-10]`), and session-scoped, so pytest runs the suite step by step."""
+    count = metafunc.config.getoption("--racecheck-steps")
+    if count > 1 and STEP_FIXTURE in metafunc.fixturenames:
+        metafunc.parametrize(STEP_FIXTURE, range(count), indirect=True, scope="session",
+                             ids=[step_id(k, count) for k in range(count)])
+
+
+def step_id(step: int, count: int) -> str:
+    """The id of a step in a test's node id: `K-N`, 1-based (the ids pytest-repeat gave)."""
+    return f"{step + 1}-{count}"
+
+
+def strip_step(nodeid: str, step: int, count: int) -> str:
+    """The node id without its step's id: `test_x[1-True-3-10]` -> `test_x[1-True]`,
+    `test_x[3-10]` -> `test_x`; unchanged with one step."""
+    if count <= 1:
+        return nodeid
+    suffix = step_id(step, count)
+    if nodeid.endswith(f"[{suffix}]"):
+        return nodeid[: -len(suffix) - 2]
+    if nodeid.endswith(f"-{suffix}]"):
+        return nodeid[: -len(suffix) - 2] + "]"
+    return nodeid  # not parametrized by this plugin (e.g. a unittest case)
+
+
+@pytest.fixture(autouse=True)
+def racecheck_step(request: pytest.FixtureRequest) -> int:
+    """This test's step in the session (0 with one step): the position of its block."""
+    return getattr(request, "param", 0)
+
+
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list) -> None:
-    count = config.getoption("count", 1) or 1
+    count = config.getoption("--racecheck-steps")
     blocks = _blocks(config, count)
     for item in items:
         callspec = getattr(item, "callspec", None)
-        step = callspec.params.get(REPEAT_PARAM, 0) if callspec is not None else 0
-        test = strip_repeat_suffix(item.nodeid, count)
+        step = callspec.params.get(STEP_FIXTURE, 0) if callspec is not None else 0
+        test = strip_step(item.nodeid, step, count)
         params = test[test.index("[") + 1:-1] if test.endswith("]") and "[" in test else ""
         block = blocks[step]
         item.stash[ITEM_TRIAL] = ItemTrial(step=step, trial=block.trial, arm=block.arm, test=test,
                                            params=params, perturb=block.perturb)
     # Block order (trial-major, arms in each trial's order); stable inside (pytest's own order).
     items.sort(key=lambda it: it.stash[ITEM_TRIAL].step)
-
-
-def strip_repeat_suffix(nodeid: str, count: int) -> str:
-    """`test_x[1-True-3-10]` -> `test_x[1-True]`; `test_x[3-10]` -> `test_x` (pytest-repeat ids)."""
-    if count <= 1:
-        return nodeid
-    m = re.search(rf"(\[|-)\d+-{count}\]$", nodeid)
-    if not m:
-        return nodeid
-    return nodeid[: m.start()] + ("]" if m.group(1) == "-" else "")
 
 
 @pytest.fixture

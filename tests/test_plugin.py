@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from racecheck.plugin import strip_repeat_suffix
+from racecheck.plugin import strip_step
 from racecheck.trials.schedule import Block, SessionPlan, arm_order, write_schedule
 
 pytest_plugins = ["pytester"]
@@ -63,7 +63,7 @@ def test_a_schedule_maps_repeat_steps_to_blocks_and_the_log_says_so(pytester, tm
     plan = SessionPlan((Block(3, "b"), Block(3, "a"), Block(4, "a")))
     write_schedule(tmp_path / "s.json", plan)
     log = tmp_path / "log-{rank}.jsonl"
-    result = pytester.runpytest("-p", "racecheck", "--count=3", "--repeat-scope=session",
+    result = pytester.runpytest("-p", "racecheck", "--racecheck-steps=3",
                                 f"--racecheck-schedule={tmp_path / 's.json'}", "--racecheck-seed=100",
                                 "--racecheck-perturb=off",
                                 "--racecheck-arm-perturb=b=sleep@before_reduce_scatter:1ms",
@@ -84,7 +84,7 @@ def test_a_schedule_maps_repeat_steps_to_blocks_and_the_log_says_so(pytester, tm
 def test_without_a_schedule_arms_cycle_in_the_requested_order(pytester, tmp_path):
     pytester.makepyfile(test_rec=RECORDING.replace("racecheck_seed - 100", "racecheck_seed - 7"))
     log = tmp_path / "log.jsonl"
-    pytester.runpytest("-p", "racecheck", "--count=6", "--racecheck-arms=a,c,d", "--racecheck-order=random",
+    pytester.runpytest("-p", "racecheck", "--racecheck-steps=6", "--racecheck-arms=a,c,d", "--racecheck-order=random",
                        "--racecheck-trial-start=2", "--racecheck-seed=7", "--racecheck-perturb=off", f"--racecheck-log={log}")
     got = [(e["trial"], e["arm"]) for e in events(log, "outcome")][::2]
     assert got == [(t, a) for t in (2, 3) for a in arm_order("acd", t, seed=7, order="random")]
@@ -94,7 +94,7 @@ def test_a_stop_file_ends_the_session_at_the_next_trial_boundary(pytester, tmp_p
     pytester.makepyfile(test_rec=RECORDING)
     (tmp_path / "stop").write_text("1\n")
     log = tmp_path / "log.jsonl"
-    result = pytester.runpytest("-p", "racecheck", "--count=6", "--racecheck-arms=a,c", "--racecheck-seed=100",
+    result = pytester.runpytest("-p", "racecheck", "--racecheck-steps=6", "--racecheck-arms=a,c", "--racecheck-seed=100",
                                 "--racecheck-perturb=off", f"--racecheck-log={log}",
                                 f"--racecheck-stop-file={tmp_path / 'stop'}")
     assert result.ret == 0
@@ -143,7 +143,7 @@ def test_xdist_workers_write_one_file_each_and_report_each_test_once(pytester, t
     pytester.makepyfile(test_many="import pytest\n\n@pytest.mark.parametrize('i', range(8))\n"
                                   "def test_i(i):\n    pass\n")
     log = tmp_path / "log-{rank}.jsonl"
-    result = pytester.runpytest_subprocess("-p", "racecheck", "-p", "xdist", "-n", "2", "--count=2",
+    result = pytester.runpytest_subprocess("-p", "racecheck", "-p", "xdist", "-n", "2", "--racecheck-steps=2",
                                            "--racecheck-arms=a", f"--racecheck-log={log}")
     assert result.ret == 0
     files = sorted(p.name for p in tmp_path.glob("log-*.jsonl"))
@@ -155,11 +155,60 @@ def test_xdist_workers_write_one_file_each_and_report_each_test_once(pytester, t
     assert {e["worker"] for e in outcomes} == {"gw0", "gw1"}
 
 
-@pytest.mark.parametrize(("nodeid", "count", "stripped"), [
-    ("t.py::test_x[1-True-3-10]", 10, "t.py::test_x[1-True]"),
-    ("t.py::test_x[3-10]", 10, "t.py::test_x"),
-    ("t.py::test_x[3-10]", 1, "t.py::test_x[3-10]"),
-    ("t.py::test_x[a-3-12]", 10, "t.py::test_x[a-3-12]"),
+@pytest.mark.parametrize(("nodeid", "step", "count", "stripped"), [
+    ("t.py::test_x[1-True-3-10]", 2, 10, "t.py::test_x[1-True]"),
+    ("t.py::test_x[3-10]", 2, 10, "t.py::test_x"),
+    ("t.py::test_x[3-10]", 0, 1, "t.py::test_x[3-10]"),
+    ("t.py::test_x[a-3-12]", 2, 10, "t.py::test_x[a-3-12]"),
+    ("t.py::test_x[2-10]", 2, 10, "t.py::test_x[2-10]"),  # a parameter that looks like a step id
+    ("t.py::T::test_u", 0, 4, "t.py::T::test_u"),  # a unittest case: not parametrized
 ])
-def test_strip_repeat_suffix(nodeid, count, stripped):
-    assert strip_repeat_suffix(nodeid, count) == stripped
+def test_strip_step_removes_exactly_the_steps_id(nodeid, step, count, stripped):
+    assert strip_step(nodeid, step, count) == stripped
+
+
+STEPS = """
+import pytest
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_p(n):
+    pass
+
+def test_q():
+    pass
+"""
+
+
+def test_the_plugin_repeats_tests_itself_with_pytest_repeats_ids(pytester):
+    """--racecheck-steps needs no other plugin and gives the ids, and the step-major order, that
+    pytest-repeat's --count with --repeat-scope=session gave, so records and reports keep them."""
+    pytester.makepyfile(test_steps=STEPS)
+    ids = pytester.runpytest("-p", "racecheck", "-p", "no:repeat", "--racecheck-steps=3", "--collect-only",
+                             "-q").stdout.lines
+    ids = [line for line in ids if "::" in line]
+    assert ids == [f"test_steps.py::{t}" for k in range(1, 4)
+                   for t in (f"test_p[1-{k}-3]", f"test_p[2-{k}-3]", f"test_q[{k}-3]")]
+    pytest.importorskip("pytest_repeat")
+    theirs = pytester.runpytest("-p", "racecheck", "-p", "repeat", "--count=3", "--repeat-scope=session",
+                                "--collect-only", "-q").stdout.lines
+    assert [line for line in theirs if "::" in line] == ids
+
+
+def test_steps_map_to_blocks_without_pytest_repeat(pytester, tmp_path):
+    pytester.makepyfile(test_steps=STEPS)
+    log = tmp_path / "log.jsonl"
+    result = pytester.runpytest("-p", "racecheck", "-p", "no:repeat", "--racecheck-steps=4", "--racecheck-arms=a,b",
+                                f"--racecheck-log={log}")
+    assert result.ret == 0
+    got = [(e["trial"], e["arm"], e["test"]) for e in events(log, "outcome")]
+    tests = ["test_steps.py::test_p[1]", "test_steps.py::test_p[2]", "test_steps.py::test_q"]
+    assert got == [(t, a, test) for t in (0, 1) for a in "ab" for test in tests]
+
+
+def test_pytest_repeats_count_with_racecheck_steps_is_a_usage_error(pytester):
+    pytest.importorskip("pytest_repeat")
+    pytester.makepyfile(test_steps=STEPS)
+    result = pytester.runpytest("-p", "racecheck", "-p", "repeat", "--count=2", "--racecheck-arms=a,b")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR and "use --racecheck-steps" in result.stderr.str()
+    result = pytester.runpytest("-p", "racecheck", "--racecheck-steps=0")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR and "--racecheck-steps must be >= 1" in result.stderr.str()

@@ -7,10 +7,24 @@ environment variable RACECHECK_BACKEND overrides "auto" for processes a launcher
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
-from racecheck.device.base import (CommGroup, Event, MemRange, ReduceOp, Runtime, RuntimeObserver,
-                                   Stream)
 from racecheck.device.points import Point
+
+if TYPE_CHECKING:
+    from racecheck.device.base import CommGroup, Event, MemRange, ReduceOp, Runtime, RuntimeObserver, Stream
+
+# The interface's names load torch: they are imported on first use, so that a torch-free caller
+# (profile parsing in the pytest plugin, through racecheck.perturb.points) can import `Point`.
+_FROM_BASE = ("CommGroup", "Event", "MemRange", "ReduceOp", "Runtime", "RuntimeObserver", "Stream")
+
+
+def __getattr__(name: str):
+    if name in _FROM_BASE:
+        from racecheck.device import base
+
+        return getattr(base, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 BACKENDS = ("sim", "cuda")
 

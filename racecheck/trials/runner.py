@@ -1,8 +1,8 @@
 """The trial runner: runs suites under their arms for many trials and logs every outcome.
 
 Two isolation modes (schedule.py, [Note: sessions]):
-- `session` (default, fast): one pytest session (one process world) runs many trials; pytest-repeat
-  repeats the suite and the plugin gives each repeat step its block (trial, arm). Trials share a
+- `session` (default, fast): one pytest session (one process world) runs many trials; the plugin
+  repeats the suite (--racecheck-steps) and gives each repeat step its block (trial, arm). Trials share a
   process, so state that leaks between tests (allocator pools, warm caches, module globals) is
   shared too, and one trial can mask or cause a failure in the next. Arms that need a process of
   their own (env, pytest args, git revision) run in separate sessions of `chunk` trials each.
@@ -308,8 +308,8 @@ class Runner:
         targets, _ = split_targets(c.pytest_args, suite.run_root)
         user = list(suite.targets if not targets else ()) + list(suite.pytest_args) + list(arm.pytest_args)
         user += list(c.pytest_args)
-        # `-p repeat` and `-p racecheck` load the plugins even where PYTEST_DISABLE_PLUGIN_AUTOLOAD is set.
-        args = list(user) + ["-p", "racecheck", "-p", "repeat", "-p", "no:cacheprovider", "-q", "-rN", "--no-header",
+        # `-p racecheck` loads the plugin even where PYTEST_DISABLE_PLUGIN_AUTOLOAD is set.
+        args = list(user) + ["-p", "racecheck", "-p", "no:cacheprovider", "-q", "-rN", "--no-header",
                              f"--racecheck-schedule={ranks / f'{sid}.schedule.json'}",
                              f"--racecheck-seed={c.seed}",
                              f"--racecheck-log={ranks / sid}-rank-{{rank}}.jsonl",
@@ -322,7 +322,7 @@ class Runner:
         if suite.config_file is not None:  # a project's own suite: patch mode, not the injector
             args += ["--racecheck-patch", f"--racecheck-handoffs={c.out / 'handoffs'}"]
         if len(plan.blocks) > 1:
-            args += [f"--count={len(plan.blocks)}", "--repeat-scope=session"]
+            args.append(f"--racecheck-steps={len(plan.blocks)}")
         if c.detect:
             args.append("--racecheck-detect")
         env = {}

@@ -6,7 +6,7 @@ given order (`alternate`: A B A B) or in a seeded random order (`random`, a fres
 trial, so every arm still runs once per trial and drift over time hits all arms alike).
 
 [Note: sessions] A session is one pytest invocation (one process world) running a list of blocks,
-one per pytest-repeat step. In `process` isolation every block gets a session of its own. In
+one per repeat step of the plugin. In `process` isolation every block gets a session of its own. In
 `session` isolation all blocks of arms that can share a process (catalogue.Arm.process_key) run in
 one session; when the arms need different processes (env, pytest args, git revision), each group
 runs its blocks in sessions of `chunk` trials, and the groups alternate chunk by chunk.
@@ -78,7 +78,7 @@ class Shard:
 
 @dataclasses.dataclass(frozen=True)
 class SessionPlan:
-    """The blocks one pytest session runs, in order (one pytest-repeat step each)."""
+    """The blocks one pytest session runs, in order (one repeat step of the plugin each)."""
 
     blocks: tuple[Block, ...]
 
