@@ -15,7 +15,6 @@ torch is imported lazily so that loading the plugin costs nothing for suites tha
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import signal
 import sys
@@ -27,7 +26,8 @@ import pytest
 from racecheck.failure_text import error_line, failure_signature, first_line
 from racecheck.trials.catalogue import check_profile
 from racecheck.trials.lifeline import die_with_parent
-from racecheck.trials.record import Outcome, worst
+from racecheck.trials.record import (CollectError, Collected, Finished, Outcome, RankEvent, Started, TestOutcome,
+                                     worst)
 from racecheck.trials.schedule import ORDERS, Block, arm_order, read_schedule
 
 STEP_FIXTURE = "racecheck_step"  # the fixture this plugin parametrizes with the session's steps
@@ -241,7 +241,7 @@ def racecheck_reports(request: pytest.FixtureRequest) -> list:
 def pytest_collection_finish(session: pytest.Session) -> None:
     log = session.config.stash[_LOG_KEY]
     if log is not None:
-        log.write({"event": "collected", "count": len(session.items)})
+        log.write(Collected(count=len(session.items)))
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -249,7 +249,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     log = item.config.stash[_LOG_KEY]
     if log is not None and ITEM_TRIAL in item.stash:
         t = item.stash[ITEM_TRIAL]
-        log.write({"event": "start", "test": t.test, "trial": t.trial, "arm": t.arm})
+        log.write(Started(test=t.test, trial=t.trial, arm=t.arm))
     marker = item.get_closest_marker("racecheck_world")
     if marker is not None:
         needed, have = int(marker.args[0]), int(os.environ.get("WORLD_SIZE", "1"))
@@ -293,10 +293,10 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem):
     log = config.stash[_LOG_KEY]
     if log is not None and t is not None:
         device = "cuda" if project is not None and project.cuda else _device()
-        log.write({"event": "outcome", "test": t.test, "params": t.params, "trial": t.trial,
-                   "arm": t.arm, "seed": seed, "outcome": worst(t.outcomes).value, "signature": t.signature,
-                   "message": t.message, "duration": round(t.duration, 4), "device": device,
-                   "detected": len(t.reports), "reports": t.reports, **extra})
+        log.write(TestOutcome(test=t.test, params=t.params, trial=t.trial, arm=t.arm, seed=seed,
+                              outcome=worst(t.outcomes).value, signature=t.signature, message=t.message,
+                              duration=round(t.duration, 4), device=device, detected=len(t.reports),
+                              reports=t.reports, **extra))
     following = nextitem.stash.get(ITEM_TRIAL, None) if nextitem is not None else None
     if t is not None and following is not None and following.trial != t.trial:
         if _stop_requested(config, following.trial):
@@ -332,8 +332,7 @@ class _CollectErrors:
 
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         if report.failed:
-            self.log.write({"event": "collecterror", "nodeid": report.nodeid,
-                            "message": error_line(report.longreprtext)})
+            self.log.write(CollectError(nodeid=report.nodeid, message=error_line(report.longreprtext)))
 
 
 class _ProcessLog:
@@ -350,12 +349,12 @@ class _ProcessLog:
         self.rank = int(rank)
         self._fh = None
 
-    def write(self, record: dict) -> None:
+    def write(self, event: RankEvent) -> None:
         if self._fh is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._fh = open(self.path, "a", encoding="utf-8")
-        record = {"rank": self.rank, "worker": self.worker, "time": time.time(), **record}
-        self._fh.write(json.dumps(record) + "\n")
+        event.rank, event.worker, event.time = self.rank, self.worker, time.time()
+        self._fh.write(event.to_json() + "\n")
         self._fh.flush()
 
 
@@ -366,7 +365,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
     if log is None:
         return
     stopped = config.stash.get(_STOPPED_KEY, False)
-    log.write({"event": "finish", "status": int(exitstatus), "stopped": stopped})
+    log.write(Finished(status=int(exitstatus), stopped=stopped))
     # Under the trial runner, failing tests are data: every rank exits 0 so that a launcher such
     # as torchrun does not tear down ranks that are still writing their last outcomes. A stop the
     # runner asked for is no failure either.

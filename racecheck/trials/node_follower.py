@@ -125,8 +125,8 @@ class Follower:
         batch = {}
         for path in sorted(ranks.glob(f"{sid}-rank-*.jsonl")):
             events = tails.setdefault(path, RankTail(path)).read()
-            if events:
-                batch[path.name] = events
+            if events:  # relayed in the rank log's own schema (record.RankEvent)
+                batch[path.name] = [e.to_dict() for e in events]
         if batch:
             index = self._store.add(key(self.spec, "events", sid, self.spec.node_rank, "next"), 1) - 1
             put(self._store, key(self.spec, "events", sid, self.spec.node_rank, index), batch)

@@ -31,7 +31,7 @@ from racecheck.exitcodes import InfrastructureError, InputError
 from racecheck.trials import launch, schedule, state
 from racecheck.trials.catalogue import Scenario
 from racecheck.trials.gitarms import Worktrees, pythonpath
-from racecheck.trials.record import Outcome, TrialLog, TrialRecord, read_log, repair_log
+from racecheck.trials.record import Outcome, TestOutcome, TrialLog, TrialRecord, read_log, repair_log
 from racecheck.trials.schedule import Block, SessionPlan, Shard
 from racecheck.trials.session import Ending, SessionRun
 from racecheck.trials.stopping import LiveCounts, StopRule
@@ -346,18 +346,18 @@ class Runner:
                                   user_args=tuple(user))
 
     # -- what a session reports --------------------------------------------------------------------
-    def _record(self, suite: Scenario, merged: dict) -> None:
+    def _record(self, suite: Scenario, merged: TestOutcome) -> None:
         c = self.config
-        arm, trial, test = merged["arm"], int(merged["trial"]), merged["test"]
-        params = merged.get("params") or (test[test.index("[") + 1:-1] if test.endswith("]") else "")
+        arm, trial, test = merged.arm, merged.trial, merged.test
+        params = merged.params or (test[test.index("[") + 1:-1] if test.endswith("]") else "")
         record = TrialRecord(
             run_id=self.run_id, scenario=suite.name, arm=arm,
             expect=suite.arms[arm].expect if arm in suite.arms else "", trial=trial,
-            seed=c.seed + trial, test=test, params=params, outcome=merged["outcome"],
-            signature=merged["signature"], message=merged["message"], duration=merged["duration"],
-            device=merged.get("device", "cpu"), perturb=merged.get("perturb") or c.spec_for(suite, arm),
-            detect=c.detect, detected=merged["detected"], reports=merged["reports"],
-            actions=merged.get("actions"), delayed=merged.get("delayed", []), handoffs=merged.get("handoffs"),
+            seed=c.seed + trial, test=test, params=params, outcome=merged.outcome,
+            signature=merged.signature, message=merged.message, duration=merged.duration,
+            device=merged.device, perturb=merged.perturb or c.spec_for(suite, arm),
+            detect=c.detect, detected=merged.detected, reports=merged.reports,
+            actions=merged.actions, delayed=merged.delayed or [], handoffs=merged.handoffs,
             versions=self.versions, time=_now())
         if Outcome(record.outcome).is_failure:
             record.replay = replay_command(record, suite=suite, config=c)

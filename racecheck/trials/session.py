@@ -45,7 +45,8 @@ from pathlib import Path
 from racecheck.exitcodes import InfrastructureError, InputError
 from racecheck.trials import interrupts, launch
 from racecheck.trials.ranks import RankMerger, RankTail
-from racecheck.trials.record import Outcome, worst
+from racecheck.trials.record import (CollectError, Collected, Finished, Outcome, RankEvent, Started, TestOutcome,
+                                     worst)
 from racecheck.trials.schedule import Block, SessionPlan
 
 POLL_S = 0.05
@@ -71,11 +72,11 @@ class SessionResult:
 
 
 class SessionRun:
-    """One pytest session of a plan. `on_merged(dict)` gets every merged test outcome as it is
+    """One pytest session of a plan. `on_merged(TestOutcome)` gets every merged test outcome as it is
     known, `on_block(block, outcome)` every block as it completes, `should_stop()` is polled."""
 
     def __init__(self, spec: launch.SessionSpec, plan: SessionPlan, *, files: Path, timeout: float,
-                 on_merged: Callable[[dict], None], on_block: Callable[[Block, Outcome], None],
+                 on_merged: Callable[[TestOutcome], None], on_block: Callable[[Block, Outcome], None],
                  should_stop: Callable[[], bool] = lambda: False,
                  on_start: Callable[[int], None] = lambda pid: None, peers=None) -> None:
         self.spec = spec
@@ -96,7 +97,7 @@ class SessionRun:
         self._tails: dict[Path, RankTail] = {}
         self._collected = 0
         self._saw_collected = False
-        self._collect_errors: list[dict] = []
+        self._collect_errors: list[CollectError] = []
         self._outcomes: dict[Block, list[str]] = {}
         self._done: list[Block] = []
         self._started_trial = -1
@@ -114,33 +115,32 @@ class SessionRun:
             for event in tail.read():
                 self._event(event)
 
-    def _event(self, event: dict) -> None:
-        kind = event.get("event")
-        if kind == "collected":
-            self._saw_collected = True
-            self._last_progress = time.monotonic()  # --timeout counts from here, not from the start
-            count = int(event.get("count", 0))
-            if count > self._collected:  # every rank (and xdist worker) collects the whole suite
-                self._collected = count
-        elif kind == "collecterror":
-            self._collect_errors.append(event)
-        elif kind == "finish":
-            self._finished.add((int(event.get("rank", 0)), event.get("worker", "")))
-            if event.get("stopped"):
-                self._finished_after_stop = True
-        elif kind in ("start", "outcome"):
-            self._last_progress = time.monotonic()
-            if kind == "start":
-                self._started_trial = max(self._started_trial, int(event["trial"]))
-            merged = self._merger.add(event)
-            if merged is not None:
-                self._merged(merged)
+    def _event(self, event: RankEvent) -> None:
+        match event:
+            case Collected(count=count):
+                self._saw_collected = True
+                self._last_progress = time.monotonic()  # --timeout counts from here, not from the start
+                if count > self._collected:  # every rank (and xdist worker) collects the whole suite
+                    self._collected = count
+            case CollectError():
+                self._collect_errors.append(event)
+            case Finished(rank=rank, worker=worker, stopped=stopped):
+                self._finished.add((rank, worker))
+                if stopped:
+                    self._finished_after_stop = True
+            case Started() | TestOutcome():
+                self._last_progress = time.monotonic()
+                if isinstance(event, Started):
+                    self._started_trial = max(self._started_trial, event.trial)
+                merged = self._merger.add(event)
+                if merged is not None:
+                    self._merged(merged)
 
-    def _merged(self, merged: dict) -> None:
+    def _merged(self, merged: TestOutcome) -> None:
         self.on_merged(merged)
-        block = Block(int(merged["trial"]), merged["arm"])
+        block = Block(merged.trial, merged.arm)
         outcomes = self._outcomes.setdefault(block, [])
-        outcomes.append(merged["outcome"])
+        outcomes.append(merged.outcome)
         per_block = self._collected // max(len(self.plan.blocks), 1)
         if block in self._index and block not in self._done and per_block and len(outcomes) >= per_block:
             self._complete(block)
@@ -261,8 +261,8 @@ class SessionRun:
         if self._collect_errors:
             e = self._collect_errors[0]
             more = f" (and {len(self._collect_errors) - 1} more)" if len(self._collect_errors) > 1 else ""
-            raise InputError(f"pytest could not collect {e.get('nodeid') or 'the suite'}: "
-                             f"{e.get('message', '')}{more}; see {self.spec.log_path}")
+            raise InputError(f"pytest could not collect {e.nodeid or 'the suite'}: "
+                             f"{e.message}{more}; see {self.spec.log_path}")
         if self._outcomes or self._merger.unfinished or ending is Ending.STOPPED:
             return
         text = _read(self.spec.log_path)
