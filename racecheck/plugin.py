@@ -18,7 +18,6 @@ import dataclasses
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -26,8 +25,7 @@ import pytest
 from racecheck.failure_text import error_line, failure_signature, first_line
 from racecheck.trials.catalogue import check_profile
 from racecheck.trials.lifeline import die_with_parent
-from racecheck.trials.record import (CollectError, Collected, Finished, Outcome, RankEvent, Started, TestOutcome,
-                                     worst)
+from racecheck.trials.record import CollectError, Collected, Finished, Outcome, RankLog, Started, TestOutcome, worst
 from racecheck.trials.schedule import ORDERS, Block, arm_order, read_schedule
 
 STEP_FIXTURE = "racecheck_step"  # the fixture this plugin parametrizes with the session's steps
@@ -53,7 +51,7 @@ class ItemTrial:
 
 
 ITEM_TRIAL = pytest.StashKey[ItemTrial]()
-_LOG_KEY = pytest.StashKey["_ProcessLog | None"]()
+_LOG_KEY = pytest.StashKey["RankLog | None"]()
 _STOPPED_KEY = pytest.StashKey[bool]()
 _ARM_PERTURB_KEY = pytest.StashKey[dict]()
 _SCHEDULE_KEY = pytest.StashKey[list]()
@@ -133,7 +131,7 @@ def pytest_configure(config: pytest.Config) -> None:
         specs = [b.perturb for b in config.stash.get(_SCHEDULE_KEY, [])] or [global_spec, *perturbs.values()]
         config.stash[_PROJECT_KEY] = configure_project(config, specs)
     log = config.getoption("--racecheck-log")
-    config.stash[_LOG_KEY] = _ProcessLog(log) if log else None
+    config.stash[_LOG_KEY] = RankLog(log) if log else None
     if log:
         # Under the trial runner: a rank (or xdist worker) dies with its launcher, never orphaned.
         die_with_parent(signal.SIGKILL)
@@ -327,35 +325,12 @@ def _device() -> str:
 class _CollectErrors:
     """Logs collection errors (an object, because collect reports carry no config)."""
 
-    def __init__(self, log: "_ProcessLog") -> None:
+    def __init__(self, log: "RankLog") -> None:
         self.log = log
 
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         if report.failed:
             self.log.write(CollectError(nodeid=report.nodeid, message=error_line(report.longreprtext)))
-
-
-class _ProcessLog:
-    """This process's outcome stream: one JSON object per line, flushed at once. The file is
-    opened at the first write, so an xdist controller, which runs no test, leaves none."""
-
-    def __init__(self, pattern: str) -> None:
-        rank = os.environ.get("RANK", "0")
-        self.worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-        path = Path(pattern.replace("{rank}", rank))
-        if self.worker:  # every xdist worker writes its own file; a worker is not a rank
-            path = path.with_name(f"{path.stem}-{self.worker}{path.suffix}")
-        self.path = path
-        self.rank = int(rank)
-        self._fh = None
-
-    def write(self, event: RankEvent) -> None:
-        if self._fh is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._fh = open(self.path, "a", encoding="utf-8")
-        event.rank, event.worker, event.time = self.rank, self.worker, time.time()
-        self._fh.write(event.to_json() + "\n")
-        self._fh.flush()
 
 
 @pytest.hookimpl(trylast=True)

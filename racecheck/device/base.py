@@ -33,7 +33,7 @@ from typing import NamedTuple
 
 import torch
 
-from racecheck.device.observer import OBSERVER_EVENTS, RuntimeObserver
+from racecheck.device.observer import RuntimeObserver
 from racecheck.device.points import check_point
 
 

@@ -11,6 +11,7 @@ import dataclasses
 import enum
 import json
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import ClassVar
@@ -201,6 +202,32 @@ class Finished(RankEvent):
 
 _RANK_EVENTS: dict[RankEventKind, type[RankEvent]] = {
     cls.KIND: cls for cls in (Collected, CollectError, Started, TestOutcome, Finished)}
+
+
+class RankLog:
+    """One pytest process's rank log: one RankEvent per line, stamped with the process (`RANK`,
+    the xdist worker) and the time, flushed at once. `{rank}` in the pattern becomes the rank; an
+    xdist worker adds its id to the name. The file is opened at the first write, so an xdist
+    controller, which runs no test, leaves none."""
+
+    def __init__(self, pattern: str) -> None:
+        rank = os.environ.get("RANK", "0")
+        self.worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+        path = Path(pattern.replace("{rank}", rank))
+        if self.worker:  # every xdist worker writes its own file; a worker is not a rank
+            path = path.with_name(f"{path.stem}-{self.worker}{path.suffix}")
+        self.path = path
+        self.rank = int(rank)
+        self._fh = None
+
+    def write(self, event: RankEvent) -> None:
+        if self._fh is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._fh = open(self.path, "a", encoding="utf-8")
+        event.rank, event.worker = self.rank, self.worker
+        event.time = time.time()
+        self._fh.write(event.to_json() + "\n")
+        self._fh.flush()
 
 
 class TrialLog:
