@@ -15,10 +15,12 @@ Modes, each `--trials` trials of every arm, run from the example's folder:
 - random       `--perturb random`;
 - detect       `--detect --no-perturb`: the detector, nothing injected.
 Natural runs go one at a time, alone; with `--jobs N` the other runs go N at a time (a forced or
-detected outcome does not need a quiet GPU). Each run's folder (trials.jsonl, summary.csv, the console log) lands under DIR/runs/. The rows
+detected outcome does not need a quiet GPU). Each run's folder (trials.jsonl, summary.csv, the console log) lands under DIR/runs/;
+`--from-runs DIR` rebuilds the rows from such folders without running anything. The rows
 (`suite,case,arm,expect,mode,trials,failures,detected`) are merged into REPORT/foreign_code.csv
 (rows of the same suite, case, arm and mode are replaced, so a run split over several device calls
-builds one table) and REPORT/foreign_code.md is rendered from it. Run it on the GPU machine through
+builds one table; the systematic bounds likewise into REPORT/foreign_code_bounds.csv) and
+REPORT/foreign_code.md is rendered from both. Run it on the GPU machine through
 bench/foreign_code.sh, which installs what it needs and packs DIR.
 """
 
@@ -180,6 +182,29 @@ def bounds_of(folder: Path) -> dict[tuple[str, str], dict]:
     return found
 
 
+BOUND_COLUMNS = ("suite", "case", "arm", "k", "trials", "first", "delayed")
+
+
+def merge_bounds(report: Path, bounds: dict) -> dict:
+    """REPORT/foreign_code_bounds.csv with `bounds` replacing the entries of the same key."""
+    path = report / "foreign_code_bounds.csv"
+    table: dict = {}
+    if path.is_file():
+        with open(path, newline="") as f:
+            for r in csv.DictReader(f):
+                table[(r["suite"], r["case"], r["arm"])] = {
+                    "k": int(r["k"]), "trials": int(r["trials"]),
+                    "first": int(r["first"]) if r["first"] != "" else None, "delayed": r["delayed"]}
+    table.update(bounds)
+    report.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(BOUND_COLUMNS)
+        for (suite, case, arm), b in sorted(table.items()):
+            writer.writerow([suite, case, arm, b["k"], b["trials"], "" if b["first"] is None else b["first"], b["delayed"]])
+    return table
+
+
 def merge(report: Path, rows: list[dict]) -> list[dict]:
     """The rows of REPORT/foreign_code.csv with `rows` replacing those of the same key."""
     key = lambda r: (r["suite"], r["case"], r["arm"], r["mode"])  # noqa: E731
@@ -247,6 +272,9 @@ def main() -> int:
     parser.add_argument("--systematic-trials", type=int, default=30,
                         help="trials of the systematic mode: at least k + 1 to cover every single point")
     parser.add_argument("--jobs", type=int, default=1, help="runs other than natural ones at a time")
+    parser.add_argument("--from-runs", type=Path, default=None, metavar="DIR",
+                        help="run nothing: take the rows of the planned runs from DIR/runs/ (an earlier "
+                             "call's unpacked foreign_code.tar.gz) and merge them into the table")
     parser.add_argument("--chunk", type=int, default=10, help="racecheck run --chunk: trials per session")
     parser.add_argument("--report", type=Path, default=ROOT / "reports" / "gpu", help="where the table goes")
     parser.add_argument("--max-seconds", type=float, default=None,
@@ -267,8 +295,13 @@ def main() -> int:
             return
         began = time.monotonic()
         trials = args.systematic_trials if run.mode == "systematic" else args.trials
-        rc, folder = execute(run, out=args.out, trials=trials, chunk=args.chunk,
-                             timeout=left if left is not None else 3600)
+        if args.from_runs is not None:  # an earlier call's packed run folders: read, do not run
+            rc, folder = 0, args.from_runs / "runs" / run.name
+            if not (folder / "summary.csv").is_file():
+                return
+        else:
+            rc, folder = execute(run, out=args.out, trials=trials, chunk=args.chunk,
+                                 timeout=left if left is not None else 3600)
         print(f"{run.name}: exit {rc} in {time.monotonic() - began:.0f} s", flush=True)
         if rc != 0:
             errors.append(f"{run.name}: exit {rc}")
@@ -283,6 +316,7 @@ def main() -> int:
     with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
         list(pool.map(one, [r for r in runs if r.mode != "natural"]))
     merged = merge(args.report, rows)
+    bounds = merge_bounds(args.report, bounds)
     command = "python3 bench/foreign_code.py " + " ".join(sys.argv[1:])
     render(args.report, merged, actions=actions, bounds=bounds, command=command, errors=errors)
     print(f"{len(rows)} rows into {args.report / 'foreign_code.csv'}; {len(errors)} runs not finished")

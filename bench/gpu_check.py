@@ -208,6 +208,8 @@ def main() -> int:
     parser.add_argument("--continue", dest="continue_from", type=Path, default=None, metavar="DIR",
                         help="an earlier check's output folder: resume its catalogue runs")
     parser.add_argument("--run-seconds", type=int, default=170, help="--max-time of each catalogue run")
+    parser.add_argument("--scenarios", default="",
+                        help="comma-separated catalogue scenarios for the catalogue parts (default: all that fit)")
     parser.add_argument("--together", default="",
                         help="comma-separated parts that run at the same time, as one group where the "
                              "first of them comes (e.g. perturbed,random,detect,sanitizer: forced and "
@@ -215,6 +217,12 @@ def main() -> int:
     args = parser.parse_args()
     gpus = args.ranks or gpu_count()
     runnable, too_few = catalogue_split(gpus)
+    if args.scenarios:
+        wanted = args.scenarios.split(",")
+        unknown = [w for w in wanted if w not in runnable and w not in too_few]
+        if unknown:
+            parser.error(f"--scenarios: unknown {', '.join(unknown)}")
+        runnable, too_few = [s for s in runnable if s in wanted], [s for s in too_few if s in wanted]
     plan = steps(args, gpus, runnable)
     chosen = [s for token in args.steps.split(",") if token for s in PRESETS.get(token, [token])]
     # A step runs all its parts; a part (e.g. detector-overhead) can also be chosen alone.
