@@ -9,19 +9,25 @@ Modes, each `--trials` trials of every arm, run from the example's folder:
 - natural      `--no-perturb`: the rate with nothing injected;
 - profile:SPEC `--perturb SPEC`, the profile named for the case below (FSDP2: every profile named
                for the other cases, one run each);
-- systematic   `--perturb systematic`: one recorded hand-off point delayed per trial;
+- systematic   `--perturb systematic`: one recorded hand-off point delayed per trial, with
+               `--systematic-trials` trials (default 30: at least k + 1, trial 0 records the k
+               points); the Markdown table gives each case's k and its first failing trial;
 - random       `--perturb random`;
 - detect       `--detect --no-perturb`: the detector, nothing injected.
-Each run's folder (trials.jsonl, summary.csv, the console log) lands under DIR/runs/. The rows
+Natural runs go one at a time, alone; with `--jobs N` the other runs go N at a time (a forced or
+detected outcome does not need a quiet GPU). Each run's folder (trials.jsonl, summary.csv, the console log) lands under DIR/runs/;
+`--from-runs DIR` rebuilds the rows from such folders without running anything. The rows
 (`suite,case,arm,expect,mode,trials,failures,detected`) are merged into REPORT/foreign_code.csv
 (rows of the same suite, case, arm and mode are replaced, so a run split over several device calls
-builds one table) and REPORT/foreign_code.md is rendered from it. Run it on the GPU machine through
+builds one table; the systematic bounds likewise into REPORT/foreign_code_bounds.csv) and
+REPORT/foreign_code.md is rendered from both. Run it on the GPU machine through
 bench/foreign_code.sh, which installs what it needs and packs DIR.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import csv
 import dataclasses
 import json
@@ -157,6 +163,48 @@ def actions_of(folder: Path) -> dict[tuple[str, str], int]:
     return totals
 
 
+def bounds_of(folder: Path) -> dict[tuple[str, str], dict]:
+    """The systematic schedule per (case, arm): k (points recorded in trial 0), the trials run and
+    the first failing trial with the point it delayed (trials.jsonl `handoffs`, `delayed`)."""
+    found: dict[tuple[str, str], dict] = {}
+    log = folder / "trials.jsonl"
+    if not log.is_file():
+        return found
+    for line in log.read_text().splitlines():
+        record = json.loads(line)
+        key = (str(record.get("test", "")).rpartition("::")[2], str(record.get("arm", "")))
+        entry = found.setdefault(key, {"k": 0, "trials": 0, "first": None, "delayed": ""})
+        entry["k"] = max(entry["k"], int(record.get("handoffs") or 0))
+        entry["trials"] += 1
+        failed = record.get("outcome") not in ("passed", "skipped")
+        if failed and record.get("delayed") and (entry["first"] is None or record["trial"] < entry["first"]):
+            entry["first"], entry["delayed"] = record["trial"], " + ".join(record["delayed"])
+    return found
+
+
+BOUND_COLUMNS = ("suite", "case", "arm", "k", "trials", "first", "delayed")
+
+
+def merge_bounds(report: Path, bounds: dict) -> dict:
+    """REPORT/foreign_code_bounds.csv with `bounds` replacing the entries of the same key."""
+    path = report / "foreign_code_bounds.csv"
+    table: dict = {}
+    if path.is_file():
+        with open(path, newline="") as f:
+            for r in csv.DictReader(f):
+                table[(r["suite"], r["case"], r["arm"])] = {
+                    "k": int(r["k"]), "trials": int(r["trials"]),
+                    "first": int(r["first"]) if r["first"] != "" else None, "delayed": r["delayed"]}
+    table.update(bounds)
+    report.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(BOUND_COLUMNS)
+        for (suite, case, arm), b in sorted(table.items()):
+            writer.writerow([suite, case, arm, b["k"], b["trials"], "" if b["first"] is None else b["first"], b["delayed"]])
+    return table
+
+
 def merge(report: Path, rows: list[dict]) -> list[dict]:
     """The rows of REPORT/foreign_code.csv with `rows` replacing those of the same key."""
     key = lambda r: (r["suite"], r["case"], r["arm"], r["mode"])  # noqa: E731
@@ -177,7 +225,8 @@ def merge(report: Path, rows: list[dict]) -> list[dict]:
     return merged
 
 
-def render(report: Path, rows: list[dict], *, actions: dict, command: str, errors: list[str]) -> None:
+def render(report: Path, rows: list[dict], *, actions: dict, bounds: dict, command: str,
+           errors: list[str]) -> None:
     try:
         import torch
 
@@ -196,6 +245,18 @@ def render(report: Path, rows: list[dict], *, actions: dict, command: str, error
         detected = f"{r['detected']}/{r['trials']}" if r["detected"] != "" else ""
         lines.append(f"| {r['suite']} | `{r['case']}` | {r['arm']} | {r['expect']} | `{r['mode']}` | "
                      f"{r['failures']}/{r['trials']} | {detected} | {acted} |")
+    if bounds:
+        lines += ["", "## The systematic schedule's bound", "",
+                  "k: the distinct hand-off points trial 0 recorded for the test; trial t (1..k) delays the "
+                  "t-th alone, so a race that one delayed point exposes fails by trial k. `first failure`: the "
+                  "first failing trial of this call's run and the point it delayed.", "",
+                  "| suite | case | arm | k | trials | first failure | within k | delayed point |",
+                  "|---|---|---|---:|---:|---:|---|---|"]
+        for (suite, case, arm), b in sorted(bounds.items()):
+            first = "" if b["first"] is None else b["first"]
+            within = "" if b["first"] is None else ("yes" if b["first"] <= b["k"] else "no")
+            lines.append(f"| {suite} | `{case}` | {arm} | {b['k']} | {b['trials']} | {first} | {within} | "
+                         f"{'`' + b['delayed'] + '`' if b['delayed'] else ''} |")
     if errors:
         lines += ["", "Runs that did not finish (exit code; their logs are in the packed run folders):", ""]
         lines += [f"- {e}" for e in errors]
@@ -208,6 +269,12 @@ def main() -> int:
     parser.add_argument("--suites", default=",".join(ARMS), help="examples to run (default: all)")
     parser.add_argument("--modes", default=",".join(MODES), help="modes to run (default: all)")
     parser.add_argument("--trials", type=int, default=10)
+    parser.add_argument("--systematic-trials", type=int, default=30,
+                        help="trials of the systematic mode: at least k + 1 to cover every single point")
+    parser.add_argument("--jobs", type=int, default=1, help="runs other than natural ones at a time")
+    parser.add_argument("--from-runs", type=Path, default=None, metavar="DIR",
+                        help="run nothing: take the rows of the planned runs from DIR/runs/ (an earlier "
+                             "call's unpacked foreign_code.tar.gz) and merge them into the table")
     parser.add_argument("--chunk", type=int, default=10, help="racecheck run --chunk: trials per session")
     parser.add_argument("--report", type=Path, default=ROOT / "reports" / "gpu", help="where the table goes")
     parser.add_argument("--max-seconds", type=float, default=None,
@@ -219,23 +286,39 @@ def main() -> int:
         if unknown:
             parser.error(f"unknown {name} {', '.join(unknown)}; known: {', '.join(known)}")
     start = time.monotonic()
-    rows, errors, actions = [], [], {}
-    for run in plan(suites, modes):
+    rows, errors, actions, bounds = [], [], {}, {}
+
+    def one(run: Run) -> None:
         left = None if args.max_seconds is None else args.max_seconds - (time.monotonic() - start)
         if left is not None and left < 30:
             errors.append(f"{run.name}: not started, out of time")
-            continue
+            return
         began = time.monotonic()
-        rc, folder = execute(run, out=args.out, trials=args.trials, chunk=args.chunk,
-                             timeout=left if left is not None else 3600)
+        trials = args.systematic_trials if run.mode == "systematic" else args.trials
+        if args.from_runs is not None:  # an earlier call's packed run folders: read, do not run
+            rc, folder = 0, args.from_runs / "runs" / run.name
+            if not (folder / "summary.csv").is_file():
+                return
+        else:
+            rc, folder = execute(run, out=args.out, trials=trials, chunk=args.chunk,
+                                 timeout=left if left is not None else 3600)
         print(f"{run.name}: exit {rc} in {time.monotonic() - began:.0f} s", flush=True)
         if rc != 0:
             errors.append(f"{run.name}: exit {rc}")
-        rows += rows_of(run, folder)
+        rows.extend(rows_of(run, folder))
         actions.update({(run.suite, run.mode, *k): v for k, v in actions_of(folder).items()})
+        if run.mode == "systematic":
+            bounds.update({(run.suite, *k): v for k, v in bounds_of(folder).items()})
+
+    runs = plan(suites, modes)
+    for run in (r for r in runs if r.mode == "natural"):  # alone: nothing else on the GPU
+        one(run)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        list(pool.map(one, [r for r in runs if r.mode != "natural"]))
     merged = merge(args.report, rows)
+    bounds = merge_bounds(args.report, bounds)
     command = "python3 bench/foreign_code.py " + " ".join(sys.argv[1:])
-    render(args.report, merged, actions=actions, command=command, errors=errors)
+    render(args.report, merged, actions=actions, bounds=bounds, command=command, errors=errors)
     print(f"{len(rows)} rows into {args.report / 'foreign_code.csv'}; {len(errors)} runs not finished")
     return 0 if not errors else 1
 

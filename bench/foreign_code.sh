@@ -13,18 +13,16 @@
 # Rows merge into an existing reports/gpu/foreign_code.csv, so the modes can be split over calls:
 #   bash bench/foreign_code.sh --modes natural,profile,detect   then   --modes systematic,random
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 3
 # Eager module loading: lazy loading serializes a process's first launches and hides races in its
 # first iteration (measured on an H200, DESIGN.md).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1 CUDA_MODULE_LOADING=EAGER
 OUT=${OUT:-$PWD/foreign-out}
 mkdir -p "$OUT/foreign"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 3
-  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
-python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >"$OUT/foreign/install.log" 2>&1 || { tail -5 "$OUT/foreign/install.log"; exit 3; }
+# shellcheck source=bench/gpu_install.sh
+source bench/gpu_install.sh
+gpu_install "$OUT/foreign/install.log" || exit 3
 python3 -c "import racecheck.cli, megatron_fsdp.experimental, pytest_repeat, tqdm, psutil" 2>>"$OUT/foreign/install.log" || { tail -3 "$OUT/foreign/install.log"; exit 3; }
 # The device call has a hard limit: start no run after FOREIGN_SECONDS, and pack what there is.
 python3 bench/foreign_code.py --out "$OUT/foreign" --max-seconds "${FOREIGN_SECONDS:-480}" "$@"

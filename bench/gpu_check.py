@@ -14,6 +14,7 @@ the GPU machine; it adapts to the number of GPUs present.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import os
 import shlex
@@ -114,7 +115,8 @@ def steps(args, gpus: int, runnable: list[str]) -> dict[str, list[tuple[str, lis
                                 "--format=csv"], 30),
                 ("versions", [PY, "-c", "import torch, sys; print(sys.version.split()[0], torch.__version__, "
                                         "torch.version.cuda, torch.cuda.device_count())"], 60)],
-        "tests": [("pytest-cuda", [PY, "-m", "pytest", "-m", "cuda", "tests/test_cuda_runtime.py", "tests/test_detect_cuda.py", "-q", "-p", "no:cacheprovider",
+        "tests": [("pytest-cuda", [PY, "-m", "pytest", "-m", "cuda", "tests/test_cuda_runtime.py", "tests/test_detect_cuda.py",
+                                   "tests/test_patch_cuda.py", "-q", "-p", "no:cacheprovider",
                                    "-x", "--timeout=120"], 240)],
         # The whole catalogue at one rank per GPU (the HSDP meshes adapt, see
         # racecheck.harness.hsdp_mesh_config); --max-time keeps the finished trials of a slow run.
@@ -172,6 +174,22 @@ def sanitizer_counts(run: Path) -> None:
                     SANITIZER_SIGNATURE, "--output", str(run / "sanitizer.csv")], cwd=ROOT, check=False)
 
 
+def grouped(todo: list, together: set[str]) -> list[list]:
+    """`todo` as groups run one after the other: the parts named in `together` form one group,
+    placed where the first of them comes; every other part is a group of its own."""
+    groups: list[list] = []
+    joint: list | None = None
+    for item in todo:
+        if item[1][0] in together:
+            if joint is None:
+                joint = []
+                groups.append(joint)
+            joint.append(item)
+        else:
+            groups.append([item])
+    return groups
+
+
 def write_summary(out: Path, gpus: int, results: list[dict]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps({"gpus": gpus, "results": results}, indent=2))
@@ -190,9 +208,21 @@ def main() -> int:
     parser.add_argument("--continue", dest="continue_from", type=Path, default=None, metavar="DIR",
                         help="an earlier check's output folder: resume its catalogue runs")
     parser.add_argument("--run-seconds", type=int, default=170, help="--max-time of each catalogue run")
+    parser.add_argument("--scenarios", default="",
+                        help="comma-separated catalogue scenarios for the catalogue parts (default: all that fit)")
+    parser.add_argument("--together", default="",
+                        help="comma-separated parts that run at the same time, as one group where the "
+                             "first of them comes (e.g. perturbed,random,detect,sanitizer: forced and "
+                             "detected outcomes do not depend on a quiet GPU; keep natural out of it)")
     args = parser.parse_args()
     gpus = args.ranks or gpu_count()
     runnable, too_few = catalogue_split(gpus)
+    if args.scenarios:
+        wanted = args.scenarios.split(",")
+        unknown = [w for w in wanted if w not in runnable and w not in too_few]
+        if unknown:
+            parser.error(f"--scenarios: unknown {', '.join(unknown)}")
+        runnable, too_few = [s for s in runnable if s in wanted], [s for s in too_few if s in wanted]
     plan = steps(args, gpus, runnable)
     chosen = [s for token in args.steps.split(",") if token for s in PRESETS.get(token, [token])]
     # A step runs all its parts; a part (e.g. detector-overhead) can also be chosen alone.
@@ -208,17 +238,24 @@ def main() -> int:
     if runs_catalogue and too_few:
         results.append({"step": "catalogue", "status": "skipped", "seconds": 0.0,
                         "detail": f"{', '.join(too_few)}: need more ranks than {gpus} GPU(s)"})
-    for step, (name, argv, limit) in todo:
-        if gpus < 2 and step in ("fsdp2", "patch", "parity"):
-            results.append({"step": name, "status": "skipped", "detail": "needs 2 GPUs", "seconds": 0.0})
-            continue
-        earlier = earlier_run(args, name) if step == "catalogue" else None
-        if earlier is not None and not (args.out / step / name).exists():
-            shutil.copytree(earlier, args.out / step / name)  # then `racecheck run --resume` continues it
-        results.append(run_step(name, argv, limit, args.out / step))
-        print(f"[gpu_check] {results[-1]['step']}: {results[-1]['status']} ({results[-1]['seconds']} s)",
-              flush=True)
-        write_summary(args.out, gpus, results)  # after every step: a cut-off check keeps what ran
+    together = {t for t in args.together.split(",") if t}
+    if together - set(parts):
+        parser.error(f"--together names unknown parts {sorted(together - set(parts))}")
+    for group in grouped(todo, together):
+        runnable_now = []
+        for step, (name, argv, limit) in group:
+            if gpus < 2 and step in ("fsdp2", "patch", "parity"):
+                results.append({"step": name, "status": "skipped", "detail": "needs 2 GPUs", "seconds": 0.0})
+                continue
+            earlier = earlier_run(args, name) if step == "catalogue" else None
+            if earlier is not None and not (args.out / step / name).exists():
+                shutil.copytree(earlier, args.out / step / name)  # then `racecheck run --resume` continues it
+            runnable_now.append((name, argv, limit, args.out / step))
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(runnable_now))) as pool:
+            for result in pool.map(lambda item: run_step(*item), runnable_now):
+                results.append(result)
+                print(f"[gpu_check] {result['step']}: {result['status']} ({result['seconds']} s)", flush=True)
+        write_summary(args.out, gpus, results)  # after every group: a cut-off check keeps what ran
     if runs_catalogue:
         folder = args.out / "catalogue"
         sanitizer_counts(folder / "sanitizer")

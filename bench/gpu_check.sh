@@ -10,18 +10,16 @@
 #     pytest-repeat==0.9.4 pytest-timeout==2.4.0 tqdm==4.70.1 psutil==7.2.2 \
 #     mypy==2.4.1 mypy-extensions librt ast-serialize pathspec   # mypyc: setup.py compiles the engine
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 3
 # Eager module loading: lazy loading serializes the first launches of a process and hides the race
 # in its first iteration (measured on an H200); eager loading removes that first-iteration effect.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1 CUDA_MODULE_LOADING=EAGER
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 3
-  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
-python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || { tail -5 "$OUT/install.log"; exit 3; }
+# shellcheck source=bench/gpu_install.sh
+source bench/gpu_install.sh
+gpu_install "$OUT/install.log" || exit 3
 python3 -c "import racecheck.cli, pandas, scipy, click, tqdm, psutil, pytest_repeat, pytest_timeout" || exit 3
 python3 -c "import racecheck.detect as d; print('racecheck engine:', d.ENGINE)" | tee -a "$OUT/install.log"
 # The device call has a hard limit: stop the check in time to pack what it has (GPU_CHECK_SECONDS).

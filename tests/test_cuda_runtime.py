@@ -276,6 +276,24 @@ def test_queued_work_holds_no_reference_to_its_buffers(rt):
     rt.synchronize()
 
 
+def test_a_storage_dying_inside_the_runtimes_locked_section_does_not_hang(rt):
+    # A garbage-collection pass can start at any allocation, also inside the runtime's locked
+    # section, and run a storage's finalizer (_storage_died) there, on the same thread.
+    import threading
+
+    victim = rt.empty(256)
+
+    def die_while_locked():
+        nonlocal victim
+        with rt._lock:
+            del victim  # the finalizer runs now, inside the lock
+
+    worker = threading.Thread(target=die_while_locked, daemon=True)
+    worker.start()
+    worker.join(timeout=10)
+    assert not worker.is_alive(), "the finalizer waited on its own thread's lock"
+
+
 def test_poison_fills_a_freed_block_on_the_stream(rt):
     """Poison-on-free (base.Runtime.poison): all-ones bytes, NaN as floats, written by a kernel on
     the given stream over a block that no tensor owns; the next allocation there reads them."""

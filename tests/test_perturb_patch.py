@@ -83,6 +83,25 @@ def test_a_free_is_acted_on_before_the_next_calls_own_effect(monkeypatch):
     assert patch.counts["poison"] == 1
 
 
+def test_a_free_inside_the_patch_modes_own_locked_section_does_not_hang():
+    # The allocator's callback can run from a garbage-collection pass that starts while
+    # _flush_frees holds the lock, on the same thread.
+    import threading
+
+    patch, actions = patched("pressure@free")
+    with patch:
+        def free_while_locked():
+            with patch._lock:
+                recording.release(4096)
+
+        worker = threading.Thread(target=free_while_locked, daemon=True)
+        worker.start()
+        worker.join(timeout=10)
+        assert not worker.is_alive(), "the free waited on its own thread's lock"
+        noted = len(patch._pending)
+    assert noted == 1
+
+
 def test_patch_mode_refuses_what_it_cannot_do():
     for spec in ("sleep@free:1ms", "reorder@before_all_reduce>end_of_backward:1ms", "sleep@reshard:1ms",
                  "sleep@before_all_reduce:1ms/other", "pressure@free/other"):

@@ -159,7 +159,10 @@ class CudaRuntime(Runtime):
             device = torch.device("cuda", device)
         index = None if device is None else torch.device(device).index
         self.device = torch.device("cuda", torch.cuda.current_device() if index is None else index)
-        self._lock = threading.Lock()  # storages can die on any thread
+        # Storages die on any thread, and on this one too: a garbage-collection pass that runs
+        # inside a locked section (it can start at any allocation) calls _storage_died there, so
+        # the lock must be re-entrant or that thread waits on itself forever.
+        self._lock = threading.RLock()
         self._by_handle: dict[int, CudaStream] = {}  # cudaStream_t -> wrapper
         self._streams: list[CudaStream] = []  # ours, in creation order (host syncs report these)
         self._default = self._wrap(torch.cuda.default_stream(self.device), "default", own=True)

@@ -108,7 +108,9 @@ class PatchMode:
             self._collectives = self._handoffs = True
         self._originals: list[tuple[object, str, object]] = []
         self._local = threading.local()  # `inside`: patch mode's own calls, or a wrapped call's inner ones
-        self._lock = threading.Lock()  # _freed runs on whatever thread frees
+        # _freed runs on whatever thread frees, this one included: the allocator calls it from a
+        # garbage-collection pass that can start inside _flush_frees's locked section (re-entrant).
+        self._lock = threading.RLock()
         self._pending: list[int] = []
         self._labels: dict[object, str] = {}  # stream id -> default, s1, s2, ... (first appearance)
         self.handoffs: dict[str, None] = {}  # systematic recording: keys in order of first passage

@@ -60,6 +60,9 @@ def test_partitions_match(steps, runtime, zero3, racecheck_arm, racecheck_seed):
             mean = sum(local_grad(step, p, r, seed=racecheck_seed) for r in range(size)) / size
             expected[name] = mean[rank * chunk:(rank + 1) * chunk]
             with rt.stream(backward):
+                # Producer: the default stream copied `value` to the device; consumer: the backward
+                # op below, on the backward stream (autograd orders a backward op after its inputs).
+                backward.wait_stream(rt.default_stream())
                 rt.point("before_grad", param=p)
                 grad = rt.empty(NUMEL)  # autograd allocates the gradient on the backward op's stream
                 rt.launch("backward_op", lambda out, v: out.copy_(v), reads=(value,), writes=(grad,))
