@@ -70,8 +70,14 @@ def test_unit_outputs_match(steps, lagging, pre_unshard, racecheck_arm, racechec
     outputs, expected = {}, {}
     held: list[HeldCopy] = []
     for step in range(steps):
+        # The step's inputs reach the device before its first unit: on CUDA a blocking copy from
+        # pageable memory synchronizes its stream (the computation stream here), which would drain
+        # the computation's lag in every unit before the reshard could free under it.
+        inputs = [unit_input(step, h, racecheck_seed) for h in range(HANDLES)]
+        with rt.stream(compute):
+            device_inputs = [x.to(rt.device) for x in inputs]
         for h in range(HANDLES):
-            x = unit_input(step, h, racecheck_seed)
+            x = inputs[h]
             name = f"step{step}.unit{h}"
             expected[name] = reference[h] * x
             with rt.stream(pre_unshard):
@@ -87,7 +93,7 @@ def test_unit_outputs_match(steps, lagging, pre_unshard, racecheck_arm, racechec
             rt.point("wait_copy", handle=h)
             with rt.stream(compute):
                 x_dev = rt.empty(NUMEL)
-                rt.launch("load_input", lambda out, v: out.copy_(v), reads=(x.to(rt.device),), writes=(x_dev,))
+                rt.launch("load_input", lambda out, v: out.copy_(v), reads=(device_inputs[h],), writes=(x_dev,))
                 out = rt.empty(NUMEL)
                 rt.launch("forward", lambda o, w, i: torch.mul(w, i, out=o), reads=(device_param, x_dev),
                           writes=(out,))
