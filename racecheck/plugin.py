@@ -26,7 +26,8 @@ import pytest
 from racecheck.failure_text import error_line, failure_signature, first_line
 from racecheck.trials.catalogue import check_profile
 from racecheck.trials.lifeline import die_with_parent
-from racecheck.trials.record import CollectError, Collected, Finished, Outcome, RankLog, Started, TestOutcome, worst
+from racecheck.trials.record import (CollectError, Collected, Finished, Outcome, RankLog, Started, TestOutcome,
+                                     worst)
 from racecheck.trials.schedule import ORDERS, Block, arm_order, read_schedule
 
 STEP_FIXTURE = "racecheck_step"  # the fixture this plugin parametrizes with the session's steps

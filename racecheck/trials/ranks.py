@@ -98,7 +98,8 @@ class RankMerger:
         """Tests some rank started or reported that are not complete."""
         return sorted(set(self._pending) | set(self._open))
 
-    def abandon(self, outcome: Outcome, *, signature: str = "", keys: list[Key] | None = None) -> list[TestOutcome]:
+    def abandon(self, outcome: Outcome, *, signature: str = "",
+                keys: list[Key] | None = None) -> list[TestOutcome]:
         """The session ended: `keys` (default: every unfinished test), which some rank started or
         reported but not every rank finished, get `outcome` (crash or timeout) unless a rank already
         reported something worse. Every other unfinished test is dropped."""
