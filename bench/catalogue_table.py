@@ -172,7 +172,7 @@ def disagreements(star, rows) -> list[str]:
 def catalogue() -> dict:
     """The catalogue's scenarios by name (empty when racecheck is not importable)."""
     try:
-        from racecheck.trials.catalogue import find_catalogue, load_catalogue
+        from racecheck.suites.catalogue import find_catalogue, load_catalogue
     except ImportError:
         return {}
     return load_catalogue(find_catalogue(str(Path(__file__).resolve().parents[1] / "scenarios")))

@@ -57,7 +57,7 @@ SANITIZER_SIGNATURE = "CUDASanitizerErrors"
 
 def catalogue_split(gpus: int) -> tuple[list[str], list[str]]:
     """(scenarios that can run on `gpus` ranks, those that need more: their min_world_size)."""
-    from racecheck.trials.catalogue import find_catalogue, load_catalogue
+    from racecheck.suites.catalogue import find_catalogue, load_catalogue
 
     catalogue = load_catalogue(find_catalogue(str(ROOT / "scenarios")))
     runs = [s.name for s in catalogue.values() if s.min_world_size <= gpus]
@@ -81,14 +81,14 @@ def catalogue_run(args, name: str, extra: list[str], runnable: list[str], gpus: 
     if earlier_run(args, name) is not None:
         return rc + ["--resume", out, *limit]
     # The whole catalogue at one rank per GPU (the HSDP meshes adapt, see
-    # racecheck.harness.hsdp_mesh_config).
+    # racecheck.scenario_kit.harness.hsdp_mesh_config).
     return rc + ["--backend", args.backend, "--arms", "all", "--trials", str(args.trials),
                  "--scenario", ",".join(runnable), "--world-size", str(gpus), *extra, *limit, "--out", out]
 
 
 def extra_meshes(gpus: int) -> list[str]:
     """HSDP meshes SHARDxREPLICATE with both axes >= 2 other than the catalogue's own (2 x gpus/2,
-    racecheck.harness.hsdp_mesh_config): on 8 GPUs, 4x2."""
+    racecheck.scenario_kit.harness.hsdp_mesh_config): on 8 GPUs, 4x2."""
     return [f"{s}x{gpus // s}" for s in range(3, gpus // 2 + 1) if gpus % s == 0]
 
 
@@ -119,7 +119,7 @@ def steps(args, gpus: int, runnable: list[str]) -> dict[str, list[tuple[str, lis
                                    "tests/test_patch_cuda.py", "-q", "-p", "no:cacheprovider",
                                    "-x", "--timeout=120"], 240)],
         # The whole catalogue at one rank per GPU (the HSDP meshes adapt, see
-        # racecheck.harness.hsdp_mesh_config); --max-time keeps the finished trials of a slow run.
+        # racecheck.scenario_kit.harness.hsdp_mesh_config); --max-time keeps the finished trials of a slow run.
         "catalogue": [
             (name, catalogue_run(args, name, extra, runnable, gpus), args.run_seconds + 60)
             for name, extra in (("perturbed", []), ("natural", ["--no-perturb"]),

@@ -1,4 +1,4 @@
-"""racecheck.fsdp parity on GPUs: the CPU test matrix (racecheck.fsdp_parity) on the CUDA backend
+"""racecheck.fsdp parity on GPUs: the CPU test matrix (racecheck.scenario_kit.fsdp_parity) on the CUDA backend
 over NCCL, unchanged FSDP code, and a pass/fail table.
 
     torchrun --nproc-per-node N bench/gpu_parity.py [--quick] [--out reports/gpu/parity.md]

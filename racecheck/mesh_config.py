@@ -3,11 +3,20 @@
 It has no torch in it, so that the command line can parse `--mesh` and name the mesh a run uses
 without importing torch; racecheck.fsdp.mesh builds the communicators for it. This dataclass is
 the one owner of the `SHARDxREPLICATE` spelling and of the default layout for a world size.
+
+A run passes the mesh to its test processes in the environment (`env()`): RACECHECK_MESH in that
+spelling, which racecheck's own suites read back with `from_env`, and its two axes as plain
+integers, RACECHECK_MESH_SHARD and RACECHECK_MESH_REPLICATE, so that a project's suite, which
+does not import racecheck, reads the mesh without parsing the string again.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+from collections.abc import Mapping
+
+MESH_ENV = "RACECHECK_MESH"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +47,27 @@ class MeshConfig:
         if world_size > 2 and world_size % 2 == 0:
             return cls(shard=2, replicate=world_size // 2)
         return cls(shard=world_size, replicate=1)
+
+    @classmethod
+    def from_env(cls, world_size: int, *, environ: Mapping[str, str] | None = None) -> "MeshConfig":
+        """The mesh of a test process: RACECHECK_MESH (what `racecheck run --mesh` sets), else
+        the default layout of `world_size`; ValueError naming the variable for a spec that does
+        not parse or does not cover the world."""
+        spec = (os.environ if environ is None else environ).get(MESH_ENV)
+        if not spec:
+            return cls.for_world(world_size)
+        try:
+            mesh = cls.parse(spec)
+        except ValueError as exc:
+            raise ValueError(f"{MESH_ENV}: {exc}") from None
+        if mesh.world_size != world_size:
+            raise ValueError(f"{MESH_ENV}={spec!r} does not cover a world of {world_size}")
+        return mesh
+
+    def env(self) -> dict[str, str]:
+        """The variables that carry this mesh to a run's test processes (module docstring)."""
+        return {MESH_ENV: str(self), f"{MESH_ENV}_SHARD": str(self.shard),
+                f"{MESH_ENV}_REPLICATE": str(self.replicate)}
 
     def __str__(self) -> str:
         return f"{self.shard}x{self.replicate}"

@@ -24,11 +24,11 @@ from pathlib import Path
 import pytest
 
 from racecheck.failure_text import error_line, failure_signature, first_line
-from racecheck.trials.catalogue import check_profile
-from racecheck.trials.lifeline import die_with_parent
-from racecheck.trials.record import (CollectError, Collected, Finished, Outcome, RankLog, Started, TestOutcome,
+from racecheck.suites.catalogue import check_profile
+from racecheck.runner.lifeline import die_with_parent
+from racecheck.runner.record import (CollectError, Collected, Finished, Outcome, RankLog, Started, TestOutcome,
                                      worst)
-from racecheck.trials.schedule import ORDERS, Block, arm_order, read_schedule
+from racecheck.runner.blocks import ORDERS, Block, arm_order, read_schedule
 
 STEP_FIXTURE = "racecheck_step"  # the fixture this plugin parametrizes with the session's steps
 

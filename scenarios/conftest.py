@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from racecheck.trials.catalogue import load_scenario
+from racecheck.suites.catalogue import load_scenario
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +21,7 @@ def scenario(request):
 def world(scenario):
     """The runtime of a process world of the scenario's size (started by torchrun / racecheck run);
     RACECHECK_WORLD_SIZE overrides the size, for machines with fewer GPUs than the scenario's."""
-    from racecheck.harness import WorldError, init_world
+    from racecheck.scenario_kit.harness import WorldError, init_world
 
     try:
         return init_world(int(os.environ.get("RACECHECK_WORLD_SIZE") or scenario.world_size))
@@ -48,7 +48,7 @@ def runtime(request, world, scenario, racecheck_perturb, racecheck_seed, raceche
     `racecheck_reports` (the outcome record's `reports`) and fails the test with the report as its
     failure text: in the call phase when found by then (pytest_runtest_call below), else in this
     fixture's teardown."""
-    from racecheck.harness import perturbation
+    from racecheck.scenario_kit.harness import perturbation
     from racecheck.perturb.injector import resolve_spec
 
     spec = resolve_spec(racecheck_perturb, scenario.default_perturb)

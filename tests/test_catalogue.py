@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from racecheck.perturb.profiles import parse_profile
-from racecheck.trials.catalogue import find_catalogue, load_catalogue
+from racecheck.suites.catalogue import find_catalogue, load_catalogue
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 CATALOGUE = load_catalogue(find_catalogue(str(SCENARIOS)))

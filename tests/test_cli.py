@@ -118,9 +118,10 @@ def test_a_mesh_that_does_not_fit_is_a_usage_error(project, args, message):
 def test_the_mesh_is_kept_for_resume_and_named_in_replays(tmp_path):
     import json
 
-    from racecheck.trials.catalogue import find_catalogue, load_catalogue
-    from racecheck.trials.record import TrialRecord
-    from racecheck.trials.runner import RunConfig, replay_command
+    from racecheck.suites.catalogue import find_catalogue, load_catalogue
+    from racecheck.runner.record import TrialRecord
+    from racecheck.runner.run_config import RunConfig
+    from racecheck.runner.trial_runner import replay_command
 
     res = racecheck("run", "--arms", "fixed", "--trials", 1, "--world-size", 2, "--mesh", "1x2",
                     "--out", tmp_path / "out", "-q", "--", "-k", "1-False", cwd=CHECKOUT)
@@ -137,7 +138,7 @@ def test_the_mesh_is_kept_for_resume_and_named_in_replays(tmp_path):
 
 
 def test_a_min_world_size_above_the_world_size_is_rejected(tmp_path):
-    from racecheck.trials.catalogue import CatalogueError, load_scenario
+    from racecheck.suites.catalogue import CatalogueError, load_scenario
 
     (tmp_path / "scenario.toml").write_text("world_size = 2\nmin_world_size = 4\n[arms.a]\n")
     with pytest.raises(CatalogueError, match="min_world_size 4 is larger than world_size 2"):

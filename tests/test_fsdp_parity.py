@@ -1,5 +1,5 @@
 """racecheck.fsdp matches a single-process reference on the CPU emulation over gloo: FSDP on 2 ranks
-and HSDP on a 2x2 mesh, over the matrix of racecheck.fsdp_parity.default_matrix (microbatches,
+and HSDP on a 2x2 mesh, over the matrix of racecheck.scenario_kit.fsdp_parity.default_matrix (microbatches,
 set_to_none, prefetch, accumulation without sync, bf16, AdamW with clipping, meta init, reshard
 settings, a small transformer, the safe main_grad policies), plus the bitwise state-dict round trip.
 
@@ -25,7 +25,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from multiprocessing import get_context
 
-from racecheck import fsdp_parity as parity
+from racecheck.scenario_kit import fsdp_parity as parity
 
 MESHES = {"fsdp2": (2, 1), "hsdp2x2": (2, 2)}  # name -> (shard, replicate)
 CASES = parity.default_matrix()
@@ -71,7 +71,7 @@ def _worker(rank: int, world: int, port: int, shard: int, replicate: int, out_di
 def _run_world(name: str, out_dir: str) -> dict[str, dict]:
     shard, replicate = MESHES[name]
     world = shard * replicate
-    get_context("forkserver").set_forkserver_preload(["torch", "torch._dynamo", "racecheck.fsdp_parity"])
+    get_context("forkserver").set_forkserver_preload(["torch", "torch._dynamo", "racecheck.scenario_kit.fsdp_parity"])
     ctx = mp.start_processes(_worker, args=(world, _free_port(), shard, replicate, out_dir), nprocs=world,
                              join=False, start_method="forkserver")
     deadline = time.monotonic() + WORLD_TIMEOUT_S

@@ -1,4 +1,4 @@
-"""racecheck.trials.gate and the `gate`/`plan` commands: decisions, their lines, and exit codes."""
+"""racecheck.results.gate and the `gate`/`plan` commands: decisions, their lines, and exit codes."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import pytest
 from click.testing import CliRunner
 
 from racecheck.exitcodes import ExitCode
-from racecheck.trials import tally
-from racecheck.trials.cli_commands import gate_command, plan_command
-from racecheck.trials.gate import Decision, evaluate_gate
-from racecheck.trials.record import TrialLog, TrialRecord
-from racecheck.trials.stats import trials_for_auto
+from racecheck.results import tally
+from racecheck.cli.commands import gate_command, plan_command
+from racecheck.results.gate import Decision, evaluate_gate
+from racecheck.runner.record import TrialLog, TrialRecord
+from racecheck.results.stats import trials_for_auto
 
 TEST = "scenarios/main_grad_reuse/test_main_grad_reuse.py::test_hsdp_losses_match_baseline[{}]"
 PARAMS = ("1-True", "1-False", "3-True", "3-False")
@@ -185,7 +185,7 @@ def test_trials_for_auto():
 
 
 def test_command_module_imports_no_heavy_library():
-    code = ("import sys, racecheck.trials.cli_commands; "
+    code = ("import sys, racecheck.cli.commands; "
             "print(sorted(m for m in ('pandas', 'scipy', 'matplotlib', 'torch') "
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -1,4 +1,4 @@
-"""racecheck.harness's numerical verdict: a NaN anywhere (a poisoned block read by the update) fails it."""
+"""racecheck.scenario_kit.harness's numerical verdict: a NaN anywhere (a poisoned block read by the update) fails it."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from racecheck.harness import check_parity, update_errors
+from racecheck.scenario_kit.harness import check_parity, update_errors
 
 INITIAL = {"w": torch.zeros(3)}
 REFERENCE = {"w": torch.ones(3)}

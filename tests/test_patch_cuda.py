@@ -116,7 +116,7 @@ def test_the_tracker_reports_the_race_through_racecheck_run(tmp_path):
                        tests={"test_copy.py": suite})
     res = racecheck("run", "--trials", 2, "--detect", "--no-perturb", "--out", tmp_path / "d", "-q", cwd=root)
     assert res.code == 0, res
-    from racecheck.trials.record import read_log
+    from racecheck.runner.record import read_log
 
     got = {(r.arm, r.trial): r for r in read_log(tmp_path / "d" / "trials.jsonl")}
     assert all(got["asis", t].detected >= 1 and got["asis", t].outcome == "failed" for t in range(2))

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from racecheck.plugin import strip_step
-from racecheck.trials.schedule import Block, SessionPlan, arm_order, write_schedule
+from racecheck.runner.blocks import Block, SessionPlan, arm_order, write_schedule
 
 pytest_plugins = ["pytester"]
 

@@ -14,7 +14,7 @@ import shlex
 
 import pytest
 
-from racecheck.trials.record import read_log
+from racecheck.runner.record import read_log
 from tests.test_runner import _fast_sessions, racecheck, write_suite  # noqa: F401 (sessions without autoloaded plugins)
 
 SUITE = '''

@@ -1,4 +1,4 @@
-"""The rank events' one schema (racecheck.trials.record.RankEvent): what the plugin writes to each
+"""The rank events' one schema (racecheck.runner.record.RankEvent): what the plugin writes to each
 process's log, what the session reads back and merges over ranks, and the lines of older runs."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from racecheck.trials.ranks import RankMerger, RankTail
-from racecheck.trials.record import (CollectError, Collected, Finished, RankEvent, RankEventKind, Started,
+from racecheck.runner.ranks import RankMerger, RankTail
+from racecheck.runner.record import (CollectError, Collected, Finished, RankEvent, RankEventKind, Started,
                                      TestOutcome)
 
 pytest_plugins = ["pytester"]

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from racecheck.trials import report, tally
-from racecheck.trials.cli_commands import report_command
-from racecheck.trials.record import TrialLog, TrialRecord
+from racecheck.results import report, tally
+from racecheck.cli.commands import report_command
+from racecheck.runner.record import TrialLog, TrialRecord
 
 GOLDEN = Path(__file__).parent / "golden"
 FILE = "scenarios/main_grad_reuse/test_main_grad_reuse.py"
@@ -105,8 +105,8 @@ def test_terminal_shows_arms_then_parametrizations(rendered):
 
 
 def test_summary_csv_matches_write_summary(run_dir, rendered):
-    path = tally.write_summary(run_dir)
-    assert path.read_text() == rendered[report.Format.CSV]
+    tally.write_summary(run_dir)
+    assert (run_dir / "summary.csv").read_text() == rendered[report.Format.CSV]
 
 
 def test_junit_follows_surefire_structure(rendered):

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import pytest
 
-from racecheck.trials import run_options
+from racecheck.cli import run_options
 from test_runner import SEEDED_TEST, racecheck, records, summary_counts, write_suite
 
 
@@ -192,7 +192,7 @@ class _Suite:
 
 
 def _config(*suites, world_size=None):
-    from racecheck.trials.runner import RunConfig
+    from racecheck.runner.run_config import RunConfig
 
     return RunConfig(scenarios=tuple(suites), arms=None, trials=1, out=None, world_size=world_size)
 
@@ -215,7 +215,7 @@ def test_on_one_gpu_worlds_are_capped_floored_or_skipped_and_named(monkeypatch):
 
 
 def test_a_skipped_suite_is_a_row_of_the_summary_and_a_line_of_the_table(tmp_path):
-    from racecheck.trials import report, tally
+    from racecheck.results import report, tally
 
     root = write_suite(tmp_path / "p", arms={"never": {}}, tests={"test_seeded.py": SEEDED_TEST})
     assert racecheck("run", "--trials", 1, "--out", tmp_path / "out", "-q", cwd=root).code == 0
@@ -230,7 +230,7 @@ def test_a_skipped_suite_is_a_row_of_the_summary_and_a_line_of_the_table(tmp_pat
 def test_a_left_over_session_is_killed_only_when_its_identity_proves_it(tmp_path):
     import psutil
 
-    from racecheck.trials import state
+    from racecheck.runner import state
 
     sleeper = subprocess.Popen(["sleep", "60"])
     try:

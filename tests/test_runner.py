@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from racecheck.trials.record import read_log
-from racecheck.trials.schedule import arm_order
+from racecheck.runner.record import read_log
+from racecheck.runner.blocks import arm_order
 
 # A suite whose arms are told apart inside the process: test `case` of trial t fails when a
 # draw seeded by the trial's seed falls below the arm's rate.

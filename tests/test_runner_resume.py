@@ -13,7 +13,7 @@ import time
 import psutil
 import pytest
 
-from racecheck.trials import interrupts
+from racecheck.runner import interrupts
 from test_runner import SEEDED_TEST, expected_failures, racecheck, records, summary_counts, write_suite
 
 SLOW_SEEDED = SEEDED_TEST + "\nimport time\n\ndef test_slow():\n    time.sleep(0.15)\n"

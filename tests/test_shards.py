@@ -8,8 +8,8 @@ import shutil
 
 import pytest
 
-from racecheck.trials.schedule import Shard
-from racecheck.trials.shard_env import from_environment
+from racecheck.runner.blocks import Shard
+from racecheck.runner.shard_env import from_environment
 from test_runner import SEEDED_TEST, racecheck, summary_counts, write_suite
 
 

@@ -1,4 +1,4 @@
-"""racecheck.trials.stats against independent references (scipy's own Wilson and Fisher, hand
+"""racecheck.results.stats against independent references (scipy's own Wilson and Fisher, hand
 enumeration through the hypergeometric distribution, published values) and by its properties."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import binom, binomtest, fisher_exact, hypergeom
 
-from racecheck.trials import stats
+from racecheck.results import stats
 
 FAST = settings(max_examples=60, deadline=None)
 

@@ -1,13 +1,15 @@
-"""racecheck.trials.tally: the summary.csv contract, built from synthetic trial logs."""
+"""racecheck.results.tally: the summary.csv contract, built from synthetic trial logs."""
 
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 import pytest
-from scipy.stats import binomtest, fisher_exact
+from scipy.stats import binomtest
 
-from racecheck.trials import tally
-from racecheck.trials.record import TrialLog, TrialRecord
+from racecheck.results import tally
+from racecheck.runner.record import TrialLog, TrialRecord
 
 SCENARIO = "main_grad_reuse"
 TEST = "scenarios/main_grad_reuse/test_main_grad_reuse.py::test_hsdp_losses_match_baseline[{}]"
@@ -146,25 +148,23 @@ def test_expect_comes_from_the_first_non_empty_value(tmp_path):
 
 
 def test_write_summary_roundtrip(two_arms):
-    path = tally.write_summary(two_arms)
-    assert path == two_arms / "summary.csv"
-    back = pd.read_csv(path, keep_default_na=False)
-    assert list(back.columns) == list(tally.SUMMARY_COLUMNS)
+    summary = tally.write_summary(two_arms)
+    back = pd.read_csv(two_arms / "summary.csv", keep_default_na=False)
+    assert list(back.columns) == list(tally.SUMMARY_COLUMNS) == list(summary.columns)
     assert set(back[back.test == "*"].arm) == {"baseline", "fixed"}
-    assert back.loc[0, "ci_high"] == pytest.approx(
-        tally.summarize(tally.load_records(two_arms)).loc[0, "ci_high"], rel=1e-5)
+    assert back.loc[0, "ci_high"] == pytest.approx(summary.loc[0, "ci_high"], rel=1e-5)
 
 
-def test_compare_arms_uses_fisher(two_arms):
-    summary = tally.summarize(tally.load_records(two_arms))
-    cmp = tally.compare_arms(summary, "baseline", "fixed")
-    assert list(cmp.test)[0] == "*" and len(cmp) == 1 + len(PARAMS)
-    star = cmp.iloc[0]
-    assert star.p_greater == pytest.approx(
-        fisher_exact([[6, 2], [0, 8]], alternative="greater").pvalue)
-    assert star.p_two_sided == pytest.approx(fisher_exact([[6, 2], [0, 8]]).pvalue)
-    with pytest.raises(ValueError, match="unknown arm 'nope'"):
-        tally.compare_arms(summary, "nope", "fixed")
+def test_write_summary_adds_the_skipped_suites(two_arms):
+    (two_arms / "run.json").write_text(json.dumps({"skipped": {"big": {
+        "arms": ["a"], "expect": {"a": "race"}, "why": "needs at least 8 ranks"}}}))
+    summary = tally.write_summary(two_arms)
+    row = summary[summary.scenario == "big"].iloc[0]
+    assert (row.test, row.arm, row.trials, row.note) == ("*", "a", 0, "skipped: needs at least 8 ranks")
+    assert "skipped: needs at least 8 ranks" in (two_arms / "summary.csv").read_text()
+
+
+def test_summarize_refuses_an_empty_log(two_arms):
     with pytest.raises(ValueError):
         tally.summarize(tally.load_records(two_arms).iloc[0:0])
 

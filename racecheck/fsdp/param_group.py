@@ -39,7 +39,7 @@ from racecheck.fsdp.reduce import GradReducer
 from racecheck.fsdp.streams import FSDPStreams
 
 if TYPE_CHECKING:
-    from racecheck.fsdp.schedule import Schedule
+    from racecheck.fsdp.prefetch_order import Schedule
 
 
 class GroupState(enum.Enum):

@@ -1,6 +1,6 @@
 """The injector: a runtime observer that performs a schedule's actions at the injection points.
 
-Installed in every rank by the scenario fixtures (racecheck.harness.perturbation), or from the
+Installed in every rank by the scenario fixtures (racecheck.scenario_kit.harness.perturbation), or from the
 environment for processes that a launcher starts (install_from_env). Configuration, first found
 wins: the command line (`racecheck run --perturb/--no-perturb/--seed`, which passes
 `--racecheck-perturb/--racecheck-seed` to pytest), the pytest options themselves, the environment
@@ -36,7 +36,7 @@ from racecheck.device import Runtime, RuntimeObserver, Stream
 from racecheck.device.base import POISON_BYTE
 from racecheck.perturb.points import EVENT_WAIT, FREE
 from racecheck.perturb.profiles import Profile, parse_profile
-from racecheck.perturb.schedule import Hold, Poison, Pressure, Sleep, make_schedule
+from racecheck.perturb.decisions import Hold, Poison, Pressure, Sleep, make_schedule
 
 ENV_VAR = "RACECHECK_PERTURB"
 SEED_ENV_VAR = "RACECHECK_SEED"

@@ -49,7 +49,7 @@ from racecheck.perturb import systematic
 from racecheck.perturb.points import (COLLECTIVE_POINTS, EVENT_RECORD, FREE, HANDOFF_POINTS, STREAM_ENTER,
                                       STREAM_WAIT)
 from racecheck.perturb.profiles import Profile, parse_profile
-from racecheck.perturb.schedule import Hold, Poison, Pressure, Schedule, Sleep, make_schedule
+from racecheck.perturb.decisions import Hold, Poison, Pressure, Schedule, Sleep, make_schedule
 
 # torch.distributed function -> (collective kind, name of its input argument)
 WRAPPED = {

@@ -95,7 +95,7 @@ class Rule:
 
 @dataclasses.dataclass(frozen=True)
 class RandomConfig:
-    """The seeded random schedule (see racecheck.perturb.schedule.RandomSchedule)."""
+    """The seeded random schedule (see racecheck.perturb.decisions.RandomSchedule)."""
 
     max_delay: float = 0.004
     sleep: float = 0.25  # probability of a delay at a marked point or event wait

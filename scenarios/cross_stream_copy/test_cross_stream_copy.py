@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from racecheck.device import Event
-from racecheck.harness import check_values
+from racecheck.scenario_kit.harness import check_values
 
 NUMEL = 4096  # 16 KiB per bucket: every bucket fits the previous one's block
 BUCKETS = 8

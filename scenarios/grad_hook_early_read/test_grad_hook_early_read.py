@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from racecheck.device import ReduceOp
-from racecheck.harness import check_values
+from racecheck.scenario_kit.harness import check_values
 
 NUMEL = 4096  # per unsharded gradient; divisible by every world size the catalogue runs at
 PARAMS = 6

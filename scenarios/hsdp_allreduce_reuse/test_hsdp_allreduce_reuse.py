@@ -14,7 +14,7 @@ import pytest
 import torch.distributed as dist
 
 from racecheck.fsdp import Mesh, MeshConfig
-from racecheck.mlp_parity import train_against_reference
+from racecheck.scenario_kit.mlp_parity import train_against_reference
 
 HOLD = {"hold_until_wait": True, "drop_after_all_reduce": False}
 

@@ -17,7 +17,7 @@ import torch
 
 from racecheck.device import Event, ReduceOp
 from racecheck.fsdp.mesh import Mesh
-from racecheck.harness import check_values, hsdp_mesh_config
+from racecheck.scenario_kit.harness import check_values, hsdp_mesh_config
 
 NUMEL = 4096  # per unsharded gradient; divisible by every shard count the catalogue runs at
 GROUPS = 6  # parameter groups reduced one after another in the backward

@@ -9,8 +9,8 @@ import pytest
 import torch.distributed as dist
 
 from racecheck.fsdp import Mesh
-from racecheck.harness import hsdp_mesh_config
-from racecheck.mlp_parity import train_against_reference
+from racecheck.scenario_kit.harness import hsdp_mesh_config
+from racecheck.scenario_kit.mlp_parity import train_against_reference
 
 
 @pytest.fixture(scope="module")

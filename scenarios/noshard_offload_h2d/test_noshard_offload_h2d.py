@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from racecheck.device import Event
-from racecheck.harness import check_values
+from racecheck.scenario_kit.harness import check_values
 
 NUMEL = 4096  # per flat parameter
 HANDLES = 4  # FSDP units, unsharded one after another in the forward

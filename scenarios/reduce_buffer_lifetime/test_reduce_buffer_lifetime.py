@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from racecheck.device import Event, ReduceOp
-from racecheck.harness import check_values
+from racecheck.scenario_kit.harness import check_values
 
 NUMEL = 1024  # per gradient
 PARAMS_PER_BUCKET = 4

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from racecheck.device import Event
-from racecheck.harness import check_values
+from racecheck.scenario_kit.harness import check_values
 
 WIDTH = 64
 LAYERS = 4

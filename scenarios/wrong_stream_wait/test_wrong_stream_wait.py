@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from racecheck.device import Event, ReduceOp
-from racecheck.harness import check_values
+from racecheck.scenario_kit.harness import check_values
 
 NUMEL = 2048
 BUCKETS = 4

@@ -39,17 +39,14 @@ def pytest_report_header(config):
 
 
 def _mesh_shape(world_size: int) -> tuple[int, int]:
-    """(replicate, shard) for the world: RACECHECK_MESH=SHARDxREPLICATE when the run gives one,
-    else 2-way shard x world/2 replicas for an even world above 2, else every rank a shard."""
-    spec = os.environ.get("RACECHECK_MESH")
-    if spec:
-        shard, _, replicate = spec.lower().partition("x")
-        try:
-            shape = (int(replicate or 1), int(shard))
-        except ValueError:
-            raise pytest.UsageError(f"RACECHECK_MESH={spec!r}: expected SHARDxREPLICATE, e.g. 2x2") from None
-        if shape[0] * shape[1] != world_size or min(shape) < 1:
-            raise pytest.UsageError(f"RACECHECK_MESH={spec!r} does not cover a world of {world_size}")
+    """(replicate, shard) for the world: the run's mesh when it gives one (`racecheck run --mesh`
+    sets RACECHECK_MESH_SHARD and RACECHECK_MESH_REPLICATE), else 2-way shard x world/2 replicas
+    for an even world above 2, else every rank a shard."""
+    axes = [os.environ.get(f"RACECHECK_MESH_{axis}") for axis in ("REPLICATE", "SHARD")]
+    if any(axes):
+        shape = tuple(int(a or 1) for a in axes)  # racecheck wrote them as plain integers
+        if shape[0] * shape[1] != world_size:
+            raise pytest.UsageError(f"the run's mesh {shape[1]}x{shape[0]} does not cover a world of {world_size}")
         return shape
     if world_size > 2 and world_size % 2 == 0:
         return world_size // 2, 2

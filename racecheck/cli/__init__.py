@@ -1,0 +1,50 @@
+"""The `racecheck` command line: a click group whose commands are thin shells over the library.
+
+The commands live in run.py (`run`) and commands.py (`report`, `gate`, `plan`, `merge`, `list`);
+`main` maps racecheck's own errors to the documented exit codes (exitcodes.py). Heavy imports
+(torch, pandas, scipy) happen inside the commands, so that `racecheck --help` is instant.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from racecheck.cli.commands import COMMANDS
+from racecheck.cli.run import run_command
+from racecheck.exitcodes import ExitCode, InfrastructureError, InputError
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="racecheck")
+def cli() -> None:
+    """Make stream/allocator races happen on demand, prove fixes, and gate CI on the evidence."""
+
+
+def main() -> None:
+    """Console entry point: maps racecheck's own errors to the documented exit codes."""
+    try:
+        rc = cli.main(prog_name="racecheck", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("racecheck: aborted", err=True)
+        sys.exit(ExitCode.INTERRUPTED)
+    except click.UsageError as exc:
+        # One line, no traceback: usage mistakes exit 2 as click's own convention does.
+        hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx else ""
+        click.echo(f"racecheck: error: {exc.format_message()}{hint}", err=True)
+        sys.exit(ExitCode.USAGE)
+    except click.ClickException as exc:
+        click.echo(f"racecheck: error: {exc.format_message()}", err=True)
+        sys.exit(exc.exit_code)
+    except InputError as exc:
+        click.echo(f"racecheck: error: {exc}", err=True)
+        sys.exit(ExitCode.USAGE)
+    except InfrastructureError as exc:
+        click.echo(f"racecheck: infrastructure error: {exc}", err=True)
+        sys.exit(ExitCode.INFRASTRUCTURE)
+    sys.exit(rc if isinstance(rc, int) else ExitCode.OK)
+
+
+for _command in (run_command, *COMMANDS):  # run, report, gate, plan, merge, list
+    cli.add_command(_command)

@@ -1,0 +1,244 @@
+"""The `report`, `gate` and `plan` commands: thin click shells over tally, report, gate and stats.
+
+Registered on the `racecheck` group by cli.py. pandas, scipy and matplotlib are imported inside the
+command functions only, so `racecheck --help` stays instant. User mistakes (a missing OUT, a log
+without records, a rate outside [0, 1], an unknown arm) become click.BadParameter/UsageError: one
+line, exit 2. `gate` exits through `ctx.exit` with the code of its decision (exitcodes.py).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import click
+
+from racecheck.results.rows import Format
+
+
+def check_rate(ctx, param, value):
+    """click callback: a rate must lie in [0, 1] (a confidence, alpha or power strictly inside)."""
+    if value is None:
+        return value
+    if param.name in ("confidence", "alpha", "power") and not 0.0 < value < 1.0:
+        raise click.BadParameter(f"{value} is not strictly between 0 and 1", ctx, param)
+    if not 0.0 <= value <= 1.0:
+        raise click.BadParameter(f"{value} is not a rate in [0, 1]", ctx, param)
+    return value
+
+
+def _load(ctx, out_dir: Path, signature: str | None = None):
+    """The records and summary of OUT, or a one-line usage error naming what is wrong."""
+    from racecheck.results import tally
+
+    param = next(p for p in ctx.command.params if p.name == "out_dir")
+    try:
+        records = tally.load_records(out_dir)
+    except (FileNotFoundError, ValueError) as exc:
+        raise click.BadParameter(str(exc), ctx, param) from None
+    for line in records.attrs.get("bad_lines", []):
+        click.echo(f"racecheck: warning: {line}", err=True)
+    try:
+        summary = tally.summarize(records, signature=signature)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx, param_hint="--signature") from None
+    return records, tally.with_skipped(summary, tally.skipped_suites(out_dir))
+
+
+_signature_option = click.option(
+    "--signature", default=None, metavar="REGEX",
+    help="Count only failures whose signature or message matches REGEX (e.g. 'AssertionError.*"
+         "test_hsdp'); other failures are not evidence of the race and are reported apart.")
+
+
+@click.command("report")
+@click.argument("out_dir", metavar="OUT", type=click.Path(path_type=Path))
+@click.option("--format", "fmt", type=click.Choice([f.value for f in Format]), default="terminal",
+              show_default=True, help="What to render.")
+@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write to FILE instead of stdout.")
+@click.option("--github-summary", is_flag=True,
+              help="Also append the Markdown report to $GITHUB_STEP_SUMMARY (kept under 1 MiB).")
+@_signature_option
+@click.pass_context
+def report_command(ctx, out_dir: Path, fmt: str, output: Path | None, github_summary: bool,
+                   signature: str | None):
+    """Render the trials in OUT (its trials.jsonl): a table, Markdown, CSV, JSON, JUnit or HTML."""
+    summary_file = os.environ.get("GITHUB_STEP_SUMMARY") if github_summary else None
+    if github_summary and not summary_file:
+        raise click.UsageError("--github-summary needs $GITHUB_STEP_SUMMARY (GitHub Actions sets "
+                               "it)", ctx)
+    from racecheck.results import report
+
+    records, summary = _load(ctx, out_dir, signature)
+    text = report.render(fmt, summary=summary, records=records)
+    if output is None:
+        click.echo(text, nl=False)
+    else:
+        try:
+            output.write_text(text, encoding="utf-8")
+        except OSError as exc:
+            raise click.BadParameter(f"cannot write {output}: {exc.strerror or exc}", ctx,
+                                     param_hint="--output") from None
+    if summary_file:
+        # The step summary's 1 MiB limit covers what earlier steps already wrote there.
+        used = Path(summary_file).stat().st_size if Path(summary_file).exists() else 0
+        room = max(report.MARKDOWN_LIMIT - used, 1024)
+        with open(summary_file, "a", encoding="utf-8") as fh:
+            fh.write(report.render_markdown(summary, max_bytes=room))
+
+
+@click.command("gate")
+@click.argument("out_dir", metavar="OUT", type=click.Path(path_type=Path))
+@click.option("--fixed", required=True, metavar="ARM", help="The arm that must not fail.")
+@click.option("--baseline", required=True, metavar="ARM", help="The arm that must still fail.")
+@click.option("--max-rate", type=float, default=0.0, show_default=True, callback=check_rate,
+              help="Highest failure rate allowed for the fixed arm (its upper bound with "
+                   "--confidence).")
+@click.option("--min-rate", type=float, default=None, callback=check_rate,
+              help="Lowest failure rate required of the baseline (its lower bound with "
+                   "--confidence). Default: at least one failing trial.")
+@click.option("--confidence", type=float, default=None, callback=check_rate,
+              help="Judge Wilson bounds at this confidence (e.g. 0.95) instead of observed rates.")
+@click.option("--scenario", default=None, help="Gate one scenario (default: every scenario that "
+                                               "ran both arms).")
+@_signature_option
+@click.pass_context
+def gate_command(ctx, out_dir, fixed, baseline, max_rate, min_rate, confidence, scenario, signature):
+    """Pass when the fixed arm's failure rate is low enough AND the baseline still reproduces.
+
+    Exit 0 PASS, 1 FAIL, 4 UNDECIDED (too few trials: the output says how many more would decide).
+    """
+    from racecheck.results.gate import evaluate_gate
+
+    _, summary = _load(ctx, out_dir, signature)
+    arms = list(dict.fromkeys(summary["arm"]))
+    for hint, arm in (("--fixed", fixed), ("--baseline", baseline)):
+        if arm not in arms:
+            raise click.BadParameter(f"unknown arm {arm!r}; arms in {out_dir}: {', '.join(arms)}",
+                                     ctx, param_hint=hint)
+    try:
+        result = evaluate_gate(summary, fixed=fixed, baseline=baseline, max_rate=max_rate,
+                               min_rate=min_rate, confidence=confidence, scenario=scenario)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx) from None
+    click.echo(result.printout())
+    ctx.exit(int(result.exit_code))
+
+
+@click.command("plan")
+@click.option("--bound", type=float, callback=check_rate,
+              help="Plan to bound a clean arm's failure rate at or below this rate.")
+@click.option("--confidence", type=float, default=0.95, show_default=True, callback=check_rate,
+              help="Confidence of the Wilson bound (with --bound).")
+@click.option("--baseline-rate", type=float, callback=check_rate,
+              help="Expected failure rate of the baseline arm (to plan a separation).")
+@click.option("--fixed-rate", type=float, default=0.0, show_default=True, callback=check_rate,
+              help="Expected failure rate of the fixed arm.")
+@click.option("--alpha", type=float, default=0.05, show_default=True, callback=check_rate,
+              help="Significance level of the one-sided Fisher exact test.")
+@click.option("--power", type=float, default=0.9, show_default=True, callback=check_rate,
+              help="Required probability that the test separates the arms.")
+@click.pass_context
+def plan_command(ctx, bound, confidence, baseline_rate, fixed_rate, alpha, power):
+    """How many trials to run: to bound a clean arm (--bound), or to separate two arms
+    (--baseline-rate with --fixed-rate, --alpha, --power)."""
+    if (bound is None) == (baseline_rate is None):
+        raise click.UsageError("give either --bound, or --baseline-rate (with --fixed-rate)", ctx)
+    from racecheck.results import stats
+
+    try:
+        if bound is not None:
+            n = stats.trials_to_bound(bound, confidence=confidence)
+            click.echo(f"{n} trials without a failure bound the failure rate at or below "
+                       f"{stats.format_pct(bound)} at {confidence * 100:g}% (Wilson upper bound; "
+                       f"{stats.describe_rate(0, n, confidence=confidence)})")
+        else:
+            n = stats.trials_to_separate(baseline_rate, fixed_rate, alpha=alpha, power=power)
+            got = stats.fisher_power(n, baseline_rate, fixed_rate, alpha=alpha)
+            click.echo(f"{n} trials per arm: a baseline failing at "
+                       f"{stats.format_pct(baseline_rate)} is told from a fix failing at "
+                       f"{stats.format_pct(fixed_rate)} by a one-sided "
+                       f"Fisher exact test at alpha {alpha:g} with power {got:.3f} "
+                       f"(>= {power:g})")
+    except ValueError as exc:
+        raise click.UsageError(str(exc), ctx) from None
+
+
+@click.command("merge")
+@click.argument("inputs", nargs=-1, required=True)
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="The folder to write the merged run into.")
+def merge_command(inputs, out_dir):
+    """Join run folders (shards from --shard i/N, other machines, CI jobs) into one run in OUT.
+
+    INPUTS are folders or quoted glob patterns ('shards/*'); a split must be whole (every shard
+    of 1/N ... N/N once)."""
+    from racecheck.runner.merge import MergeError, expand_inputs, merge
+
+    try:
+        inputs = expand_inputs(inputs, out_dir)
+        n = merge(inputs, out_dir)
+    except MergeError as exc:
+        raise click.UsageError(str(exc)) from None
+    summarize_run(out_dir, footer=f"{n} records from {len(inputs)} runs merged into {out_dir} "
+                               f"(trials.jsonl, summary.csv)")
+
+
+@click.command("list")
+@click.option("--scenarios", "scenarios_dir", default=None, help="The catalogue folder (default: ./scenarios).")
+@click.option("--config", "config_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also list the suite of this config (default: ./pyproject.toml's, if any).")
+def list_command(scenarios_dir, config_file):
+    """The catalogue's scenarios (and the project's own suite): arms, expectations, profiles."""
+    from racecheck.suites.catalogue import CatalogueError, find_catalogue, load_catalogue
+    from racecheck.suites.project import find_config, load_config
+
+    suites = []
+    try:
+        config_file = config_file or find_config()
+        if config_file is not None:
+            suites.append(load_config(config_file))
+        try:
+            suites += load_catalogue(find_catalogue(scenarios_dir)).values()
+        except CatalogueError:
+            if scenarios_dir or not suites:
+                raise
+    except CatalogueError as exc:
+        raise click.UsageError(str(exc)) from None
+    for s in suites:
+        where = f"config {s.config_file}" if s.config_file else f"scenario {s.path.name}/"
+        least = f", at least {s.min_world_size}" if 1 < s.min_world_size < s.world_size else ""
+        click.echo(f"{s.name}  ({where}; world size {s.world_size}{least}; default perturb {s.default_perturb})")
+        if s.summary:
+            click.echo(f"  {s.summary}")
+        width = max(len(a) for a in s.arms) + 1
+        for name, arm in s.arms.items():
+            mark = "*" if name in s.default_arms else " "
+            extra = [f"git {arm.git}"] if arm.git else []
+            extra += [f"env {' '.join(f'{k}={v}' for k, v in arm.env)}"] if arm.env else []
+            extra += [f"pytest {' '.join(arm.pytest_args)}"] if arm.pytest_args else []
+            extra += [f"perturb {arm.perturb}"] if arm.perturb else []
+            text = "; ".join(([arm.summary] if arm.summary else []) + extra)
+            click.echo(f"  {mark}{name:<{width}} {arm.expect or '-':<5} {text}".rstrip())
+        click.echo("")
+    click.echo("* default arm; expect: race (must reproduce) / safe (must stay clean)")
+
+
+def summarize_run(out_dir: Path, *, footer: str | None = None) -> bool:
+    """Write OUT/summary.csv and, with a footer, print the table and the footer; False when the
+    log holds no record."""
+    from racecheck.results.report import render_terminal
+    from racecheck.results.tally import write_summary
+
+    try:
+        summary = write_summary(out_dir)
+    except (FileNotFoundError, ValueError):
+        return False
+    if footer is not None:
+        click.echo(render_terminal(summary))
+        click.echo(f"\n{footer}")
+    return True
+
+
+COMMANDS = (report_command, gate_command, plan_command, merge_command, list_command)

@@ -1,0 +1,338 @@
+"""Turning `racecheck run`'s options into a RunConfig (fresh, or from OUT/run.json with --resume),
+and its --gate: the run command's logic, kept out of cli.py so that the command reads as a script.
+
+User mistakes become click.UsageError/BadParameter (one line, exit 2); git and suite problems found
+later raise exitcodes.InputError (exit 2) as well.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import click
+
+# Options that define the experiment: on --resume they come from OUT/run.json.
+_DEFINING = ("scenario_names", "config_file", "arms", "out_dir", "perturb", "no_perturb", "delay_ms",
+             "seed", "isolation", "order", "chunk", "backend", "world_size", "mesh", "detect",
+             "scenarios_dir", "shard", "pytest_args")
+
+
+def suites_from_options(opts) -> tuple[list, dict]:
+    """The suites to run and their source (kept in run.json for --resume)."""
+    from racecheck.suites.catalogue import CatalogueError, find_catalogue, load_catalogue, select
+    from racecheck.suites.project import find_config, load_config
+
+    names, config_file = opts["scenario_names"], opts["config_file"]
+    if names is not None and config_file is not None:
+        raise click.UsageError("--scenario and --config exclude each other")
+    try:
+        if names is None:
+            config_file = config_file or find_config()
+        if config_file is not None:
+            suite = load_config(config_file)
+            return [suite], {"kind": "config", "path": str(suite.config_file)}
+        folder = find_catalogue(opts["scenarios_dir"])
+        names = names or "main_grad_reuse"
+        return select(load_catalogue(folder), names), {"kind": "catalogue", "dir": str(folder), "names": names}
+    except CatalogueError as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+def fresh_config(ctx, opts):
+    """The RunConfig the command line describes (arms checked, git revisions resolved)."""
+    from racecheck.suites.catalogue import CatalogueError
+    from racecheck.runner.run_config import RunConfig
+
+    suites, source = suites_from_options(opts)
+    all_arms = opts["scenario_names"] == "all" or opts["arms"] == "all"
+    arm_list = None
+    if opts["arms"] is not None and opts["arms"] != "all":
+        arm_list = tuple(dict.fromkeys(a.strip() for a in opts["arms"].split(",") if a.strip()))
+        if not arm_list:
+            raise click.BadParameter("no arm named", param_hint="--arms")
+    try:
+        for s in suites:
+            for a in arm_list or ():
+                s.arm(a)
+    except CatalogueError as exc:
+        raise click.UsageError(str(exc)) from None
+    spec = perturb_spec(opts, suites)
+    shard, shard_source = job_shard(opts["shard"])
+    out_dir = opts["out_dir"] or Path("racecheck-out") / time.strftime("run-%Y%m%d-%H%M%S")
+    config = RunConfig(scenarios=tuple(suites), arms=arm_list, trials=trials_value(opts["trials"], 10),
+                       out=out_dir, perturb=spec, seed=opts["seed"], isolation=opts["isolation"],
+                       order=opts["order"], chunk=opts["chunk"], timeout=opts["timeout"],
+                       backend=opts["backend"], detect=opts["detect"], pytest_args=tuple(opts["pytest_args"]),
+                       all_arms=all_arms, world_size=opts["world_size"], mesh=opts["mesh"], shard=shard,
+                       shard_source=shard_source,
+                       max_time=opts["max_time"], stop_rules=opts["stop_rules"], source=source)
+    config = fit_worlds(config)
+    check_run(config)
+    config = with_revisions(config)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise click.BadParameter(f"cannot create {out_dir}: {exc.strerror or exc}",
+                                 param_hint="--out") from None
+    return config
+
+
+def fit_worlds(config):
+    """On CUDA, every suite's world follows the machine: a catalogue scenario runs on at most one
+    rank per GPU and at least its min_world_size (one that cannot fit is skipped, with the reason
+    kept for the table); a project suite that needs more ranks than there are GPUs is a usage
+    error (NCCL runs one rank per GPU). `--world-size` overrides both; --backend sim, and a
+    machine without CUDA, change nothing."""
+    import dataclasses
+
+    gpus = cuda_devices(config.backend)
+    if gpus is None or config.world_size:
+        return config
+    worlds, skipped = {}, {}
+    for s in config.scenarios:
+        if s.world_size <= gpus:
+            continue
+        if s.config_file is not None:
+            raise click.UsageError(f"{s.name} has world_size {s.world_size}, and this machine has {gpus} "
+                                   f"GPU{'s' * (gpus != 1)}: give --world-size {gpus} if the suite runs on "
+                                   f"fewer ranks, or --backend sim for a suite that does not use CUDA")
+        if gpus < s.min_world_size:
+            skipped[s.name] = {"arms": list(config.arms_for(s)),
+                               "expect": {a: s.arm(a).expect for a in config.arms_for(s)},
+                               "why": f"needs at least {s.min_world_size} ranks (min_world_size), "
+                                      f"this machine has {gpus} GPU{'s' * (gpus != 1)}"}
+        else:
+            worlds[s.name] = gpus
+    kept = tuple(s for s in config.scenarios if s.name not in skipped)
+    if not kept:
+        raise click.UsageError("no suite of the run fits this machine: " +
+                               "; ".join(f"{name} {info['why']}" for name, info in skipped.items()))
+    return dataclasses.replace(config, scenarios=kept, worlds=worlds, skipped=skipped)
+
+
+def cuda_devices(backend: str) -> int | None:
+    """The GPUs a run on `backend` uses, None when it runs on the CPU emulation. torch is imported
+    only where a GPU driver is present, so that a CPU run does not pay for it here."""
+    if backend == "sim":
+        return None
+    if backend == "auto" and not (os.path.exists("/dev/nvidia0") or os.path.exists("/proc/driver/nvidia")):
+        return None
+    import torch
+
+    if not torch.cuda.is_available():
+        return None  # --backend cuda without a GPU: check_run says so
+    return torch.cuda.device_count()
+
+
+def describe_worlds(config) -> list[str]:
+    """One header line per suite: where its ranks run, and why a skipped suite does not."""
+    backend = config.backend if config.backend != "auto" else ("cuda" if cuda_devices("auto") else "cpu")
+    lines = []
+    for s in config.scenarios:
+        world = config.world_for(s)
+        mesh = f", mesh {config.mesh_for(s)}" if s.config_file is None and world > 1 else ""
+        lines.append(f"{s.name}: {world} rank{'s' * (world != 1)}{mesh} on {backend}")
+    lines += [f"{name}: skipped, {info['why']}" for name, info in config.skipped.items()]
+    return lines
+
+
+def job_shard(value):
+    """(Shard, source) of --shard: as given, or for `auto` from the job's environment."""
+    from racecheck.runner.blocks import Shard
+
+    if value != "auto":
+        return value or Shard(), ""
+    from racecheck.runner.shard_env import from_environment
+
+    try:
+        job = from_environment(os.environ)
+    except ValueError as exc:
+        raise click.BadParameter(f"auto: {exc}", param_hint="--shard") from None
+    return job.shard, job.source
+
+
+def check_run(config) -> None:
+    """What the options can only be checked against once the suites are known: the stop rules
+    name arms of the run, every suite gets the ranks it needs, --mesh fits the world, and
+    --backend cuda has a GPU."""
+    for s in config.scenarios:
+        if config.world_for(s) < s.min_world_size:
+            raise click.BadParameter(f"{s.name} needs at least {s.min_world_size} ranks (its min_world_size), "
+                                     f"got {config.world_for(s)}", param_hint="--world-size")
+    if config.mesh:
+        from racecheck.mesh_config import MeshConfig
+
+        ranks = MeshConfig.parse(config.mesh).world_size
+        for s in config.scenarios:
+            if ranks != config.world_for(s):
+                raise click.BadParameter(f"mesh {config.mesh} has {ranks} ranks, "
+                                         f"{s.name} runs on {config.world_for(s)}", param_hint="--mesh")
+    arms = {a for s in config.scenarios for a in config.arms_for(s)}
+    for rule in config.stop_rules:
+        if rule.arm not in arms:
+            raise click.BadParameter(f"rule {str(rule)!r} names arm {rule.arm!r}, which the run does not "
+                                     f"have (arms: {', '.join(sorted(arms))})", param_hint="--stop-when")
+    check_perturbation(config)
+    if config.backend == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise click.BadParameter("cuda: no CUDA device is available on this machine",
+                                     param_hint="--backend")
+
+
+def check_perturbation(config) -> None:
+    """Each suite's profiles against what can carry them out: patch mode's grammar and a CUDA
+    device for a project's own suite (exit 2 rather than a run that silently perturbs nothing),
+    the runtime's points for the catalogue's scenarios."""
+    from racecheck.perturb.points import HANDOFF_POINTS
+    from racecheck.perturb.profiles import parse_profile
+
+    for s in config.scenarios:
+        specs = {config.spec_for(s, a) for a in config.arms_for(s)}
+        profiles = [parse_profile(spec) for spec in sorted(specs)]
+        if s.config_file is None:
+            for p in profiles:
+                if p.systematic is not None or any(r.point in HANDOFF_POINTS for r in p.rules):
+                    raise click.BadParameter(f"{p.to_spec()}: the systematic schedule and the hand-off points "
+                                             f"({', '.join(HANDOFF_POINTS)}) act in patch mode, on a project's "
+                                             f"own suite; {s.name} runs on racecheck's runtime", param_hint="--perturb")
+            continue
+        from racecheck.perturb.patch import PatchMode
+        from racecheck.perturb.patch_actions import PatchUnavailable, actions_factory
+
+        acting = [p for p in profiles if not p.is_off]
+        for p in acting:
+            try:
+                PatchMode(p, actions=object())  # the grammar check alone; nothing is installed
+            except ValueError as exc:
+                raise click.BadParameter(str(exc), param_hint="--perturb") from None
+        if acting or config.detect:
+            need = f"the profile {acting[0].to_spec()!r}" if acting else "--detect"
+            try:
+                actions_factory(need=need)
+            except PatchUnavailable as exc:
+                raise click.UsageError(f"{s.name}: {exc}") from None
+
+
+def perturb_spec(opts, suites) -> str | None:
+    if opts["perturb"] and opts["no_perturb"]:
+        raise click.UsageError("--perturb and --no-perturb exclude each other")
+    spec = "off" if opts["no_perturb"] else opts["perturb"]
+    if spec is None and opts["delay_ms"] is None:
+        return None
+    from racecheck.perturb.profiles import parse_profile  # imports torch (racecheck.perturb's package)
+    try:
+        specs = {s.name: parse_profile(spec if spec is not None else s.default_perturb) for s in suites}
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--perturb") from None
+    if opts["delay_ms"] is not None:
+        if len({p.to_spec() for p in specs.values()}) > 1:
+            raise click.UsageError("--delay-ms needs --perturb when the scenarios' profiles differ")
+        spec = next(iter(specs.values())).with_delay(opts["delay_ms"] / 1e3).to_spec()
+    return spec
+
+
+def trials_value(value, default: int) -> int:
+    if value is None:
+        return default
+    if value == "auto":
+        from racecheck.results import stats
+
+        n = stats.trials_for_auto()
+        click.echo(f"--trials auto: {n} trials per arm (bounds a clean arm at or below "
+                   f"{stats.AUTO_BOUND:.0%} at {stats.AUTO_CONFIDENCE:.0%}, and separates a "
+                   f"{stats.AUTO_BASELINE_RATE:.0%} baseline from a clean fix at alpha "
+                   f"{stats.AUTO_ALPHA:g} with power {stats.AUTO_POWER:g})", err=True)
+        return n
+    return value
+
+
+def with_revisions(config):
+    """The config with every git-revision arm resolved to its commit (a bad revision: exit 2)."""
+    import dataclasses
+
+    from racecheck.suites.catalogue import CatalogueError
+    from racecheck.runner.gitarms import resolve
+
+    revisions = dict(config.revisions)
+    for s in config.scenarios:
+        for a in config.arms_for(s):
+            try:
+                arm = s.arm(a)
+            except CatalogueError as exc:  # a resumed run whose config lost the arm
+                raise click.UsageError(str(exc)) from None
+            if arm.git and f"{s.name}/{a}" not in revisions:
+                revisions[f"{s.name}/{a}"] = resolve(s.run_root, arm.git)
+    return dataclasses.replace(config, revisions=revisions)
+
+
+def resumed_config(ctx, opts):
+    """The RunConfig of OUT/run.json; only --trials, --timeout, --max-time, --stop-when, the gate
+    options and --quiet may be given anew."""
+    from click.core import ParameterSource
+
+    from racecheck.runner import state
+    from racecheck.suites.catalogue import CatalogueError
+    from racecheck.suites.project import load_suites
+    from racecheck.runner.run_config import RunConfig
+
+    given = [name for name in _DEFINING if ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE]
+    if given:
+        option = "PYTEST_ARGS" if given[0] == "pytest_args" else "--" + given[0].replace("_", "-")
+        raise click.UsageError(f"{option} cannot be given with --resume: the run's settings come from "
+                               f"its run.json")
+    out = opts["resume_dir"]
+    timeout_given = ctx.get_parameter_source("timeout") is ParameterSource.COMMANDLINE
+    try:
+        run = state.read_run(out)
+        suites = load_suites(run["source"])
+        config = RunConfig.from_json(
+            run, scenarios=tuple(suites), out=out, trials=trials_value(opts["trials"], int(run["trials"])),
+            max_time=opts["max_time"], stop_rules=opts["stop_rules"],
+            **({"timeout": opts["timeout"]} if timeout_given else {}))
+        config = fit_worlds(config)
+    except CatalogueError as exc:
+        raise click.UsageError(f"cannot resume {out}: {exc}") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise click.BadParameter(f"cannot resume it: {exc}", param_hint="--resume") from None
+    check_run(config)
+    return with_revisions(config)
+
+
+def gate_options(ctx, opts, config):
+    """The gate's settings when --gate is given (checked before the run), else None."""
+    from click.core import ParameterSource
+
+    gate_only = ("fixed", "baseline", "max_rate", "min_rate", "confidence")
+    if not opts["gate"]:
+        given = [n for n in gate_only if ctx.get_parameter_source(n) is ParameterSource.COMMANDLINE]
+        if given:
+            raise click.UsageError(f"--{given[0].replace('_', '-')} needs --gate")
+        return None
+    if not opts["fixed"] or not opts["baseline"]:
+        raise click.UsageError("--gate needs --fixed ARM and --baseline ARM")
+    for hint, arm in (("--fixed", opts["fixed"]), ("--baseline", opts["baseline"])):
+        if not any(arm in config.arms_for(s) for s in config.scenarios):
+            raise click.BadParameter(f"arm {arm!r} is not one of the run's arms", param_hint=hint)
+    if opts["fixed"] == opts["baseline"]:
+        raise click.UsageError("--fixed and --baseline name the same arm")
+    if opts["confidence"] is not None and opts["max_rate"] <= 0:
+        raise click.UsageError("--confidence needs --max-rate above 0: no number of trials bounds a rate at 0")
+    return {k: opts[k] for k in gate_only}
+
+
+def apply_gate(out_dir: Path, gate: dict) -> int:
+    from racecheck.results.gate import evaluate_gate
+    from racecheck.results.tally import load_records, summarize
+
+    try:
+        result = evaluate_gate(summarize(load_records(out_dir)), **gate)
+    except ValueError as exc:
+        raise click.UsageError(f"--gate: {exc}") from None
+    click.echo("")
+    click.echo(result.printout())
+    return int(result.exit_code)
+

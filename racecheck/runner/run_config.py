@@ -1,0 +1,127 @@
+"""What a run is (RunConfig) and its run.json form: the one place that knows which settings a run
+folder keeps, how each is written, and how `--resume` and `merge` read them back.
+
+`to_json()` writes every field but those a later invocation gives anew or finds itself
+(_NOT_KEPT), plus two derived entries for the reader: each suite's world on this machine and each
+suite's arms with their canonical profile specs (what `merge` compares). `from_json()` is its
+inverse for `--resume`: the suites come back from `source`, the rest from the file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from racecheck.runner.blocks import Shard
+from racecheck.runner.stopping import StopRule
+from racecheck.suites.catalogue import Suite
+
+# Fields run.json does not keep: the suites (reloaded from `source`), the folder itself, the
+# limits of one invocation (--max-time, --stop-when), and what fit_worlds finds on the machine
+# that resumes (its GPUs decide the worlds and the suites skipped; run.json shows the writer's).
+_NOT_KEPT = ("scenarios", "out", "max_time", "stop_rules", "worlds", "skipped")
+_WRITTEN_FOR_READERS = ("worlds", "skipped")  # written although from_json does not read them back
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """What to run. `source` says where the suites came from, so that --resume can reload them."""
+
+    scenarios: tuple[Suite, ...]
+    arms: tuple[str, ...] | None  # None: each suite's default arms
+    trials: int
+    out: Path
+    perturb: str | None = None  # None: each suite's default profile (an arm's own profile wins)
+    seed: int = 0
+    isolation: str = "session"
+    order: str = "alternate"
+    chunk: int = 5  # trials per session for arms that need separate processes (session mode)
+    timeout: float = 300.0  # seconds without a test starting or finishing before a session is killed
+    backend: str = "auto"
+    detect: bool = False
+    pytest_args: tuple[str, ...] = ()  # from the command line, after `--`
+    all_arms: bool = False  # every arm of each scenario (for --scenario all)
+    world_size: int | None = None  # overrides the suites' world size
+    mesh: str | None = None  # SHARDxREPLICATE for racecheck.scenario_kit.harness.hsdp_mesh_config (RACECHECK_MESH)
+    shard: Shard = Shard()
+    shard_source: str = ""  # where --shard auto found the shard (shard_env.py); "" when given
+    max_time: float | None = None  # seconds; then the run stops at the next trial boundary
+    stop_rules: tuple[StopRule, ...] = ()
+    revisions: dict = dataclasses.field(default_factory=dict)  # "suite/arm" -> resolved commit
+    source: dict = dataclasses.field(default_factory=dict)
+    worlds: dict = dataclasses.field(default_factory=dict)  # suite -> ranks this machine gives it
+    skipped: dict = dataclasses.field(default_factory=dict)  # suite -> why it cannot run here
+
+    def arms_for(self, suite: Suite) -> tuple[str, ...]:
+        if self.arms:
+            return self.arms
+        return tuple(suite.arms) if self.all_arms else suite.default_arms
+
+    def perturb_for(self, suite: Suite, arm: str | None = None) -> str:
+        own = suite.arms[arm].perturb if arm in suite.arms else None
+        if own is not None:
+            return own
+        return suite.default_perturb if self.perturb is None else self.perturb
+
+    def spec_for(self, suite: Suite, arm: str) -> str:
+        """The canonical form of perturb_for: the one spec the schedule, the ranks and the records
+        carry (profile names resolved, e.g. rs_delay -> sleep@before_reduce_scatter:5ms)."""
+        from racecheck.perturb.profiles import parse_profile
+
+        return parse_profile(self.perturb_for(suite, arm)).to_spec()
+
+    def world_for(self, suite: Suite) -> int:
+        return self.world_size or self.worlds.get(suite.name) or suite.world_size
+
+    def mesh_for(self, suite: Suite) -> str:
+        """The HSDP mesh a catalogue scenario's harness builds in this run (--mesh, else the
+        default layout of its world)."""
+        from racecheck.mesh_config import MeshConfig
+
+        return self.mesh or str(MeshConfig.for_world(self.world_for(suite)))
+
+    def to_json(self) -> dict:
+        """run.json's settings (see the module docstring); JSON-ready."""
+        data = {f.name: _to_json(getattr(self, f.name)) for f in dataclasses.fields(self)
+                if f.name not in _NOT_KEPT or f.name in _WRITTEN_FOR_READERS}
+        data["worlds"] = {s.name: self.world_for(s) for s in self.scenarios}
+        data["scenarios"] = {s.name: {"arms": list(self.arms_for(s)),
+                                      "perturb": {a: self.spec_for(s, a) for a in self.arms_for(s)}}
+                             for s in self.scenarios}
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict, *, scenarios: tuple[Suite, ...], out: Path, **given) -> "RunConfig":
+        """The RunConfig run.json describes, for the suites reloaded from its `source`; `given`
+        are the settings the resuming command line gives anew (trials, timeout, max_time, ...).
+        A setting missing from an older run.json takes its default; ValueError, KeyError or
+        TypeError for one that does not read back."""
+        kept = {f.name: f for f in dataclasses.fields(cls) if f.name not in _NOT_KEPT}
+        values = {name: _from_json(name, data[name]) for name in kept if name in data and name not in given}
+        for required in ("arms", "trials"):
+            if required not in values and required not in given:
+                raise KeyError(required)
+        return cls(scenarios=scenarios, out=out, **values, **given)
+
+
+def _to_json(value):
+    if isinstance(value, tuple):
+        return list(value)
+    if isinstance(value, (Shard, Path)):
+        return str(value)
+    if isinstance(value, dict):
+        return dict(value)
+    return value
+
+
+# How a kept field reads back where JSON's own type is not the field's.
+_READ_BACK = {
+    "arms": lambda v: tuple(v) if v else None,
+    "trials": int, "seed": int, "chunk": int, "timeout": float, "detect": bool, "all_arms": bool,
+    "pytest_args": tuple, "shard": lambda v: Shard.parse(str(v)), "revisions": dict,
+    "world_size": lambda v: None if v is None else int(v),
+}
+
+
+def _from_json(name: str, value):
+    return _READ_BACK.get(name, lambda v: v)(value)

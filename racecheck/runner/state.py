@@ -1,0 +1,170 @@
+"""The run folder's state beside the trial log, what `--resume` and `merge` need:
+
+- `run.json`: the run's definition (suite source, arms, trials, seed, order, isolation, ...), with
+  one entry per attempt (the first run and each resume);
+- `completed.jsonl`: one line per finished block (suite, arm, trial) and its worst outcome,
+  appended and fsynced after the block's last record reached trials.jsonl; a resumed run skips
+  exactly these blocks, and reruns any block it does not list (the tally keeps a rerun test's
+  last record, so a partly logged block counts once);
+- `runner.lock` and `runner.json`: the live runner's lock on the folder, and its own and its
+  current session's identities (Lock).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from pathlib import Path
+
+import psutil
+
+from racecheck.runner.blocks import Block
+
+RUN_FILE, COMPLETED_FILE, LOCK_FILE = "run.json", "completed.jsonl", "runner.json"
+
+
+def read_run(out: Path) -> dict:
+    """OUT/run.json; ValueError (one line) when it is missing or unreadable."""
+    path = Path(out) / RUN_FILE
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ValueError(f"{out}: no {RUN_FILE} (not a racecheck run folder)") from None
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: unreadable: {exc}") from None
+
+
+def write_run(out: Path, data: dict) -> None:
+    _replace(Path(out) / RUN_FILE, json.dumps(data, indent=2) + "\n")
+
+
+class CompletedLog:
+    """Append-only record of finished blocks (see the module docstring)."""
+
+    def __init__(self, out: Path) -> None:
+        self.path = Path(out) / COMPLETED_FILE
+        self._fh = open(self.path, "a", encoding="utf-8")
+
+    def append(self, suite: str, block: Block, outcome: str, run_id: str, *, records: int) -> None:
+        """`records`: how many lines of trials.jsonl the block wrote; a resume that finds fewer
+        runs the block again (a record was lost to a torn or removed line)."""
+        self._fh.write(json.dumps({"scenario": suite, "arm": block.arm, "trial": block.trial,
+                                   "outcome": outcome, "run_id": run_id, "records": records}) + "\n")
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+
+    def close(self) -> None:
+        self._fh.close()
+
+
+def read_completed(out: Path) -> dict[tuple[str, str, int], tuple[str, int | None]]:
+    """(suite, arm, trial) -> (worst outcome, records it wrote, None where not noted) of every
+    finished block; a line that does not parse (a torn last line) is skipped: its block reruns."""
+    done = {}
+    try:
+        lines = (Path(out) / COMPLETED_FILE).read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return done
+    for line in lines:
+        try:
+            d = json.loads(line)
+            records = d.get("records")
+            done[(d["scenario"], d["arm"], int(d["trial"]))] = (
+                d["outcome"], int(records) if records is not None else None)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue
+    return done
+
+
+def _identity(pid: int) -> dict:
+    """What proves later that a pid is still the process we meant: its start time and command."""
+    p = psutil.Process(pid)
+    return {"pid": pid, "started": p.create_time(), "cmdline": p.cmdline()}
+
+
+def _alive(ident: dict | None) -> psutil.Process | None:
+    """The process `ident` names, if it still runs: the same pid, start time and command line (a
+    reused pid matches neither)."""
+    if not ident or "cmdline" not in ident:
+        return None  # written without the proof: never act on it
+    try:
+        p = psutil.Process(int(ident["pid"]))
+        if abs(p.create_time() - float(ident["started"])) < 0.01 and p.cmdline() == ident["cmdline"]:
+            return p
+    except (psutil.Error, KeyError, TypeError, ValueError):
+        pass
+    return None
+
+
+class FolderInUse(RuntimeError):
+    """Another racecheck process holds the run folder."""
+
+
+class Lock:
+    """The run folder held by one runner: an exclusive `flock` on OUT/runner.lock for the whole
+    run (the kernel drops it when the process dies, however it dies), and OUT/runner.json with the
+    runner's and its current session's identities, so that a later runner can kill a session left
+    behind, once it proves that the process is that session."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = Path(out)
+        self.path = self.out / LOCK_FILE
+        self._fd: int | None = None
+        self._data: dict = {"runner": None, "session": None}
+
+    def acquire(self) -> list[int]:
+        """Take the folder; returns the ids of left-over session processes it killed. FolderInUse
+        when another process holds it; OSError when the folder cannot be written."""
+        fd = os.open(self.out / "runner.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            holder = (_read_json(self.path).get("runner") or {}).get("pid", "unknown")
+            raise FolderInUse(f"{self.out} is in use by another racecheck run (pid {holder})") from None
+        self._fd = fd
+        killed = []
+        session = _alive(_read_json(self.path).get("session"))
+        if session is not None:  # provably the session a killed runner started
+            from racecheck.runner.launch import kill_process_tree
+
+            killed = [session.pid]
+            kill_process_tree(session.pid)
+        self._data = {"runner": _identity(os.getpid()), "session": None}
+        self._write()
+        return killed
+
+    def session(self, pid: int | None) -> None:
+        try:
+            self._data["session"] = _identity(pid) if pid is not None else None
+        except psutil.NoSuchProcess:  # it died at once: nothing to prove later
+            self._data["session"] = None
+        self._write()
+
+    def release(self) -> None:
+        try:
+            self.path.unlink()
+        except OSError:
+            pass
+        if self._fd is not None:
+            os.close(self._fd)  # drops the flock
+            self._fd = None
+
+    def _write(self) -> None:
+        _replace(self.path, json.dumps(self._data) + "\n")
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _replace(path: Path, text: str) -> None:
+    """Write `path` whole or not at all, through a temporary file of this process's own."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)

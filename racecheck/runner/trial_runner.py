@@ -1,0 +1,374 @@
+"""The trial runner: runs suites under their arms for many trials and logs every outcome.
+
+Two isolation modes (blocks.py, [Note: sessions]):
+- `session` (default, fast): one pytest session (one process world) runs many trials; the plugin
+  repeats the suite (--racecheck-steps) and gives each repeat step its block (trial, arm). Trials share a
+  process, so state that leaks between tests (allocator pools, warm caches, module globals) is
+  shared too, and one trial can mask or cause a failure in the next. Arms that need a process of
+  their own (env, pytest args, git revision) run in separate sessions of `chunk` trials each.
+- `process`: a fresh process world per trial and arm: trials are independent, at the price of one
+  process start-up (interpreter, imports, process-group rendezvous) per trial.
+
+Outcomes are appended to OUT/trials.jsonl as each test finishes on every rank, and each finished
+block to OUT/completed.jsonl (state.py); a session that crashes or hangs is recorded and the run
+goes on with the next block in a fresh session (session.py).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import datetime
+import os
+import platform
+import shlex
+import time
+import uuid
+from importlib import metadata
+from pathlib import Path
+
+from racecheck.exitcodes import InfrastructureError, InputError
+from racecheck.mesh_config import MeshConfig
+from racecheck.runner import blocks, launch, state
+from racecheck.runner.run_config import RunConfig
+from racecheck.suites.catalogue import Suite
+from racecheck.runner.gitarms import Worktrees, pythonpath
+from racecheck.runner.record import Outcome, TestOutcome, TrialLog, TrialRecord, read_log, repair_log
+from racecheck.runner.blocks import Block, SessionPlan
+from racecheck.runner.session import Ending, SessionRun
+from racecheck.runner.stopping import LiveCounts
+
+
+@dataclasses.dataclass
+class RunResult:
+    run_id: str
+    blocks: int  # blocks finished by this invocation
+    stopped: str = ""  # why the run stopped early: "", "max-time", "stop rules"
+
+
+class RunListener:
+    """What the runner reports as it goes (progress.py draws it); every method may be left out."""
+
+    def planned(self, total: int, done: int) -> None: ...
+    def record(self, record: TrialRecord) -> None: ...
+    def block(self, suite: str, block: Block, outcome: str) -> None: ...
+    def note(self, line: str) -> None: ...
+
+
+def versions() -> dict:
+    out = {"python": platform.python_version()}
+    for pkg in ("racecheck", "torch", "pytest"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = ""
+    return out
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+class Runner:
+    """Executes a RunConfig into config.out; with `resume`, skips the blocks OUT already finished."""
+
+    def __init__(self, config: RunConfig, *, listener: RunListener | None = None,
+                 resume: bool = False, nodes=None) -> None:
+        self.config = config
+        self.nodes = nodes  # node_writer.Writer when the world spans nodes, else None
+        self.listener = listener or RunListener()
+        self.resume = resume
+        self.run_id = uuid.uuid4().hex[:12]
+        self.versions = versions()
+        self.counts = LiveCounts()
+        self.worktrees = Worktrees(config.out / "worktrees")
+        self._session_count = 0
+        self._blocks_done = 0
+        self._deadline = time.monotonic() + config.max_time if config.max_time else None
+        self._stopped = ""
+        self._rules_held: list[str] = []  # suites the stop rules ended early
+        self._suite: Suite | None = None
+        self._log: TrialLog | None = None
+        self._completed: state.CompletedLog | None = None
+        self._written: collections.Counter = collections.Counter()  # records per block this attempt
+        self._lock = state.Lock(config.out)
+
+    # -- the run ----------------------------------------------------------------------------------
+    def run(self) -> RunResult:
+        out = self.config.out
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            killed = self._lock.acquire()
+        except state.FolderInUse as exc:
+            raise InfrastructureError(str(exc)) from None
+        except OSError as exc:
+            raise InputError(f"cannot write to the run folder {out}: {exc.strerror or exc}") from None
+        if not self.resume and (out / "trials.jsonl").exists() and (out / "trials.jsonl").stat().st_size:
+            self._lock.release()
+            raise InputError(f"{out} already holds a run; choose another --out, or continue it "
+                             f"with --resume {out}")
+        if killed:
+            self.listener.note(f"killed the session a previous runner left running (pid {killed[0]})")
+        try:
+            self._write_run_json()
+            done = self._load_done() if self.resume else {}
+            plans = {s.name: self._pending(s, done) for s in self.config.scenarios}
+            self.listener.planned(sum(len(p) for p in plans.values()) + len(done), len(done))
+            with TrialLog(out / "trials.jsonl") as log:
+                self._log, self._completed = log, state.CompletedLog(out)
+                try:
+                    for suite in self.config.scenarios:
+                        if self._stopped in ("max-time", "node lost"):
+                            break
+                        self._run_suite(suite, plans[suite.name])
+                finally:
+                    self._completed.close()
+        finally:
+            self.worktrees.cleanup()
+            self._lock.release()
+        stopped = self._stopped or ("stop rules" if self._rules_held else "")
+        return RunResult(self.run_id, self._blocks_done, stopped)
+
+    def _write_run_json(self) -> None:
+        attempt = {"run_id": self.run_id, "started": _now(), "trials": self.config.trials,
+                   "versions": self.versions}
+        data = state.read_run(self.config.out) if self.resume else {}
+        data.update(self.config.to_json())
+        data["attempts"] = data.get("attempts", []) + [attempt]
+        data.setdefault("run_id", self.run_id)
+        state.write_run(self.config.out, data)
+
+    def _load_done(self) -> dict:
+        """The finished blocks of an earlier attempt, their records priming the live counts. Lines
+        of the log that are not JSON are removed first, and a block that lost records with them
+        runs again. InputError (exit 2) when the log holds JSON that is not a trial record."""
+        out = self.config.out
+        log = out / "trials.jsonl"
+        try:
+            bad = repair_log(log)
+            records = list(read_log(log)) if log.exists() else []
+        except ValueError as exc:
+            raise InputError(f"cannot resume {out}: {exc}") from None
+        for b in bad:
+            self.listener.note(f"{log}: {b.describe()}: removed (kept in {log.name}.rejected)")
+        written = collections.Counter((r.scenario, r.arm, r.trial) for r in records)
+        done = {}
+        for key, (outcome, expected) in state.read_completed(out).items():
+            if expected is not None and written[key] < expected:
+                self.listener.note(f"{key[0]}: trial {key[2]} of arm {key[1]!r} lost "
+                                   f"{expected - written[key]} of its {expected} records; it runs again")
+                continue
+            done[key] = outcome
+        try:
+            for r in records:
+                self.counts.record(r.scenario, r.arm, r.trial, r.outcome)
+            for (suite, arm, trial), outcome in done.items():
+                self.counts.block(suite, arm, trial, outcome)
+        except ValueError as exc:  # an unknown outcome
+            raise InputError(f"cannot resume {out}: {exc}") from None
+        return done
+
+    def _pending(self, suite: Suite, done: dict) -> list[Block]:
+        c = self.config
+        trials = c.shard.trials(c.trials)
+        every = blocks.blocks(c.arms_for(suite), trials, seed=c.seed, order=c.order)
+        return [b for b in every if (suite.name, b.arm, b.trial) not in done]
+
+    def _run_suite(self, suite: Suite, pending: list[Block]) -> None:
+        c = self.config
+        self._suite = suite
+        if self.counts.met(suite.name, c.stop_rules):
+            return
+        groups: dict[tuple, list[str]] = {}
+        for arm in c.arms_for(suite):
+            groups.setdefault(suite.arm(arm).process_key, []).append(arm)
+        queue = blocks.sessions(pending, groups=[tuple(g) for g in groups.values()],
+                                  isolation=c.isolation, chunk=c.chunk, seed=c.seed, order=c.order)
+        while queue and not self._stopped:
+            if self._should_stop():
+                break
+            plan = queue.pop(0)
+            result = self._run_session(suite, plan)
+            if result.ending is not Ending.STOPPED and result.remaining:
+                # Crashed, hung, or ended early: the rest of its blocks run in a fresh session.
+                queue.insert(0, SessionPlan(tuple(result.remaining)))
+        if self._stopped == "stop rules":
+            self._rules_held.append(suite.name)
+            self._stopped = ""  # the rules stop this suite; the next one starts afresh
+
+    def _should_stop(self) -> bool:
+        if self.nodes is not None and self.nodes.lost:
+            self._stopped = "node lost"
+        elif self._deadline is not None and time.monotonic() >= self._deadline:
+            self._stopped = "max-time"
+        elif self._suite is not None and self.counts.met(self._suite.name, self.config.stop_rules):
+            self._stopped = "stop rules"
+        return bool(self._stopped)
+
+    # -- one session ------------------------------------------------------------------------------
+    def _run_session(self, suite: Suite, plan: SessionPlan):
+        k = self._session_count = self._session_count + 1
+        sid = f"{self.run_id}-{k}"
+        out = self.config.out
+        spec = self._session_spec(suite, plan, sid)
+        peers = None
+        if self.nodes is not None:  # every node starts its part of the world (nodes.py)
+            spec = dataclasses.replace(spec, rendezvous=self.nodes.spec.torchrun_args(sid, spec.world_size))
+            peers = self.nodes.session(sid, suite.name, plan)
+        run = SessionRun(spec, plan, files=out / "ranks" / sid, timeout=self.config.timeout,
+                         on_merged=lambda merged: self._record(suite, merged),
+                         on_block=lambda block, outcome: self._block(suite, block, outcome),
+                         should_stop=self._should_stop, on_start=self._lock.session, peers=peers)
+        try:
+            return run.run()
+        finally:
+            self._lock.session(None)
+
+    def session_spec(self, suite: Suite, plan: SessionPlan, sid: str) -> launch.SessionSpec:
+        """What a session of `plan` runs on this node (a follower node runs the writer's plans)."""
+        return self._session_spec(suite, plan, sid)
+
+    def _session_spec(self, suite: Suite, plan: SessionPlan, sid: str) -> launch.SessionSpec:
+        c = self.config
+        arm = suite.arm(plan.arms[0])  # every arm of a plan has the same process_key
+        ranks = c.out / "ranks"
+        # Every block carries its arm's canonical spec: the ranks take it from the schedule.
+        specs = {a: c.spec_for(suite, a) for a in plan.arms}
+        blocks.write_schedule(ranks / f"{sid}.schedule.json",
+                                SessionPlan(tuple(Block(b.trial, b.arm, specs[b.arm]) for b in plan.blocks)))
+        targets, _ = split_targets(c.pytest_args, suite.run_root)
+        user = list(suite.targets if not targets else ()) + list(suite.pytest_args) + list(arm.pytest_args)
+        user += list(c.pytest_args)
+        # `-p racecheck` loads the plugin even where PYTEST_DISABLE_PLUGIN_AUTOLOAD is set.
+        args = list(user) + ["-p", "racecheck", "-p", "no:cacheprovider", "-q", "-rN", "--no-header",
+                             f"--racecheck-schedule={ranks / f'{sid}.schedule.json'}",
+                             f"--racecheck-seed={c.seed}",
+                             f"--racecheck-log={ranks / sid}-rank-{{rank}}.jsonl",
+                             f"--racecheck-stop-file={ranks / sid}.stop"]
+        if not any(a == "--tb" or a.startswith("--tb=") for a in user):
+            # Python's own tracebacks in the session log: pytest's long ones parse the source of
+            # every frame (seconds per rank for a failing trial); the record's signature and
+            # message come from the exception, not from this text.
+            args.append("--tb=native")
+        if suite.config_file is not None:  # a project's own suite: patch mode, not the injector
+            args += ["--racecheck-patch", f"--racecheck-handoffs={c.out / 'handoffs'}"]
+        if len(plan.blocks) > 1:
+            args.append(f"--racecheck-steps={len(plan.blocks)}")
+        if c.detect:
+            args.append("--racecheck-detect")
+        env = {}
+        cwd = suite.run_root
+        if suite.config_file is None:
+            env["OMP_NUM_THREADS"] = "1"
+            args.append(f"--rootdir={cwd}")
+        if arm.git:
+            cwd = self.worktrees.cwd_for(suite.run_root, c.revisions[f"{suite.name}/{arm.name}"])
+            env["PYTHONPATH"] = pythonpath(cwd, os.environ.get("PYTHONPATH"))
+            args = [f"--rootdir={cwd}" if a.startswith("--rootdir=") else a for a in args]
+        if c.backend != "auto":
+            env["RACECHECK_BACKEND"] = c.backend
+        if c.world_for(suite) != suite.world_size:  # --world-size, or the GPUs of this machine
+            env["RACECHECK_WORLD_SIZE"] = str(c.world_for(suite))
+        if c.mesh:
+            env.update(MeshConfig.parse(c.mesh).env())
+        env.update(dict(arm.env))
+        return launch.SessionSpec(world_size=c.world_for(suite), pytest_args=tuple(args), env=env,
+                                  cwd=cwd, log_path=c.out / "logs" / f"session-{sid}.log",
+                                  user_args=tuple(user))
+
+    # -- what a session reports --------------------------------------------------------------------
+    def _record(self, suite: Suite, merged: TestOutcome) -> None:
+        c = self.config
+        arm, trial, test = merged.arm, merged.trial, merged.test
+        params = merged.params or (test[test.index("[") + 1:-1] if test.endswith("]") else "")
+        record = TrialRecord(
+            run_id=self.run_id, scenario=suite.name, arm=arm,
+            expect=suite.arms[arm].expect if arm in suite.arms else "", trial=trial,
+            seed=c.seed + trial, test=test, params=params, outcome=merged.outcome,
+            signature=merged.signature, message=merged.message, duration=merged.duration,
+            device=merged.device, perturb=merged.perturb or c.spec_for(suite, arm),
+            detect=c.detect, detected=merged.detected, reports=merged.reports,
+            actions=merged.actions, delayed=merged.delayed or [], handoffs=merged.handoffs,
+            versions=self.versions, time=_now())
+        if Outcome(record.outcome).is_failure:
+            record.replay = replay_command(record, suite=suite, config=c)
+        self._log.append(record)
+        self._written[(suite.name, arm, trial)] += 1
+        self.counts.record(suite.name, arm, trial, record.outcome)
+        self.listener.record(record)
+
+    def _block(self, suite: Suite, block: Block, outcome: Outcome) -> None:
+        written = self._written.pop((suite.name, block.arm, block.trial), 0)
+        self._completed.append(suite.name, block, outcome.value, self.run_id, records=written)
+        self._blocks_done += 1
+        self.counts.block(suite.name, block.arm, block.trial, outcome.value)
+        self.listener.block(suite.name, block, outcome.value)
+
+
+# pytest options whose value may follow as the next argument (so it is no target).
+_VALUE_OPTIONS = {"-k", "-m", "-p", "-n", "-c", "-o", "-W", "--deselect", "--ignore", "--ignore-glob",
+                  "--rootdir", "--confcutdir", "--basetemp", "--maxfail", "--dist", "--timeout",
+                  "--count", "--numprocesses", "--import-mode", "--tb", "--durations", "-r"}
+
+
+def split_targets(args, root: Path) -> tuple[list[str], list[str]]:
+    """(targets, options) of pytest arguments: targets name tests (paths, node ids)."""
+    targets, options = [], []
+    takes_value = False
+    for arg in args:
+        if takes_value:
+            options.append(arg)
+            takes_value = False
+            continue
+        if arg.startswith("-"):
+            options.append(arg)
+            takes_value = arg in _VALUE_OPTIONS
+            continue
+        path = arg.split("::", 1)[0]
+        if "::" in arg or path.endswith(".py") or (root / path).exists() or Path(path).exists():
+            targets.append(arg)
+        else:
+            options.append(arg)
+    return targets, options
+
+
+def replay_spec(record: TrialRecord) -> str:
+    """The profile that replays the record's trial in a run of one trial: its own, or for a
+    systematic trial the schedule with the points it delayed named (`at=`), since trial 0 of a
+    new run would only record them."""
+    spec = record.perturb or "off"
+    if not record.delayed:
+        return spec
+    import dataclasses
+
+    from racecheck.perturb.profiles import parse_profile
+
+    systematic = parse_profile(spec).systematic
+    if systematic is None:
+        return spec
+    return dataclasses.replace(systematic, at=tuple(record.delayed)).to_spec()
+
+
+def replay_command(record: TrialRecord, *, suite: Suite, config: RunConfig) -> str:
+    """One command line that reruns exactly this test of this trial under this arm."""
+    if suite.config_file is not None:
+        try:
+            where = os.path.relpath(suite.config_file)
+        except ValueError:
+            where = str(suite.config_file)
+        parts = ["racecheck", "run", "--config", where]
+    else:
+        parts = ["racecheck", "run", "--scenario", suite.name]
+    parts += ["--arms", record.arm, "--trials", "1", "--seed", str(record.seed),
+              "--perturb", replay_spec(record)]
+    if config.detect:
+        parts.append("--detect")
+    if config.backend != "auto":
+        parts += ["--backend", config.backend]
+    if config.world_size:
+        parts += ["--world-size", str(config.world_size)]
+    if config.mesh:
+        parts += ["--mesh", config.mesh]
+    _, options = split_targets(config.pytest_args, suite.run_root)
+    parts += ["--", *options, record.test]
+    return shlex.join(parts)

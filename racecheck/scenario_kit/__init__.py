@@ -1,0 +1,1 @@
+"""Building blocks of the catalogue's suites: the world and runtime fixtures, the training and FSDP parity checks."""
