@@ -13,7 +13,6 @@ path. No file is left at an old path: git follows every move as a rename.
 from __future__ import annotations
 
 import importlib
-import importlib.abc
 import importlib.machinery
 import sys
 import warnings
@@ -78,8 +77,10 @@ def warn_moved(old: str, new: str) -> None:
                   DeprecationWarning, stacklevel=level)
 
 
-class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Finds the old names of MOVED, and loads each as the module at its new name."""
+class _Alias:
+    """Finds the old names of MOVED, and loads each as the module at its new name: a meta path
+    finder and loader by protocol (importlib.abc would import importlib.resources, tempfile and
+    more on every `racecheck --help`)."""
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname not in MOVED:
