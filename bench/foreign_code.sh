@@ -15,7 +15,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 3
 # Eager module loading: lazy loading serializes a process's first launches and hides races in its
-# first iteration (measured on an H200, DESIGN.md).
+# first iteration (measured on an H200, reports/gpu/README.md, "First iterations").
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1 CUDA_MODULE_LOADING=EAGER
 OUT=${OUT:-$PWD/foreign-out}

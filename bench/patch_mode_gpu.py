@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 # First launches of a lazily loaded kernel serialize the device and hide the race in a process's
-# first iteration (DESIGN.md, measured on an H200); load every module eagerly.
+# first iteration (measured on an H200, reports/gpu/README.md); load every module eagerly.
 os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 

@@ -3,7 +3,7 @@ the motivating race and on its three correct versions (needs one CUDA GPU).
 
     python bench/sanitizer_compare.py --out reports/gpu
 
-The pattern (DESIGN.md, "The motivating race"), in plain PyTorch, for G gradient groups:
+The pattern (README.md, "The motivating race"), in plain PyTorch, for G gradient groups:
 a group's `main_grad` A is allocated on the default stream; inside a reduce-scatter stream context
 the gradient is accumulated into A and a reduce-scatter reads A into a new buffer B; then A loses
 its last reference (the rebinding `main_grad = B`) and the next default-stream allocation of its

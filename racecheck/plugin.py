@@ -4,9 +4,9 @@ In one pytest session it repeats every test --racecheck-steps times (its own par
 the `racecheck_step` fixture, ids ending in `-K-N` for step K of N) and maps the steps to blocks
 (one trial of one arm): step k runs block k of the schedule given with --racecheck-schedule (the
 trial runner writes it), or, without one, arm k mod len(arms) in trial start + k div len(arms),
-with the arms of each trial in the order --racecheck-order says (schedule.py). Every test's
-outcome is written, as soon as it is known, as one rank event (record.RankEvent) to the
-per-process log given with --racecheck-log; the trial runner merges the ranks.
+with the arms of each trial in the order --racecheck-order says (runner/blocks.py). Every
+test's outcome is written, as soon as it is known, as one rank event (runner/record.py's
+RankEvent) to the per-process log given with --racecheck-log; the trial runner merges the ranks.
 Under pytest-xdist every worker writes its own file (the worker id is added to the name).
 With --racecheck-patch (a project's own suite), every test runs under patch mode and, with
 --racecheck-detect, TorchRaceTracker (plugin_patch.py); a block's profile comes from the schedule.

@@ -1,6 +1,7 @@
-"""The `report`, `gate` and `plan` commands: thin click shells over tally, report, gate and stats.
+"""The `report`, `gate`, `plan`, `merge` and `list` commands: thin click shells over the results
+(tally, report, gate, stats), the run folder's merge and the suites.
 
-Registered on the `racecheck` group by cli.py. pandas, scipy and matplotlib are imported inside the
+Registered on the `racecheck` group by cli/__init__.py. pandas, scipy and matplotlib are imported inside the
 command functions only, so `racecheck --help` stays instant. User mistakes (a missing OUT, a log
 without records, a rate outside [0, 1], an unknown arm) become click.BadParameter/UsageError: one
 line, exit 2. `gate` exits through `ctx.exit` with the code of its decision (exitcodes.py).

@@ -1,6 +1,6 @@
 """`racecheck run`'s options for a world across nodes (--nnodes, --node-rank, --rdzv-*): checked
 into a NodeSpec, and the run of a writer (node 0) or a follower node around the trial runner.
-See [Note: nodes] in nodes.py. Kept out of run_options.py: one node needs none of it.
+See [Note: nodes] in runner/nodes.py. Kept out of run_options.py: one node needs none of it.
 """
 
 from __future__ import annotations

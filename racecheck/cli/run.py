@@ -45,7 +45,7 @@ def _parse_shard(ctx, param, value):
     from racecheck.runner.blocks import Shard
 
     if value is None or value == "auto":
-        return value  # auto: resolved from the job's environment (shard_env.py)
+        return value  # auto: resolved from the job's environment (runner/shard_env.py)
     try:
         return Shard.parse(value)
     except ValueError as exc:

@@ -1,5 +1,5 @@
 """Turning `racecheck run`'s options into a RunConfig (fresh, or from OUT/run.json with --resume),
-and its --gate: the run command's logic, kept out of cli.py so that the command reads as a script.
+and its --gate: the run command's logic, kept out of run.py so that the command reads as a script.
 
 User mistakes become click.UsageError/BadParameter (one line, exit 2); git and suite problems found
 later raise exitcodes.InputError (exit 2) as well.

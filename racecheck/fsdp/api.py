@@ -4,7 +4,7 @@ and backward, in the style of PyTorch's FSDP2 (the module's class is swapped to 
 Call it on each submodule that should be its own group, then on the root. The optimizer takes
 `model.parameters()`, which are the groups' flat shards; any torch.optim optimizer works on them.
 The root is the outermost fully_shard module whose forward runs; at its first forward it creates
-the Schedule that every group under it shares (schedule.py).
+the Schedule that every group under it shares (prefetch_order.py).
 """
 
 from __future__ import annotations

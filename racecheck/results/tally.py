@@ -1,6 +1,6 @@
 """Tally the trial log into the summary table (`OUT/summary.csv`); racecheck's one pandas user.
 
-The summary's columns are a contract (DESIGN.md, "Contracts other tools rely on"):
+The summary's columns are a contract that other tools (CI jobs, bench/) rely on:
 
     scenario,test,arm,expect,trials,failures,failure_rate,ci_low,ci_high,
     passed,failed,timeout,crash,error,skipped[,detected]

@@ -1,7 +1,7 @@
 """`--shard auto`: which slice of the trials this job runs, read from the job's environment.
 
 A scheduler that spreads independent jobs says which job this is; racecheck turns that into a
-`Shard` (schedule.py) so that the same command line runs on every job:
+`Shard` (blocks.py) so that the same command line runs on every job:
 - `RACECHECK_SHARD=i/N`, set by hand or by any CI matrix (GitHub Actions, GitLab, Buildkite);
   it wins over everything else, so it can also correct a scheduler's numbering;
 - a Slurm job array: `SLURM_ARRAY_TASK_ID` with the array's size, `SLURM_ARRAY_TASK_COUNT`, or

@@ -1,5 +1,5 @@
 """Suites and their arms: the race catalogue (`scenarios/*/scenario.toml`) and the arm definition
-that the catalogue and a project's own `[tool.racecheck]` table (config.py) share.
+that the catalogue and a project's own `[tool.racecheck]` table (project.py) share.
 
 A suite is what the runner runs: pytest targets and options, the process world it needs, a default
 perturbation profile and named arms. A catalogue scenario is a suite whose targets are its folder.
