@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 import importlib.machinery
 import sys
+import types
 import warnings
 from pathlib import Path
 
@@ -67,7 +68,8 @@ MOVED = {
 def warn_moved(old: str, new: str) -> None:
     """The DeprecationWarning, attributed to the importing line (the first frame outside the
     import machinery and this module), so that Python's default filters show it there."""
-    frame, level = sys._getframe(1), 2
+    frame: types.FrameType | None = sys._getframe(1)
+    level = 2
     while frame is not None and (frame.f_code.co_filename.startswith("<frozen importlib")
                                  or frame.f_code.co_filename in (__file__, _TRIALS_INIT)):
         if not frame.f_code.co_filename.startswith("<frozen importlib"):

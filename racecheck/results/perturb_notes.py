@@ -21,7 +21,7 @@ def perturbation_notes(records: list[TrialRecord]) -> list[str]:
     lines = []
     for (suite, arm, spec), rs in sorted(groups.items()):
         trials = len({r.trial for r in rs})
-        acted = sum(sum(int(n) for n in r.actions.values()) for r in rs)
+        acted = sum(int(n) for r in rs for n in (r.actions or {}).values())
         systematic = parse_profile(spec).systematic
         if systematic is not None and not systematic.at:
             k = max((r.handoffs for r in rs if r.handoffs is not None), default=0)

@@ -183,10 +183,10 @@ def write_summary(out_dir: str | os.PathLike) -> pd.DataFrame:
     `OUT/summary.csv`, and return that summary. FileNotFoundError without a log, ValueError for a
     log without records."""
     summary = with_skipped(summarize(load_records(out_dir)), skipped_suites(out_dir))
-    summary_to_csv(summary, Path(out_dir) / SUMMARY_NAME)
+    (Path(out_dir) / SUMMARY_NAME).write_text(summary_to_csv(summary), encoding="utf-8")
     return summary
 
 
-def summary_to_csv(summary: pd.DataFrame, path: str | os.PathLike | None = None) -> str | None:
-    """The summary as CSV text (rates with 6 significant digits), or written to `path`."""
-    return summary.to_csv(path, index=False, float_format="%.6g", lineterminator="\n")
+def summary_to_csv(summary: pd.DataFrame) -> str:
+    """The summary as CSV text (rates with 6 significant digits)."""
+    return summary.to_csv(index=False, float_format="%.6g", lineterminator="\n")

@@ -37,7 +37,9 @@ def merge(inputs: list[Path], out: Path) -> int:
         raise MergeError("give at least two run folders to merge" + _lone_shard(inputs))
     if (out / "trials.jsonl").exists():
         raise MergeError(f"{out} already holds a run; choose another --out")
-    runs, owner, seen = [], {}, {}
+    runs: list[dict] = []
+    owner: dict[tuple[str, str, int], Path] = {}  # (suite, arm, trial) -> the folder that holds it
+    seen: dict[Path, Path] = {}  # resolved folder -> as given
     for folder in inputs:
         if folder.resolve() == out.resolve():
             raise MergeError(f"{folder} is both an input and the output")
@@ -52,10 +54,10 @@ def merge(inputs: list[Path], out: Path) -> int:
             raise MergeError(str(exc)) from None
     first = runs[0]
     for folder, run in zip(inputs[1:], runs[1:]):
-        for key in _SAME:
-            if run.get(key) != first.get(key):
-                raise MergeError(f"{inputs[0]} and {folder} are different runs: their {key} differs "
-                                 f"({first.get(key)!r} vs {run.get(key)!r})")
+        for setting in _SAME:
+            if run.get(setting) != first.get(setting):
+                raise MergeError(f"{inputs[0]} and {folder} are different runs: their {setting} differs "
+                                 f"({first.get(setting)!r} vs {run.get(setting)!r})")
     check_shards(inputs, runs)
     records = []
     for folder in inputs:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import socket
 import time
+from typing import TYPE_CHECKING
 
 from racecheck.exitcodes import InputError
 from racecheck.runner import interrupts, launch, state
@@ -18,6 +19,10 @@ from racecheck.runner.nodes import (POLL_S, Heartbeat, Liveness, NodeError, Node
 from racecheck.runner.ranks import RankTail
 from racecheck.runner.blocks import Block, SessionPlan
 from racecheck.runner.session import crash_signature
+
+
+if TYPE_CHECKING:
+    from torch.distributed import TCPStore
 
 
 class Follower:
@@ -29,7 +34,7 @@ class Follower:
         self.config = config
         self.note = note
         self.sessions = 0
-        self._store = None
+        self._store: TCPStore | None = None
         self._liveness: Liveness | None = None
         self._heartbeat: Heartbeat | None = None
 
@@ -48,7 +53,7 @@ class Follower:
         self._liveness = Liveness(self.spec, self._store, [0])
         runner = Runner(self.config)  # builds this node's session specs; runs nothing itself
         try:
-            put(self._store, key(self.spec, "hello", self.spec.node_rank),
+            put(self.store, key(self.spec, "hello", self.spec.node_rank),
                 {"definition": definition(self.config), "host": socket.gethostname()})
             welcome = self._wait(key(self.spec, "welcome", self.spec.node_rank))
             if welcome.get("error"):
@@ -56,7 +61,7 @@ class Follower:
             while True:
                 plan = self._wait(key(self.spec, "session", self.sessions + 1))
                 if plan.get("done"):
-                    put(self._store, key(self.spec, "bye", self.spec.node_rank), 1)
+                    put(self.store, key(self.spec, "bye", self.spec.node_rank), 1)
                     if plan.get("error"):
                         raise NodeError(f"node 0 ended the run: {plan['error']}")
                     return
@@ -74,8 +79,14 @@ class Follower:
         data = {**self.config.to_json(), "node": {"rank": self.spec.node_rank, "nnodes": self.spec.nnodes}}
         state.write_run(out, data)
 
+    @property
+    def store(self) -> TCPStore:
+        assert self._store is not None, "connected at the start of run()"
+        return self._store
+
     def _writer_alive(self) -> None:
         """NodeError once the writer is gone (its store unreachable, or its heartbeat stopped)."""
+        assert self._heartbeat is not None and self._liveness is not None, "both start in run()"
         if self._heartbeat.failed:
             raise NodeError("lost node 0: its store can no longer be reached")
         for _, quiet in self._liveness.lost():
@@ -83,7 +94,7 @@ class Follower:
 
     def _wait(self, name: str) -> dict:
         while True:
-            value = fetch(self._store, name)
+            value = fetch(self.store, name)
             if value is not None:
                 return value
             self._writer_alive()
@@ -103,9 +114,9 @@ class Follower:
         try:  # a broken store connection ends the run (Follower.run); first, stop our part
             while proc.poll() is None:
                 self._forward(sid, ranks, tails)
-                if fetch(self._store, key(self.spec, "over", sid)) is not None:
+                if fetch(self.store, key(self.spec, "over", sid)) is not None:
                     break  # node 0's part ended: ours cannot go on alone
-                stop = fetch(self._store, key(self.spec, "stop", sid)) if not stop_seen else None
+                stop = fetch(self.store, key(self.spec, "stop", sid)) if not stop_seen else None
                 if stop is not None:
                     (ranks / f"{sid}.stop").write_text(str(stop))  # the plugin's graceful stop
                     stop_seen = True
@@ -117,7 +128,7 @@ class Follower:
                 launch.kill_tree(proc)
         self._forward(sid, ranks, tails)
         code = proc.returncode
-        put(self._store, key(self.spec, "ended", sid, self.spec.node_rank),
+        put(self.store, key(self.spec, "ended", sid, self.spec.node_rank),
             {"returncode": code, "signature": crash_signature(code, spec.log_path) if code else ""})
 
     def _forward(self, sid: str, ranks, tails: dict) -> None:
@@ -128,7 +139,7 @@ class Follower:
             if events:  # relayed in the rank log's own schema (record.RankEvent)
                 batch[path.name] = [e.to_dict() for e in events]
         if batch:
-            index = self._store.add(key(self.spec, "events", sid, self.spec.node_rank, "next"), 1) - 1
-            put(self._store, key(self.spec, "events", sid, self.spec.node_rank, index), batch)
+            index = self.store.add(key(self.spec, "events", sid, self.spec.node_rank, "next"), 1) - 1
+            put(self.store, key(self.spec, "events", sid, self.spec.node_rank, index), batch)
             # The count goes up only once the batch is stored: the writer reads batches below it.
-            self._store.add(key(self.spec, "events", sid, self.spec.node_rank, "n"), 1)
+            self.store.add(key(self.spec, "events", sid, self.spec.node_rank, "n"), 1)

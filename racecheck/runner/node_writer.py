@@ -12,10 +12,14 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from racecheck.exitcodes import InputError
 from racecheck.runner.nodes import (POLL_S, Heartbeat, Liveness, NodeError, NodeSpec, connect, definition,
                                     fetch, key, put)
+
+if TYPE_CHECKING:
+    from torch.distributed import TCPStore
 
 BYE_S = 5.0  # how long the writer waits at the end for the followers to see that the run is over
 
@@ -31,14 +35,20 @@ class Writer:
         self.lost = ""  # e.g. "node 1 stopped responding (no heartbeat for 15 s)"
         self.gone: set[int] = set()
         self.joined: set[int] = set()
-        self._store = None
+        self._store: TCPStore | None = None
         self._heartbeat: Heartbeat | None = None
-        self.liveness: Liveness | None = None
+        self.liveness: Liveness | None = None  # from start() on
         self._sessions = 0
 
     @property
-    def store(self):
+    def store(self) -> TCPStore:
+        assert self._store is not None, "the store exists from start() to close()"
         return self._store
+
+    @property
+    def live(self) -> Liveness:
+        assert self.liveness is not None, "sessions start after start() admitted the followers"
+        return self.liveness
 
     def start(self) -> None:
         """Host the store and wait for every follower's hello (at most join_timeout)."""
@@ -73,7 +83,7 @@ class Writer:
     def session(self, session_id: str, suite: str, plan) -> "SessionPeers":
         """Publish a session's plan to the followers; the returned peers follow their part."""
         self._sessions += 1
-        put(self._store, key(self.spec, "session", self._sessions),
+        put(self.store, key(self.spec, "session", self._sessions),
             {"sid": session_id, "suite": suite, "blocks": [[b.trial, b.arm] for b in plan.blocks]})
         return SessionPeers(self, session_id, self.config.out / "ranks")
 
@@ -123,7 +133,7 @@ class SessionPeers:
         for node, end in sorted(self._ended.items()):
             if end.get("returncode"):
                 return f"crash on node {node}: {end.get('signature', '').removeprefix('crash: ')}"
-        for node, quiet in w.liveness.lost():
+        for node, quiet in w.live.lost():
             return "crash: " + w.mark_lost(node, f"node {node} stopped responding (no heartbeat for {quiet:.0f} s)")
         return ""
 
@@ -134,7 +144,7 @@ class SessionPeers:
         deadline = time.monotonic() + w.spec.lost_after + 5.0
         while True:
             self._relay()
-            for node, quiet in w.liveness.lost():
+            for node, quiet in w.live.lost():
                 w.mark_lost(node, f"node {node} stopped responding (no heartbeat for {quiet:.0f} s)")
             pending = [n for n in w.followers if n not in self._ended and n not in w.gone]
             if not pending:

@@ -32,6 +32,10 @@ import json
 import socket
 import threading
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torch.distributed import TCPStore
 
 BEAT_S = 1.0
 POLL_S = 0.05
@@ -123,7 +127,7 @@ def key(spec: NodeSpec, *parts) -> str:
     return "/".join(["racecheck", spec.rdzv_id, *map(str, parts)])
 
 
-def connect(spec: NodeSpec, *, master: bool = False, timeout: float = 30.0):
+def connect(spec: NodeSpec, *, master: bool = False, timeout: float = 30.0) -> TCPStore:
     """A connection to the writer's store (or, with master, the store itself). A client first
     waits, at most `timeout` seconds, for the port to accept connections (OSError past that), so
     that a writer still starting is no error and torch's store logs no failed attempts."""
@@ -142,7 +146,7 @@ def connect(spec: NodeSpec, *, master: bool = False, timeout: float = 30.0):
                     timeout=datetime.timedelta(seconds=timeout))
 
 
-def _store_class():
+def _store_class() -> type[TCPStore]:
     """torch's TCPStore. The first import of torch in this process happens with torch's C++ log
     set to errors only (it reads the level once, at load): a lost node is then reported once, by
     racecheck, not as a C++ backtrace for every store call that fails. The sessions' processes
@@ -161,11 +165,11 @@ def _store_class():
     return TCPStore
 
 
-def put(store, name: str, value) -> None:
+def put(store: TCPStore, name: str, value) -> None:
     store.set(name, json.dumps(value))
 
 
-def fetch(store, name: str):
+def fetch(store: TCPStore, name: str):
     """The JSON value at `name`, or None while it is not set (never blocks)."""
     if not store.check([name]):
         return None

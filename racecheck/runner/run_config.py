@@ -10,7 +10,9 @@ inverse for `--resume`: the suites come back from `source`, the rest from the fi
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from racecheck.runner.blocks import Shard
 from racecheck.runner.stopping import StopRule
@@ -115,7 +117,7 @@ def _to_json(value):
 
 
 # How a kept field reads back where JSON's own type is not the field's.
-_READ_BACK = {
+_READ_BACK: dict[str, Callable[[Any], Any]] = {
     "arms": lambda v: tuple(v) if v else None,
     "trials": int, "seed": int, "chunk": int, "timeout": float, "detect": bool, "all_arms": bool,
     "pytest_args": tuple, "shard": lambda v: Shard.parse(str(v)), "revisions": dict,

@@ -53,6 +53,8 @@ def _number(env: Mapping[str, str], name: str) -> int | None:
 
 def _slurm(env: Mapping[str, str]) -> JobShard:
     task = _number(env, "SLURM_ARRAY_TASK_ID")
+    if task is None:
+        raise ValueError("SLURM_ARRAY_TASK_ID is not set: not a task of a Slurm job array")
     count = _number(env, "SLURM_ARRAY_TASK_COUNT")
     low = _number(env, "SLURM_ARRAY_TASK_MIN")
     high = _number(env, "SLURM_ARRAY_TASK_MAX")

@@ -61,7 +61,7 @@ class CompletedLog:
 def read_completed(out: Path) -> dict[tuple[str, str, int], tuple[str, int | None]]:
     """(suite, arm, trial) -> (worst outcome, records it wrote, None where not noted) of every
     finished block; a line that does not parse (a torn last line) is skipped: its block reruns."""
-    done = {}
+    done: dict[tuple[str, str, int], tuple[str, int | None]] = {}
     try:
         lines = (Path(out) / COMPLETED_FILE).read_text(encoding="utf-8").splitlines()
     except FileNotFoundError:

@@ -292,6 +292,7 @@ class Runner:
             versions=self.versions, time=_now())
         if Outcome(record.outcome).is_failure:
             record.replay = replay_command(record, suite=suite, config=c)
+        assert self._log is not None, "records arrive only while run() holds the log open"
         self._log.append(record)
         self._written[(suite.name, arm, trial)] += 1
         self.counts.record(suite.name, arm, trial, record.outcome)
@@ -299,6 +300,7 @@ class Runner:
 
     def _block(self, suite: Suite, block: Block, outcome: Outcome) -> None:
         written = self._written.pop((suite.name, block.arm, block.trial), 0)
+        assert self._completed is not None, "blocks finish only while run() holds completed.jsonl open"
         self._completed.append(suite.name, block, outcome.value, self.run_id, records=written)
         self._blocks_done += 1
         self.counts.block(suite.name, block.arm, block.trial, outcome.value)
