@@ -145,7 +145,7 @@ def run(impl: str, args, meshes: Meshes) -> tuple[float, float]:
     tokens = torch.randint(0, args.vocab, (args.batch, args.seq + 1), device=args.device, generator=gen)
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
 
-    def step() -> torch.Tensor:
+    def step(model: nn.Module, opt: torch.optim.Optimizer) -> torch.Tensor:
         logits = model(inputs)
         loss = F.cross_entropy(logits.reshape(-1, args.vocab).float(), targets.reshape(-1))
         loss.backward()
@@ -154,10 +154,10 @@ def run(impl: str, args, meshes: Meshes) -> tuple[float, float]:
         return loss.detach()
 
     for _ in range(args.warmup):
-        step()
+        step(model, opt)
     timer = Timer(args.device)
     timer.start()
-    losses = [step() for _ in range(args.steps)]
+    losses = [step(model, opt) for _ in range(args.steps)]
     elapsed_ms, peak = timer.stop()
     if not torch.isfinite(torch.stack(losses)).all():
         raise RuntimeError(f"{impl}: non-finite loss")

@@ -161,7 +161,7 @@ def run_step(name: str, argv: list[str], limit: float, folder: Path) -> dict:
         except OSError as exc:  # e.g. no nvidia-smi on this machine
             fh.write(f"could not start: {exc}\n")
             status = "could not start"
-    tail = [l for l in log.read_text(errors="replace").splitlines() if l.strip()][-3:]
+    tail = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()][-3:]
     return {"step": name, "status": status, "detail": " | ".join(tail)[-300:],
             "seconds": round(time.monotonic() - started, 1)}
 

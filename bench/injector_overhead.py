@@ -61,7 +61,7 @@ def build(rt):
 
 def step(model, opt, x, y, rt) -> None:
     model.zero_grad()
-    for xb, yb in zip(x.chunk(MICROBATCHES), y.chunk(MICROBATCHES)):
+    for xb, yb in zip(x.chunk(MICROBATCHES), y.chunk(MICROBATCHES), strict=True):
         (nn.functional.mse_loss(model(xb), yb) / MICROBATCHES).backward()
     opt.step()
     rt.synchronize()
@@ -116,7 +116,7 @@ def main() -> int:
     ratios = {}
     for clock in ("cpu", "wall"):
         med = [statistics.median(samples[v][clock]) for v in variants]
-        pair = sorted(b / a for a, b in zip(samples["absent"][clock], samples["installed, off"][clock]))
+        pair = sorted(b / a for a, b in zip(samples["absent"][clock], samples["installed, off"][clock], strict=True))
         ratios[clock] = (med[0], med[1], med[1] / med[0], pair[len(pair) // 4], pair[(3 * len(pair)) // 4])
     write(args, samples, ratios, events_per_step)
     for clock, (a, b, r, q1, q3) in ratios.items():
@@ -132,7 +132,7 @@ def write(args, samples, ratios, events_per_step) -> None:
         w = csv.writer(fh)
         w.writerow(["backend", "variant", "repetition", "wall_seconds_per_step", "cpu_seconds_per_step"])
         for variant, clocks in samples.items():
-            for i, (wall, cpu) in enumerate(zip(clocks["wall"], clocks["cpu"])):
+            for i, (wall, cpu) in enumerate(zip(clocks["wall"], clocks["cpu"], strict=True)):
                 w.writerow([args.backend, variant, i, f"{wall:.6e}", f"{cpu:.6e}"])
     device = torch.cuda.get_device_name() if args.backend == "cuda" else "CPU emulation (sim)"
     lines = [

@@ -204,7 +204,7 @@ def fsdp2_trial(trial: int, *, shape: tuple[int, ...], width=1024, layers=4, ste
         opt.step()
     torch.cuda.synchronize()
     worst = 0.0
-    for p, r, p0 in zip(model.parameters(), reference.parameters(), initial):
+    for p, r, p0 in zip(model.parameters(), reference.parameters(), initial, strict=True):
         full = p.full_tensor() if hasattr(p, "full_tensor") else p
         # Relative error of the update (final - initial), so a wrong gradient cannot hide under
         # the size of the parameter itself.

@@ -77,7 +77,7 @@ class Step:
         current = self.streams.current_stream()
         self.side.wait_stream(current)  # producer: the default stream's gradients
         with self.streams.stream(self.side):  # consumer: the side stream's copies
-            for c, p in zip(self.copies, self.model.parameters()):
+            for c, p in zip(self.copies, self.model.parameters(), strict=True):
                 c.copy_(p.grad, non_blocking=True)
             done = self.side.record_event()
         current.wait_event(done)  # the default stream reads nothing of the copies before they are done
@@ -174,7 +174,7 @@ def main() -> int:
     bare = statistics.median(medians["bare"])
     rows = [{"config": name, "profile": CONFIGS[name] or "", "median_step_ms": round(statistics.median(m) * 1e3, 4),
              "ratio_to_bare": round(statistics.median(m) / bare, 4),
-             "worst_round_ratio": round(max(a / b for a, b in zip(m, medians["bare"])), 4),
+             "worst_round_ratio": round(max(a / b for a, b in zip(m, medians["bare"], strict=True)), 4),
              "points_per_step": POINTS.get(name, 0)}
             for name, m in medians.items()]
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -39,6 +39,6 @@ def first_line(excinfo: pytest.ExceptionInfo, limit: int = 300) -> str:
 
 def error_line(text: str, limit: int = 300) -> str:
     """The most telling line of a collection error: its last `E   ...` line, else its last line."""
-    lines = [l.strip() for l in text.splitlines() if l.strip()]
-    marked = [l[1:].strip() for l in lines if l.startswith("E ")]
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    marked = [ln[1:].strip() for ln in lines if ln.startswith("E ")]
     return (marked[-1] if marked else lines[-1] if lines else "collection error")[:limit]

@@ -33,7 +33,7 @@ class MeshConfig:
                 raise ValueError(f"mesh axis {axis!r} must be a positive int, got {size!r}")
 
     @classmethod
-    def parse(cls, spec: str) -> "MeshConfig":
+    def parse(cls, spec: str) -> MeshConfig:
         """`SHARDxREPLICATE`, e.g. `2x2`; ValueError for anything else."""
         shard, _, replicate = spec.strip().lower().partition("x")
         if not (shard.isdigit() and replicate.isdigit() and int(shard) > 0 and int(replicate) > 0):
@@ -41,7 +41,7 @@ class MeshConfig:
         return cls(shard=int(shard), replicate=int(replicate))
 
     @classmethod
-    def for_world(cls, world_size: int) -> "MeshConfig":
+    def for_world(cls, world_size: int) -> MeshConfig:
         """The default HSDP layout of a world: 2 x (world/2) when the world is even and larger
         than 2 (2-way shard x replicate), else every rank a shard."""
         if world_size > 2 and world_size % 2 == 0:
@@ -49,7 +49,7 @@ class MeshConfig:
         return cls(shard=world_size, replicate=1)
 
     @classmethod
-    def from_env(cls, world_size: int, *, environ: Mapping[str, str] | None = None) -> "MeshConfig":
+    def from_env(cls, world_size: int, *, environ: Mapping[str, str] | None = None) -> MeshConfig:
         """The mesh of a test process: RACECHECK_MESH (what `racecheck run --mesh` sets), else
         the default layout of `world_size`; ValueError naming the variable for a spec that does
         not parse or does not cover the world."""

@@ -48,8 +48,8 @@ def runtime(request, world, scenario, racecheck_perturb, racecheck_seed, raceche
     `racecheck_reports` (the outcome record's `reports`) and fails the test with the report as its
     failure text: in the call phase when found by then (pytest_runtest_call below), else in this
     fixture's teardown."""
-    from racecheck.scenario_kit.harness import perturbation
     from racecheck.perturb.injector import resolve_spec
+    from racecheck.scenario_kit.harness import perturbation
 
     spec = resolve_spec(racecheck_perturb, scenario.default_perturb)
     detection = None

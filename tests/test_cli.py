@@ -7,9 +7,7 @@ import shlex
 from pathlib import Path
 
 import pytest
-
-from test_runner import (ALWAYS, SEEDED_TEST, expected_failures, racecheck, records, summary_counts,
-                         write_suite)
+from test_runner import ALWAYS, SEEDED_TEST, expected_failures, racecheck, records, summary_counts, write_suite
 
 CHECKOUT = Path(__file__).resolve().parents[1]
 
@@ -118,10 +116,10 @@ def test_a_mesh_that_does_not_fit_is_a_usage_error(project, args, message):
 def test_the_mesh_is_kept_for_resume_and_named_in_replays(tmp_path):
     import json
 
-    from racecheck.suites.catalogue import find_catalogue, load_catalogue
     from racecheck.runner.record import TrialRecord
     from racecheck.runner.run_config import RunConfig
     from racecheck.runner.trial_runner import replay_command
+    from racecheck.suites.catalogue import find_catalogue, load_catalogue
 
     res = racecheck("run", "--arms", "fixed", "--trials", 1, "--world-size", 2, "--mesh", "1x2",
                     "--out", tmp_path / "out", "-q", "--", "-k", "1-False", cwd=CHECKOUT)

@@ -104,4 +104,4 @@ def test_state_dict_keys_are_the_unwrapped_names_and_strict_loading_checks_them(
         model.load_full_state_dict({k: v for k, v in full.items() if k != "0.bias"})
     sharded = model.sharded_state_dict()
     model.load_sharded_state_dict(sharded)
-    assert all(torch.equal(a, b) for a, b in zip(model.full_state_dict().values(), full.values()))
+    assert all(torch.equal(a, b) for a, b in zip(model.full_state_dict().values(), full.values(), strict=True))

@@ -9,6 +9,8 @@ mixed precision computes in bf16 and reduces in fp32.
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from torch import nn
@@ -115,7 +117,7 @@ def test_forward_prefetch_issues_the_next_all_gather_before_waiting(rt, prefetch
     step(model)
     log.trace.clear()
     model(torch.randn(4, 16))  # second forward: the order is known
-    for cur, nxt in zip(names, names[1:]):
+    for cur, nxt in itertools.pairwise(names):
         issued_early = log.index("before_all_gather", nxt) < log.index("wait_all_gather", cur)
         assert issued_early == prefetch, (cur, nxt, log.trace)
     assert log.max_unsharded <= 2
@@ -127,7 +129,7 @@ def test_backward_prefetch_runs_in_reverse_order(rt, prefetch):
     out = model(torch.randn(4, 16))
     start = len(log.trace)
     out.square().mean().backward()
-    for cur, prev in zip(names[::-1], names[-2::-1]):  # backward visits the last layer first
+    for cur, prev in itertools.pairwise(names[::-1]):  # backward visits the last layer first
         issued_early = log.index("before_all_gather", prev, start) < log.index("wait_all_gather", cur, start)
         assert issued_early == prefetch, (cur, prev, log.trace[start:])
     assert log.max_unsharded <= 2
@@ -155,7 +157,7 @@ def test_gradient_accumulation_modes_agree(rt):
         rt.synchronize()
         grads[sync] = [g.flat_param_shard.grad.clone() for g in model.param_groups()]
         rt.remove_observer(log)
-    for a, b in zip(grads[True], grads[False]):
+    for a, b in zip(grads[True], grads[False], strict=True):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
 
 

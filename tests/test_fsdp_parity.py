@@ -18,12 +18,12 @@ import os
 import socket
 import time
 import traceback
+from multiprocessing import get_context
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from multiprocessing import get_context
 
 from racecheck.scenario_kit import fsdp_parity as parity
 

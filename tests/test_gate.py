@@ -8,12 +8,12 @@ import sys
 import pytest
 from click.testing import CliRunner
 
+from racecheck.cli.commands import gate_command, plan_command
 from racecheck.exitcodes import ExitCode
 from racecheck.results import tally
-from racecheck.cli.commands import gate_command, plan_command
 from racecheck.results.gate import Decision, evaluate_gate
-from racecheck.runner.record import TrialLog, TrialRecord
 from racecheck.results.stats import trials_for_auto
+from racecheck.runner.record import TrialLog, TrialRecord
 
 TEST = "scenarios/main_grad_reuse/test_main_grad_reuse.py::test_hsdp_losses_match_baseline[{}]"
 PARAMS = ("1-True", "1-False", "3-True", "3-False")

@@ -13,7 +13,6 @@ import time
 
 import psutil
 import pytest
-
 from test_runner import racecheck, records, summary_counts, write_suite
 
 # Each rank draws; the world fails a test when any rank's draw was unlucky (an all-reduce, so
@@ -91,7 +90,7 @@ def run_nodes(root, args_for, *, limit: float = LIMIT_S) -> list[tuple[int, str,
     procs = [start_node(root, args) for args in args_for]
     try:
         outs = [p.communicate(timeout=limit) for p in procs]
-        return [(p.returncode, *o) for p, o in zip(procs, outs)]
+        return [(p.returncode, *o) for p, o in zip(procs, outs, strict=True)]
     finally:
         for p in procs:
             if p.poll() is None:

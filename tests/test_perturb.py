@@ -14,9 +14,9 @@ import torch
 
 from racecheck.device.sim import SimRuntime
 from racecheck.perturb import injector as injector_mod
+from racecheck.perturb.decisions import Hold, Poison, Pressure, RandomSchedule, Sleep
 from racecheck.perturb.injector import Injector, install, install_from_env, resolve_spec, uninstall
 from racecheck.perturb.profiles import PROFILES, RandomConfig, Rule, parse_profile
-from racecheck.perturb.decisions import Hold, Poison, Pressure, RandomSchedule, Sleep
 
 GATE_TIMEOUT_S = 10.0
 

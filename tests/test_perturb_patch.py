@@ -13,8 +13,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from racecheck.perturb.patch import WRAPPED, PatchMode
 from racecheck.perturb import recording
+from racecheck.perturb.patch import WRAPPED, PatchMode
 from racecheck.perturb.profiles import parse_profile
 from racecheck.perturb.recording import RecordingActions
 

@@ -26,7 +26,7 @@ def test_p(n, racecheck_arm, racecheck_seed, racecheck_perturb, request):
 
 
 def events(path, kind=None):
-    lines = [json.loads(l) for l in path.read_text().splitlines()]
+    lines = [json.loads(ln) for ln in path.read_text().splitlines()]
     return [e for e in lines if kind is None or e["event"] == kind]
 
 

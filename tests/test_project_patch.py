@@ -147,7 +147,7 @@ def test_detect_fails_the_racing_arm_with_the_report(tmp_path, monkeypatch):
     import pandas as pd
 
     summary = pd.read_csv(tmp_path / "out" / "summary.csv", keep_default_na=False)
-    assert dict(zip(summary.arm + summary.test.str.rsplit("::").str[-1], summary.detected)) == {
+    assert dict(zip(summary.arm + summary.test.str.rsplit("::").str[-1], summary.detected, strict=True)) == {
         "racetest_read_on_side_stream": 1, "race*": 1, "safetest_read_on_side_stream": 0, "safe*": 0}
 
 

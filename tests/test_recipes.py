@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from test_runner import RATES, SEEDED_TEST, expected_failures, racecheck, summary_counts, write_suite
 
 RECIPES = Path(__file__).resolve().parents[1] / "docs" / "recipes"

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from racecheck.results import report, tally
 from racecheck.cli.commands import report_command
+from racecheck.results import report, tally
 from racecheck.runner.record import TrialLog, TrialRecord
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -100,7 +100,7 @@ def test_terminal_shows_arms_then_parametrizations(rendered):
     text = rendered[report.Format.TERMINAL]
     assert "baseline (race)       10/10 failed (100%, 95% CI 72%-100%)" in text
     assert "fixed (safe)          0/10 (rate below 28% at 95%)" in text
-    line = next(l for l in text.splitlines() if "[3-False]" in l)
+    line = next(ln for ln in text.splitlines() if "[3-False]" in ln)
     assert re.search(r"baseline 10/10\s+fixed 0/10\s+record_stream 0/10", line)
 
 

@@ -8,10 +8,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+
 import pytest
+from test_runner import SEEDED_TEST, racecheck, records, summary_counts, write_suite
 
 from racecheck.cli import run_options
-from test_runner import SEEDED_TEST, racecheck, records, summary_counts, write_suite
 
 
 @pytest.fixture(autouse=True)
@@ -43,7 +44,7 @@ def test_sum(world):
 
 
 def _one_line(text: str) -> str:
-    lines = [l for l in text.splitlines() if l.strip()]
+    lines = [ln for ln in text.splitlines() if ln.strip()]
     assert len(lines) == 1, text
     return lines[0]
 
@@ -172,7 +173,7 @@ def test_a_console_that_is_no_terminal_gets_status_lines_not_a_bar(tmp_path):
     assert "\r" not in res.err and "it/s" not in res.err and "trial/s" not in res.err
     assert res.err.splitlines()[0] == "trials: 6 planned"
     assert res.err.splitlines()[-1].startswith("trials: 6/6 done; often ")
-    failures = [l for l in res.err.splitlines() if l.startswith("failed: often trial ")]
+    failures = [ln for ln in res.err.splitlines() if ln.startswith("failed: often trial ")]
     assert len(failures) == summary_counts(tmp_path / "out")[("often", "*")][0]
 
 

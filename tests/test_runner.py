@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from racecheck.runner.record import read_log
 from racecheck.runner.blocks import arm_order
+from racecheck.runner.record import read_log
 
 # A suite whose arms are told apart inside the process: test `case` of trial t fails when a
 # draw seeded by the trial's seed falls below the arm's rate.
@@ -211,7 +211,7 @@ def test_a_test_that_kills_its_process_becomes_crash(tmp_path):
     assert summary_counts(tmp_path / "out")[("good", "*")] == (0, 3)
     assert summary_counts(tmp_path / "out")[("bad", "*")] == (1, 3)
     assert len(list((tmp_path / "out" / "logs").iterdir())) == 2
-    done = [json.loads(l) for l in (tmp_path / "out" / "completed.jsonl").read_text().splitlines()]
+    done = [json.loads(ln) for ln in (tmp_path / "out" / "completed.jsonl").read_text().splitlines()]
     assert sorted((d["trial"], d["arm"], d["outcome"]) for d in done) == sorted(
         [(t, a, "crash" if (t, a) == (1, "bad") else "passed") for t in range(3) for a in ("bad", "good")])
 

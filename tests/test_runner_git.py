@@ -6,7 +6,6 @@ import shutil
 import subprocess
 
 import pytest
-
 from test_runner import racecheck, records, summary_counts, write_suite
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")

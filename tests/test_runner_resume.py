@@ -12,9 +12,9 @@ import time
 
 import psutil
 import pytest
+from test_runner import SEEDED_TEST, expected_failures, racecheck, records, summary_counts, write_suite
 
 from racecheck.runner import interrupts
-from test_runner import SEEDED_TEST, expected_failures, racecheck, records, summary_counts, write_suite
 
 SLOW_SEEDED = SEEDED_TEST + "\nimport time\n\ndef test_slow():\n    time.sleep(0.15)\n"
 
@@ -69,7 +69,7 @@ def test_sigkill_in_the_middle_then_resume_gives_the_uninterrupted_counts(tmp_pa
     assert summary_counts(out) == summary_counts(tmp_path / "full")
     assert summary_counts(out)[("often", "*")] == expected_failures({"often": 0.6}, range(8), seed=11)[("often", "*")]
     assert len(json.loads((out / "run.json").read_text())["attempts"]) == 2
-    done = {(json.loads(l)["arm"], json.loads(l)["trial"]) for l in (out / "completed.jsonl").read_text().splitlines()}
+    done = {(json.loads(ln)["arm"], json.loads(ln)["trial"]) for ln in (out / "completed.jsonl").read_text().splitlines()}
     assert done == {(a, t) for a in ("often", "never") for t in range(8)}
 
 

@@ -7,10 +7,10 @@ import json
 import shutil
 
 import pytest
+from test_runner import SEEDED_TEST, racecheck, summary_counts, write_suite
 
 from racecheck.runner.blocks import Shard
 from racecheck.runner.shard_env import from_environment
-from test_runner import SEEDED_TEST, racecheck, summary_counts, write_suite
 
 
 @pytest.fixture(autouse=True)

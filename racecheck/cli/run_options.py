@@ -42,8 +42,8 @@ def suites_from_options(opts) -> tuple[list, dict]:
 
 def fresh_config(ctx, opts):
     """The RunConfig the command line describes (arms checked, git revisions resolved)."""
-    from racecheck.suites.catalogue import CatalogueError
     from racecheck.runner.run_config import RunConfig
+    from racecheck.suites.catalogue import CatalogueError
 
     suites, source = suites_from_options(opts)
     all_arms = opts["scenario_names"] == "all" or opts["arms"] == "all"
@@ -254,8 +254,8 @@ def with_revisions(config):
     """The config with every git-revision arm resolved to its commit (a bad revision: exit 2)."""
     import dataclasses
 
-    from racecheck.suites.catalogue import CatalogueError
     from racecheck.runner.gitarms import resolve
+    from racecheck.suites.catalogue import CatalogueError
 
     revisions = dict(config.revisions)
     for s in config.scenarios:
@@ -275,9 +275,9 @@ def resumed_config(ctx, opts):
     from click.core import ParameterSource
 
     from racecheck.runner import state
+    from racecheck.runner.run_config import RunConfig
     from racecheck.suites.catalogue import CatalogueError
     from racecheck.suites.project import load_suites
-    from racecheck.runner.run_config import RunConfig
 
     given = [name for name in _DEFINING if ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE]
     if given:

@@ -34,9 +34,9 @@ from collections.abc import Sequence
 
 from racecheck.device import Runtime, RuntimeObserver, Stream
 from racecheck.device.base import POISON_BYTE
+from racecheck.perturb.decisions import Hold, Poison, Pressure, Sleep, make_schedule
 from racecheck.perturb.points import EVENT_WAIT, FREE
 from racecheck.perturb.profiles import Profile, parse_profile
-from racecheck.perturb.decisions import Hold, Poison, Pressure, Sleep, make_schedule
 
 ENV_VAR = "RACECHECK_PERTURB"
 SEED_ENV_VAR = "RACECHECK_SEED"

@@ -46,10 +46,9 @@ import sys
 import threading
 
 from racecheck.perturb import systematic
-from racecheck.perturb.points import (COLLECTIVE_POINTS, EVENT_RECORD, FREE, HANDOFF_POINTS, STREAM_ENTER,
-                                      STREAM_WAIT)
-from racecheck.perturb.profiles import Profile, parse_profile
 from racecheck.perturb.decisions import Hold, Poison, Pressure, Schedule, Sleep, make_schedule
+from racecheck.perturb.points import COLLECTIVE_POINTS, EVENT_RECORD, FREE, HANDOFF_POINTS, STREAM_ENTER, STREAM_WAIT
+from racecheck.perturb.profiles import Profile, parse_profile
 
 # torch.distributed function -> (collective kind, name of its input argument)
 WRAPPED = {
@@ -119,7 +118,7 @@ class PatchMode:
         self.counts = {"sleep": 0, "pressure": 0, "poison": 0}  # actions taken
 
     # -- install / uninstall ---------------------------------------------------------------------
-    def install(self) -> "PatchMode":
+    def install(self) -> PatchMode:
         if self._originals:
             raise RuntimeError("this patch is already installed")
         if self._collectives:
@@ -157,7 +156,7 @@ class PatchMode:
             setattr(owner, name, fn)
         self._originals.clear()
 
-    def __enter__(self) -> "PatchMode":
+    def __enter__(self) -> PatchMode:
         return self.install()
 
     def __exit__(self, *exc) -> None:

@@ -20,7 +20,6 @@ this one. An actions object provides:
 from __future__ import annotations
 
 import bisect
-
 import os
 
 

@@ -153,7 +153,7 @@ class Profile:
             return self.systematic.to_spec()
         return ",".join(r.to_spec() for r in self.rules) or "off"
 
-    def with_delay(self, seconds: float) -> "Profile":
+    def with_delay(self, seconds: float) -> Profile:
         """The same profile with every sleep resized (the CLI's --delay-ms); for the random
         schedule, the largest delay."""
         if self.random is not None:

@@ -36,13 +36,13 @@ class HostStream:
         self.handle = next(_handles) if handle is None else handle
         self.delayed = 0.0  # seconds of delay enqueued on this stream so far
 
-    def wait_stream(self, other: "HostStream") -> None:
+    def wait_stream(self, other: HostStream) -> None:
         self.wait_event(other.record_event())
 
-    def wait_event(self, event: "HostEvent") -> None:
+    def wait_event(self, event: HostEvent) -> None:
         event.wait(self)
 
-    def record_event(self, event: "HostEvent | None" = None) -> "HostEvent":
+    def record_event(self, event: HostEvent | None = None) -> HostEvent:
         event = event if event is not None else HostEvent()
         event.record(self)
         return event

@@ -62,7 +62,7 @@ def _plot(panels) -> bytes:
     fig = Figure(figsize=(11, 3.6 * max(len(panels), 1)), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(max(len(panels), 1), 1, squeeze=False)[:, 0]
-    for ax, (name, star, tests) in zip(axes, panels):
+    for ax, (name, star, tests) in zip(axes, panels, strict=False):  # one axis even for no panel
         arms = list(star["arm"])
         # A group per parametrization that ran in some arm; its label is the parametrization
         # alone when the scenario has one test function, else function and parametrization.

@@ -12,8 +12,7 @@ import json
 import math
 
 from racecheck.results import stats
-from racecheck.results.rows import (Format, arm_label, count, per_test_counts, rate_phrase, scenarios,
-                                    short_test)
+from racecheck.results.rows import Format, arm_label, count, per_test_counts, rate_phrase, scenarios, short_test
 from racecheck.results.tally import summary_to_csv
 
 # GitHub refuses a step summary above 1 MiB; stay below it with room for the truncation note.
@@ -33,7 +32,7 @@ def render_terminal(summary) -> str:
         out.append(name)
         labels = [arm_label(r) for r in star.itertuples()]
         width = max(map(len, labels), default=0)
-        for label, row in zip(labels, star.itertuples()):
+        for label, row in zip(labels, star.itertuples(), strict=True):
             line = f"  {label:<{width}}  {rate_phrase(row, short=True)}"
             if _has_detected(summary):
                 line += f"; detector reported in {row.detected}/{row.trials}"
@@ -47,8 +46,8 @@ def render_terminal(summary) -> str:
             names = [short_test(t) for t, _ in rows]
             name_w = max(map(len, names))
             col_w = [max(len(c[i]) for c in cells) for i in range(len(arms))]
-            for test, row_cells in zip(names, cells):
-                padded = "   ".join(c.ljust(w) for c, w in zip(row_cells, col_w))
+            for test, row_cells in zip(names, cells, strict=True):
+                padded = "   ".join(c.ljust(w) for c, w in zip(row_cells, col_w, strict=True))
                 out.append(f"  {test:<{name_w}}   {padded}".rstrip())
         out.append("")
     return "\n".join(out).rstrip("\n") + "\n"
@@ -98,7 +97,7 @@ def render_markdown(summary, *, max_bytes: int = MARKDOWN_LIMIT) -> str:
     that, table rows are left out and a note says how many (summary.csv has them all)."""
     lines = _markdown_lines(summary)
     out, size = [], 0
-    for i, (line, is_row) in enumerate(lines):
+    for i, (line, _) in enumerate(lines):
         size += len(line.encode("utf-8")) + 1
         if size > max_bytes - 256:  # keep room for the note
             omitted = sum(1 for _, row in lines[i:] if row)

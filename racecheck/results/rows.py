@@ -13,7 +13,7 @@ import enum
 ALL_TESTS = "*"  # the summary's per-trial rows: a trial fails if any of its tests failed
 
 
-class Format(str, enum.Enum):
+class Format(enum.StrEnum):
     TERMINAL = "terminal"
     MARKDOWN = "markdown"
     CSV = "csv"

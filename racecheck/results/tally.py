@@ -118,7 +118,7 @@ def summarize(df: pd.DataFrame, *, signature: str | None = None) -> pd.DataFrame
     df["has_report"] = (df["detected"].fillna(0).astype(int) > 0) | reports
     # An arm's expectation comes from its scenario's definition: the first non-empty value seen.
     expect = (df[df["expect"].fillna("") != ""].groupby(["scenario", "arm"])["expect"].first())
-    df["expect"] = [expect.get((s, a), "") for s, a in zip(df["scenario"], df["arm"])]
+    df["expect"] = [expect.get((s, a), "") for s, a in zip(df["scenario"], df["arm"], strict=True)]
     with_detected = bool(df["detect"].fillna(False).astype(bool).any())
 
     per_trial = df.assign(rank=df["outcome"].map(_TRIAL_RANK)).groupby(

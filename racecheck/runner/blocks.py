@@ -60,7 +60,7 @@ class Shard:
     count: int = 1
 
     @classmethod
-    def parse(cls, text: str) -> "Shard":
+    def parse(cls, text: str) -> Shard:
         m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text or "")
         if not m:
             raise ValueError(f"{text!r} is not of the form i/N (for example 1/4)")

@@ -53,7 +53,7 @@ def merge(inputs: list[Path], out: Path) -> int:
         except ValueError as exc:
             raise MergeError(str(exc)) from None
     first = runs[0]
-    for folder, run in zip(inputs[1:], runs[1:]):
+    for folder, run in zip(inputs[1:], runs[1:], strict=True):
         for setting in _SAME:
             if run.get(setting) != first.get(setting):
                 raise MergeError(f"{inputs[0]} and {folder} are different runs: their {setting} differs "
@@ -116,16 +116,16 @@ def check_shards(inputs: list[Path], runs: list[dict]) -> None:
     """Shards of one run must be complete and distinct: MergeError naming the shard missing or
     given twice. Runs that are no shards (1/1, e.g. machines that each ran every trial) pass;
     the trial-overlap check judges them."""
-    shards = [_shard(folder, run) for folder, run in zip(inputs, runs)]
+    shards = [_shard(folder, run) for folder, run in zip(inputs, runs, strict=True)]
     counts = {s.count for s in shards}
     if counts == {1}:
         return
     if len(counts) > 1:
         raise MergeError("the folders are shards of different splits: " + ", ".join(
-            f"{folder} is {shard}" for folder, shard in zip(inputs, shards)))
+            f"{folder} is {shard}" for folder, shard in zip(inputs, shards, strict=True)))
     count = counts.pop()
     holder: dict[int, Path] = {}
-    for folder, shard in zip(inputs, shards):
+    for folder, shard in zip(inputs, shards, strict=True):
         if shard.index in holder:
             raise MergeError(f"shard {shard} is given twice: {holder[shard.index]} and {folder}")
         holder[shard.index] = folder

@@ -14,12 +14,21 @@ from typing import TYPE_CHECKING
 
 from racecheck.exitcodes import InputError
 from racecheck.runner import interrupts, launch, state
-from racecheck.runner.nodes import (POLL_S, Heartbeat, Liveness, NodeError, NodeSpec, connect, definition,
-                                    fetch, key, put)
-from racecheck.runner.ranks import RankTail
 from racecheck.runner.blocks import Block, SessionPlan
+from racecheck.runner.nodes import (
+    POLL_S,
+    Heartbeat,
+    Liveness,
+    NodeError,
+    NodeSpec,
+    connect,
+    definition,
+    fetch,
+    key,
+    put,
+)
+from racecheck.runner.ranks import RankTail
 from racecheck.runner.session import crash_signature
-
 
 if TYPE_CHECKING:
     from torch.distributed import TCPStore

@@ -15,8 +15,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from racecheck.exitcodes import InputError
-from racecheck.runner.nodes import (POLL_S, Heartbeat, Liveness, NodeError, NodeSpec, connect, definition,
-                                    fetch, key, put)
+from racecheck.runner.nodes import (
+    POLL_S,
+    Heartbeat,
+    Liveness,
+    NodeError,
+    NodeSpec,
+    connect,
+    definition,
+    fetch,
+    key,
+    put,
+)
 
 if TYPE_CHECKING:
     from torch.distributed import TCPStore
@@ -80,7 +90,7 @@ class Writer:
             time.sleep(POLL_S)
         self.liveness = Liveness(self.spec, self._store, self.followers)
 
-    def session(self, session_id: str, suite: str, plan) -> "SessionPeers":
+    def session(self, session_id: str, suite: str, plan) -> SessionPeers:
         """Publish a session's plan to the followers; the returned peers follow their part."""
         self._sessions += 1
         put(self.store, key(self.spec, "session", self._sessions),

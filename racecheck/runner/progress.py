@@ -10,10 +10,10 @@ import time
 
 from tqdm import tqdm
 
-from racecheck.runner.record import Outcome, TrialRecord
-from racecheck.runner.trial_runner import RunListener
 from racecheck.runner.blocks import Block
+from racecheck.runner.record import Outcome, TrialRecord
 from racecheck.runner.stopping import LiveCounts
+from racecheck.runner.trial_runner import RunListener
 
 STATUS_EVERY = 10  # trials between two status lines when the console is no terminal
 STATUS_S = 30.0  # ... or seconds, whichever comes first
@@ -33,7 +33,7 @@ class Progress(RunListener):
         self._done = 0
         self._last_status = (0, time.monotonic())  # trials done and time at the last status line
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Progress:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:

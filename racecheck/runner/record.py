@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import ClassVar
 
 
-class Outcome(str, enum.Enum):
+class Outcome(enum.StrEnum):
     """A test's result in one trial, ordered from best to worst (a trial takes the worst)."""
 
     PASSED = "passed"
@@ -79,7 +79,7 @@ class TrialRecord:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "TrialRecord":
+    def from_dict(cls, data: dict) -> TrialRecord:
         """The record of one parsed log line (unknown keys ignored); ValueError when it is none."""
         if not isinstance(data, dict):
             raise ValueError(f"not a JSON object: {str(data)[:60]!r}")
@@ -247,7 +247,7 @@ class TrialLog:
     def close(self) -> None:
         self._fh.close()
 
-    def __enter__(self) -> "TrialLog":
+    def __enter__(self) -> TrialLog:
         return self
 
     def __exit__(self, *exc) -> None:

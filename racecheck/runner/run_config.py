@@ -93,7 +93,7 @@ class RunConfig:
         return data
 
     @classmethod
-    def from_json(cls, data: dict, *, scenarios: tuple[Suite, ...], out: Path, **given) -> "RunConfig":
+    def from_json(cls, data: dict, *, scenarios: tuple[Suite, ...], out: Path, **given) -> RunConfig:
         """The RunConfig run.json describes, for the suites reloaded from its `source`; `given`
         are the settings the resuming command line gives anew (trials, timeout, max_time, ...).
         A setting missing from an older run.json takes its default; ValueError, KeyError or

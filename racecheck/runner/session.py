@@ -44,10 +44,9 @@ from pathlib import Path
 
 from racecheck.exitcodes import InfrastructureError, InputError
 from racecheck.runner import interrupts, launch
-from racecheck.runner.ranks import RankMerger, RankTail
-from racecheck.runner.record import (CollectError, Collected, Finished, Outcome, RankEvent, Started, TestOutcome,
-                                     worst)
 from racecheck.runner.blocks import Block, SessionPlan
+from racecheck.runner.ranks import RankMerger, RankTail
+from racecheck.runner.record import Collected, CollectError, Finished, Outcome, RankEvent, Started, TestOutcome, worst
 
 POLL_S = 0.05
 STRAGGLER_GRACE_S = 5.0
@@ -302,5 +301,5 @@ def _read(path: Path) -> str:
 
 
 def last_lines(path: Path, n: int = 3) -> str:
-    lines = [l for l in _read(path).splitlines() if l.strip()]
+    lines = [ln for ln in _read(path).splitlines() if ln.strip()]
     return " | ".join(lines[-n:])[-400:]

@@ -30,13 +30,12 @@ from pathlib import Path
 from racecheck.exitcodes import InfrastructureError, InputError
 from racecheck.mesh_config import MeshConfig
 from racecheck.runner import blocks, launch, state
-from racecheck.runner.run_config import RunConfig
-from racecheck.suites.catalogue import Suite
+from racecheck.runner.blocks import Block, SessionPlan
 from racecheck.runner.gitarms import Worktrees, pythonpath
 from racecheck.runner.record import Outcome, TestOutcome, TrialLog, TrialRecord, read_log, repair_log
-from racecheck.runner.blocks import Block, SessionPlan
 from racecheck.runner.session import Ending, SessionRun
 from racecheck.runner.stopping import LiveCounts
+from racecheck.suites.catalogue import Suite
 
 
 @dataclasses.dataclass
@@ -66,7 +65,7 @@ def versions() -> dict:
 
 
 def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
 
 class Runner:

@@ -191,7 +191,7 @@ def _run_case(case: ParityCase, *, mesh: Mesh, runtime: Runtime, seed: int) -> C
 
         model.zero_grad(set_to_none=case.set_to_none)
         local = torch.zeros((), device=device)
-        chunks = list(zip(x.chunk(world)[rank].chunk(case.microbatches), y.chunk(world)[rank].chunk(case.microbatches)))
+        chunks = list(zip(x.chunk(world)[rank].chunk(case.microbatches), y.chunk(world)[rank].chunk(case.microbatches), strict=True))
         for i, (xb, yb) in enumerate(chunks):
             last = i == len(chunks) - 1
             quiet = model.no_sync() if not (case.sync_each_microbatch or last) else contextlib.nullcontext()
@@ -209,7 +209,7 @@ def _run_case(case: ParityCase, *, mesh: Mesh, runtime: Runtime, seed: int) -> C
     # Worst over ranks (every rank reaches the same verdict): the update errors, then the loss
     # error and whether any rank saw a detail.
     errors = update_errors(initial, [model.full_state_dict()], reference.state_dict())
-    loss_err = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses, ref_losses))
+    loss_err = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses, ref_losses, strict=True))
     loss_err, bad_detail = max_over_ranks(
         torch.tensor([loss_err, 1.0 if detail else 0.0], dtype=torch.float64)).tolist()
     worst = max(errors, key=lambda e: (e.rel_error != e.rel_error, e.rel_error))
@@ -221,7 +221,7 @@ def _run_case(case: ParityCase, *, mesh: Mesh, runtime: Runtime, seed: int) -> C
 
 def _equal_shards(a: nn.Module, b: nn.Module) -> bool:
     return all(torch.equal(ga.flat_param_shard.detach().cpu(), gb.flat_param_shard.detach().cpu())
-               for ga, gb in zip(a.param_groups(), b.param_groups()))
+               for ga, gb in zip(a.param_groups(), b.param_groups(), strict=True))
 
 
 def _round_trip(obj):

@@ -86,7 +86,7 @@ def full_parameters(model: nn.Module, *, world: int) -> list[dict[str, torch.Ten
     shard_count = groups[0].mesh.config.shard
     for r in range(world // shard_count):
         params = {}
-        for g, out in zip(groups, gathered):
+        for g, out in zip(groups, gathered, strict=True):
             flat = out[r * shard_count:(r + 1) * shard_count].reshape(-1)
             for info in g.infos:
                 owner = module_names[id(info.module)]
@@ -108,7 +108,7 @@ def update_errors(initial: dict[str, torch.Tensor], replicas: list[dict[str, tor
         per_replica = [((params[name] - reference[name]).double().norm()
                         / ref_update.norm().clamp_min(1e-30)) for params in replicas]
         errs[i] = torch.stack(per_replica).max()  # torch's max keeps a NaN (Python's max drops it)
-    return [ParamError(n, float(e)) for n, e in zip(names, max_over_ranks(errs))]
+    return [ParamError(n, float(e)) for n, e in zip(names, max_over_ranks(errs), strict=True)]
 
 
 def max_over_ranks(errs: torch.Tensor) -> torch.Tensor:
@@ -127,7 +127,7 @@ def check_parity(*, losses: list[float], ref_losses: list[float], errors: list[P
                  rtol: float) -> None:
     """Fail with the worst parameter's relative error when the numbers differ beyond `rtol`."""
     bad = [e for e in errors if not e.rel_error <= rtol]  # NaN counts as bad
-    loss_bad = [i for i, (a, b) in enumerate(zip(losses, ref_losses))
+    loss_bad = [i for i, (a, b) in enumerate(zip(losses, ref_losses, strict=True))
                 if not abs(a - b) <= rtol * max(abs(b), 1e-12)]
     if not bad and not loss_bad:
         return
@@ -135,7 +135,7 @@ def check_parity(*, losses: list[float], ref_losses: list[float], errors: list[P
     raise AssertionError(
         f"parameter {worst.name!r} update off by {worst.rel_error:.1%} (relative L2 error, "
         f"tolerance {rtol:g}); {len(bad)} of {len(errors)} parameters off; "
-        f"losses {['%.6f' % x for x in losses]} vs reference {['%.6f' % x for x in ref_losses]}")
+        f"losses {[f'{x:.6f}' for x in losses]} vs reference {[f'{x:.6f}' for x in ref_losses]}")
 
 
 def check_values(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], *,
@@ -149,9 +149,9 @@ def check_values(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tens
         got = actual[name].detach().cpu().double()
         errs[i] = ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
     errs = max_over_ranks(errs)
-    bad = [n for n, e in zip(names, errs.tolist()) if not e <= rtol]
+    bad = [n for n, e in zip(names, errs.tolist(), strict=True) if not e <= rtol]
     if not bad:
         return
-    worst, err = max(zip(names, errs.tolist()), key=lambda p: (p[1] != p[1], p[1]))
+    worst, err = max(zip(names, errs.tolist(), strict=True), key=lambda p: (p[1] != p[1], p[1]))
     raise AssertionError(f"{what} {worst!r} off by {err:.1%} (relative L2 error, tolerance {rtol:g}); "
                          f"{len(bad)} of {len(names)} {what}s off: {', '.join(bad[:8])}")

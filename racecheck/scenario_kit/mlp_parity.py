@@ -75,7 +75,7 @@ def train_against_reference(*, mesh: Mesh, runtime: Runtime, shard_options: dict
         # Each rank trains on its slice of the global batch, split into microbatches whose
         # losses are scaled so that the averaged gradient equals the reference's.
         for xb, yb in zip(x.chunk(world)[rank].chunk(num_microbatches),
-                          y.chunk(world)[rank].chunk(num_microbatches)):
+                          y.chunk(world)[rank].chunk(num_microbatches), strict=True):
             loss = nn.functional.mse_loss(model(xb), yb) / num_microbatches
             loss.backward()
             local += loss.item()

@@ -27,8 +27,16 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
-from racecheck.suites.catalogue import (CatalogueError, Suite, _strings, check_default_arms,
-                                        check_profile, parse_arms, reject_unknown_keys, world_sizes)
+from racecheck.suites.catalogue import (
+    CatalogueError,
+    Suite,
+    _strings,
+    check_default_arms,
+    check_profile,
+    parse_arms,
+    reject_unknown_keys,
+    world_sizes,
+)
 
 SUITE_KEYS = ("name", "summary", "root", "tests", "pytest_args", "world_size", "min_world_size",
               "perturb", "default_arms", "arms")

@@ -17,7 +17,6 @@ import itertools
 
 import pytest
 import torch
-
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -49,7 +48,7 @@ def make_batches(world_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 
 def microbatches(x, y, n):
-    return zip(x.chunk(n), y.chunk(n))
+    return zip(x.chunk(n), y.chunk(n), strict=True)
 
 
 def train_fsdp2(mesh, batches, *, num_microbatches: int, reshard_after_forward: bool):
@@ -83,14 +82,14 @@ def train_reference(batches, *, world: int, num_microbatches: int):
             p.grad = torch.zeros_like(p)  # the fp32 sums of the microbatches' gradients
         compute = copy.deepcopy(master).to(torch.bfloat16)  # FSDP2's all-gathered bf16 copy
         step_loss = 0.0
-        for xr, yr in zip(x.chunk(world), y.chunk(world)):  # what each rank computes
+        for xr, yr in zip(x.chunk(world), y.chunk(world), strict=True):  # what each rank computes
             for xm, ym in microbatches(xr.cuda(), yr.cuda(), num_microbatches):
                 compute.zero_grad(set_to_none=True)
                 out = compute(xm.to(torch.bfloat16))
                 loss = nn.functional.mse_loss(out.float(), ym) / num_microbatches
                 loss.backward()
                 step_loss += loss.item() / world
-                for p, c in zip(master.parameters(), compute.parameters()):
+                for p, c in zip(master.parameters(), compute.parameters(), strict=True):
                     p.grad += c.grad.float() / world  # reduce_dtype fp32, averaged over ranks
         losses.append(step_loss)
         optimizer.step()
@@ -108,6 +107,6 @@ def test_fully_shard_losses_match_reference(mesh, num_microbatches, reshard_afte
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=LOSS_RTOL, atol=0.0,
                                msg=lambda m: f"losses per step differ from the reference: {losses} vs "
                                              f"{ref_losses}\n{m}")
-    for index, (param, ref) in enumerate(zip(params, ref_params)):
+    for index, (param, ref) in enumerate(zip(params, ref_params, strict=True)):
         torch.testing.assert_close(param, ref, rtol=0.0, atol=PARAM_ATOL,
                                    msg=lambda m, i=index: f"block {i}'s weight after {STEPS} steps: {m}")

@@ -41,7 +41,7 @@ class _BufferSpec:
     device: torch.device
 
     @classmethod
-    def of(cls, buffer: DBuffer) -> "_BufferSpec":
+    def of(cls, buffer: DBuffer) -> _BufferSpec:
         return cls(mesh=buffer.mesh, placements=buffer.placements,
                    tensor_shapes=buffer.layout.tensor_shapes, dtype=buffer.dtype, device=buffer.device)
 

@@ -26,15 +26,21 @@ import itertools
 
 import pytest
 import torch
-
 import torch.distributed as dist
 from torch import nn
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: megatron-fsdp's "
                                 "experimental FSDP runs on CUDA streams and NCCL")
 if torch.cuda.is_available():  # without CUDA nothing here runs, and megatron-fsdp need not be installed
-    from megatron_fsdp.experimental import Flat, Partial, Placements, Replicate
-    from megatron_fsdp.experimental import fully_shard, fully_shard_optimizer, microbatch
+    from megatron_fsdp.experimental import (
+        Flat,
+        Partial,
+        Placements,
+        Replicate,
+        fully_shard,
+        fully_shard_optimizer,
+        microbatch,
+    )
 
 HIDDEN = 2048  # one block's weight: 16 MiB of fp32, a block of its own in the caching allocator
 BLOCKS = 4
@@ -71,7 +77,7 @@ def train_reference(batches, *, num_microbatches: int, set_to_none: bool):
     for x, y in batches:
         optimizer.zero_grad(set_to_none=set_to_none)
         step_loss = 0.0
-        for xm, ym in zip(x.chunk(num_microbatches), y.chunk(num_microbatches)):
+        for xm, ym in zip(x.chunk(num_microbatches), y.chunk(num_microbatches), strict=True):
             loss = nn.functional.mse_loss(model(xm), ym) / num_microbatches
             loss.backward()
             step_loss += loss.item()
@@ -94,7 +100,7 @@ def train_hsdp(mesh, batches, *, num_microbatches: int, set_to_none: bool):
         optimizer.zero_grad(set_to_none=set_to_none)
         x, y = (t.chunk(world)[rank].cuda() for t in (x, y))
         step_loss = torch.zeros((), device="cuda")
-        for i, (xm, ym) in enumerate(zip(x.chunk(num_microbatches), y.chunk(num_microbatches))):
+        for i, (xm, ym) in enumerate(zip(x.chunk(num_microbatches), y.chunk(num_microbatches), strict=True)):
             with microbatch(model, is_last=i == num_microbatches - 1):
                 loss = nn.functional.mse_loss(model(xm), ym) / num_microbatches
                 loss.backward()
@@ -124,6 +130,6 @@ def test_hsdp_losses_match_baseline(mesh, warmed_up, num_microbatches, set_to_no
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=RTOL, atol=ATOL,
                                msg=lambda m: f"losses per step differ from the reference: {losses} vs "
                                              f"{ref_losses}\n{m}")
-    for index, (param, ref) in enumerate(zip(params, ref_params)):
+    for index, (param, ref) in enumerate(zip(params, ref_params, strict=True)):
         torch.testing.assert_close(param, ref, rtol=RTOL, atol=ATOL,
                                    msg=lambda m, i=index: f"block {i}'s weight after {STEPS} steps: {m}")

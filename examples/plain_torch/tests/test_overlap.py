@@ -9,7 +9,6 @@ import copy
 
 import pytest
 import torch
-
 import torch.distributed as dist
 from overlap import ActivationOffloader, AllGatherPrefetcher, BucketedReduceScatter, DoubleBufferedAllReduce
 from torch import nn
@@ -66,9 +65,9 @@ def test_offload_copy(fixed):
         h = torch.tanh(h @ w)  # rebinding drops the previous activation: only its host copy stays
         handles.append(offloader.offload(h))
     del h
-    for index, (handle, want) in enumerate(zip(handles, expected)):
+    for index, (handle, want) in enumerate(zip(handles, expected, strict=True)):
         got = offloader.fetch(handle)
-        torch.testing.assert_close(got, want, **TOL, msg=lambda m, i=index: _differs(f"layer {i}'s host copy", got, want))
+        torch.testing.assert_close(got, want, **TOL, msg=lambda m, i=index, got=got, want=want: _differs(f"layer {i}'s host copy", got, want))
 
 
 def test_prefetch_all_gather(group, fixed):
@@ -99,7 +98,7 @@ def test_double_buffer_all_reduce(group, fixed):
     for index, p in enumerate(params):
         got = reducer.reduced[p]
         torch.testing.assert_close(got, p.grad, **TOL,
-                                   msg=lambda m, i=index: _differs(f"parameter {i}'s averaged gradient", got, p.grad))
+                                   msg=lambda m, i=index, got=got, p=p: _differs(f"parameter {i}'s averaged gradient", got, p.grad))
 
 
 def test_bucketed_reduce_scatter(group, fixed):
@@ -117,7 +116,7 @@ def test_bucketed_reduce_scatter(group, fixed):
     reducer = BucketedReduceScatter(layers, group, fixed=fixed)
     _loss(model(x)).backward()
     reducer.finish()
-    for index, (layer, expected) in enumerate(zip(layers, want)):
+    for index, (layer, expected) in enumerate(zip(layers, want, strict=True)):
         got = reducer.shards[layer]
         torch.testing.assert_close(got, expected, **TOL,
-                                   msg=lambda m, i=index: _differs(f"layer {i}'s gradient shard", got, expected))
+                                   msg=lambda m, i=index, got=got, expected=expected: _differs(f"layer {i}'s gradient shard", got, expected))
