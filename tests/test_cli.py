@@ -117,8 +117,7 @@ def test_the_mesh_is_kept_for_resume_and_named_in_replays(tmp_path):
     import json
 
     from racecheck.runner.record import TrialRecord
-    from racecheck.runner.run_config import RunConfig
-    from racecheck.runner.trial_runner import replay_command
+    from racecheck.runner.run_config import RunConfig, replay_command
     from racecheck.suites.catalogue import find_catalogue, load_catalogue
 
     res = racecheck("run", "--arms", "fixed", "--trials", 1, "--world-size", 2, "--mesh", "1x2",

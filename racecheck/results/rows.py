@@ -34,7 +34,7 @@ def scenarios(summary):
         yield name, rows[rows["test"] == ALL_TESTS], rows[rows["test"] != ALL_TESTS]
 
 
-def per_test_counts(tests, arms):
+def per_test_counts(tests, arms: list[str]) -> list[tuple[str, dict]]:
     """[(test, {arm: row})] in summary order: one table line per parametrization."""
     table: dict[str, dict] = {}
     for row in tests.itertuples(index=False):

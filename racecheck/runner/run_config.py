@@ -1,5 +1,6 @@
 """What a run is (RunConfig) and its run.json form: the one place that knows which settings a run
-folder keeps, how each is written, and how `--resume` and `merge` read them back.
+folder keeps, how each is written, and how `--resume` and `merge` read them back; and the one
+command line that replays a trial of the run (replay_command).
 
 `to_json()` writes every field but those a later invocation gives anew or finds itself
 (_NOT_KEPT), plus two derived entries for the reader: each suite's world on this machine and each
@@ -10,11 +11,14 @@ inverse for `--resume`: the suites come back from `source`, the rest from the fi
 from __future__ import annotations
 
 import dataclasses
+import os
+import shlex
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from racecheck.runner.blocks import Shard
+from racecheck.runner.record import TrialRecord
 from racecheck.runner.stopping import StopRule
 from racecheck.suites.catalogue import Suite
 
@@ -127,3 +131,70 @@ _READ_BACK: dict[str, Callable[[Any], Any]] = {
 
 def _from_json(name: str, value):
     return _READ_BACK.get(name, lambda v: v)(value)
+
+
+# pytest options whose value may follow as the next argument (so it is no target).
+_VALUE_OPTIONS = {"-k", "-m", "-p", "-n", "-c", "-o", "-W", "--deselect", "--ignore", "--ignore-glob",
+                  "--rootdir", "--confcutdir", "--basetemp", "--maxfail", "--dist", "--timeout",
+                  "--count", "--numprocesses", "--import-mode", "--tb", "--durations", "-r"}
+
+
+def split_targets(args, root: Path) -> tuple[list[str], list[str]]:
+    """(targets, options) of pytest arguments: targets name tests (paths, node ids)."""
+    targets, options = [], []
+    takes_value = False
+    for arg in args:
+        if takes_value:
+            options.append(arg)
+            takes_value = False
+            continue
+        if arg.startswith("-"):
+            options.append(arg)
+            takes_value = arg in _VALUE_OPTIONS
+            continue
+        path = arg.split("::", 1)[0]
+        if "::" in arg or path.endswith(".py") or (root / path).exists() or Path(path).exists():
+            targets.append(arg)
+        else:
+            options.append(arg)
+    return targets, options
+
+
+def replay_spec(record: TrialRecord) -> str:
+    """The profile that replays the record's trial in a run of one trial: its own, or for a
+    systematic trial the schedule with the points it delayed named (`at=`), since trial 0 of a
+    new run would only record them."""
+    spec = record.perturb or "off"
+    if not record.delayed:
+        return spec
+    from racecheck.perturb.profiles import parse_profile
+
+    systematic = parse_profile(spec).systematic
+    if systematic is None:
+        return spec
+    return dataclasses.replace(systematic, at=tuple(record.delayed)).to_spec()
+
+
+def replay_command(record: TrialRecord, *, suite: Suite, config: RunConfig) -> str:
+    """One command line that reruns exactly this test of this trial under this arm."""
+    if suite.config_file is not None:
+        try:
+            where = os.path.relpath(suite.config_file)
+        except ValueError:
+            where = str(suite.config_file)
+        parts = ["racecheck", "run", "--config", where]
+    else:
+        parts = ["racecheck", "run", "--scenario", suite.name]
+    parts += ["--arms", record.arm, "--trials", "1", "--seed", str(record.seed),
+              "--perturb", replay_spec(record)]
+    if config.detect:
+        parts.append("--detect")
+    if config.backend != "auto":
+        parts += ["--backend", config.backend]
+    if config.world_size:
+        parts += ["--world-size", str(config.world_size)]
+    if config.mesh:
+        parts += ["--mesh", config.mesh]
+    _, options = split_targets(config.pytest_args, suite.run_root)
+    parts += ["--", *options, record.test]
+    return shlex.join(parts)

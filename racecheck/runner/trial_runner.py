@@ -21,11 +21,9 @@ import dataclasses
 import datetime
 import os
 import platform
-import shlex
 import time
 import uuid
 from importlib import metadata
-from pathlib import Path
 
 from racecheck.exitcodes import InfrastructureError, InputError
 from racecheck.mesh_config import MeshConfig
@@ -33,6 +31,7 @@ from racecheck.runner import blocks, launch, state
 from racecheck.runner.blocks import Block, SessionPlan
 from racecheck.runner.gitarms import Worktrees, pythonpath
 from racecheck.runner.record import Outcome, TestOutcome, TrialLog, TrialRecord, read_log, repair_log
+from racecheck.runner.run_config import RunConfig, replay_command, split_targets
 from racecheck.runner.session import Ending, SessionRun
 from racecheck.runner.stopping import LiveCounts
 from racecheck.suites.catalogue import Suite
@@ -304,72 +303,3 @@ class Runner:
         self._blocks_done += 1
         self.counts.block(suite.name, block.arm, block.trial, outcome.value)
         self.listener.block(suite.name, block, outcome.value)
-
-
-# pytest options whose value may follow as the next argument (so it is no target).
-_VALUE_OPTIONS = {"-k", "-m", "-p", "-n", "-c", "-o", "-W", "--deselect", "--ignore", "--ignore-glob",
-                  "--rootdir", "--confcutdir", "--basetemp", "--maxfail", "--dist", "--timeout",
-                  "--count", "--numprocesses", "--import-mode", "--tb", "--durations", "-r"}
-
-
-def split_targets(args, root: Path) -> tuple[list[str], list[str]]:
-    """(targets, options) of pytest arguments: targets name tests (paths, node ids)."""
-    targets, options = [], []
-    takes_value = False
-    for arg in args:
-        if takes_value:
-            options.append(arg)
-            takes_value = False
-            continue
-        if arg.startswith("-"):
-            options.append(arg)
-            takes_value = arg in _VALUE_OPTIONS
-            continue
-        path = arg.split("::", 1)[0]
-        if "::" in arg or path.endswith(".py") or (root / path).exists() or Path(path).exists():
-            targets.append(arg)
-        else:
-            options.append(arg)
-    return targets, options
-
-
-def replay_spec(record: TrialRecord) -> str:
-    """The profile that replays the record's trial in a run of one trial: its own, or for a
-    systematic trial the schedule with the points it delayed named (`at=`), since trial 0 of a
-    new run would only record them."""
-    spec = record.perturb or "off"
-    if not record.delayed:
-        return spec
-    import dataclasses
-
-    from racecheck.perturb.profiles import parse_profile
-
-    systematic = parse_profile(spec).systematic
-    if systematic is None:
-        return spec
-    return dataclasses.replace(systematic, at=tuple(record.delayed)).to_spec()
-
-
-def replay_command(record: TrialRecord, *, suite: Suite, config: RunConfig) -> str:
-    """One command line that reruns exactly this test of this trial under this arm."""
-    if suite.config_file is not None:
-        try:
-            where = os.path.relpath(suite.config_file)
-        except ValueError:
-            where = str(suite.config_file)
-        parts = ["racecheck", "run", "--config", where]
-    else:
-        parts = ["racecheck", "run", "--scenario", suite.name]
-    parts += ["--arms", record.arm, "--trials", "1", "--seed", str(record.seed),
-              "--perturb", replay_spec(record)]
-    if config.detect:
-        parts.append("--detect")
-    if config.backend != "auto":
-        parts += ["--backend", config.backend]
-    if config.world_size:
-        parts += ["--world-size", str(config.world_size)]
-    if config.mesh:
-        parts += ["--mesh", config.mesh]
-    _, options = split_targets(config.pytest_args, suite.run_root)
-    parts += ["--", *options, record.test]
-    return shlex.join(parts)
