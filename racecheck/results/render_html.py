@@ -127,8 +127,8 @@ def _scenario_section(name, star, tests, *, detected: bool) -> list[str]:
     if rows:
         out += ["<table>", '<tr><th class="name">test</th>'
                 + "".join(f"<th>{_e(a)}</th>" for a in arms) + "</tr>"]
-        for test, cells in rows:
-            tds = [_rate_cell(cells[a]) if a in cells else "<td>-</td>" for a in arms]
+        for test, by_arm in rows:
+            tds = [_rate_cell(by_arm[a]) if a in by_arm else "<td>-</td>" for a in arms]
             out.append(f'<tr><td class="name" title="{_e(test)}">{_e(short_test(test))}</td>'
                        + "".join(tds) + "</tr>")
         out.append("</table>")
