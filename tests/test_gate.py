@@ -184,12 +184,18 @@ def test_trials_for_auto():
     assert trials_for_auto(bound=0.1) == 35
 
 
-def test_command_module_imports_no_heavy_library():
-    code = ("import sys, racecheck.cli.commands; "
-            "print(sorted(m for m in ('pandas', 'scipy', 'matplotlib', 'torch') "
+@pytest.mark.parametrize("argv", [["--help"], ["run", "--help"], ["report", "--help"], ["gate", "--help"]])
+def test_help_imports_no_heavy_library(argv):
+    """`racecheck --help` and each command's help load the command line only (cli/ is lazy)."""
+    code = ("import contextlib, io, sys\n"
+            f"sys.argv = ['racecheck', *{argv!r}]\n"
+            "from racecheck.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+            "    main()\n"
+            "print(sorted(m for m in ('pandas', 'scipy', 'matplotlib', 'torch', 'numpy', 'tqdm', 'psutil') "
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
+    assert out.stdout.strip() == "[]", out.stderr
 
 
 def test_arm_that_only_skipped_is_undecided(tmp_path):
