@@ -27,9 +27,9 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from racecheck.scenario_kit import fsdp_parity as parity  # noqa: E402
 from racecheck.device import init_runtime, shutdown_runtime  # noqa: E402
 from racecheck.fsdp import Mesh, MeshConfig  # noqa: E402
+from racecheck.scenario_kit import fsdp_parity as parity  # noqa: E402
 
 
 def meshes(world: int) -> dict[str, MeshConfig]:

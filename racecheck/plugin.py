@@ -24,11 +24,10 @@ from pathlib import Path
 import pytest
 
 from racecheck.failure_text import error_line, failure_signature, first_line
-from racecheck.suites.catalogue import check_profile
-from racecheck.runner.lifeline import die_with_parent
-from racecheck.runner.record import (CollectError, Collected, Finished, Outcome, RankLog, Started, TestOutcome,
-                                     worst)
 from racecheck.runner.blocks import ORDERS, Block, arm_order, read_schedule
+from racecheck.runner.lifeline import die_with_parent
+from racecheck.runner.record import Collected, CollectError, Finished, Outcome, RankLog, Started, TestOutcome, worst
+from racecheck.suites.catalogue import check_profile
 
 STEP_FIXTURE = "racecheck_step"  # the fixture this plugin parametrizes with the session's steps
 
@@ -327,7 +326,7 @@ def _device() -> str:
 class _CollectErrors:
     """Logs collection errors (an object, because collect reports carry no config)."""
 
-    def __init__(self, log: "RankLog") -> None:
+    def __init__(self, log: RankLog) -> None:
         self.log = log
 
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:

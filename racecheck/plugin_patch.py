@@ -19,7 +19,7 @@ from racecheck.perturb.patch_actions import PatchUnavailable, actions_factory
 from racecheck.perturb.profiles import Profile, parse_profile
 
 
-def configure_project(config: pytest.Config, specs: list) -> "ProjectTests":
+def configure_project(config: pytest.Config, specs: list) -> ProjectTests:
     """Register per-test patch mode and detection for a project suite whose tests run the
     profiles `specs`; a profile or the detector that cannot act here is a usage error, in one line."""
     from racecheck.perturb.patch import PatchMode

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from racecheck.perturb.schedule import Hold
 
 import racecheck.device.base as base
 from racecheck.device import Point, Runtime, RuntimeObserver, Stream
@@ -21,7 +22,6 @@ from racecheck.device.base import Event, NewBlock
 from racecheck.device.sim import SimRuntime, SimStream
 from racecheck.perturb.injector import install
 from racecheck.perturb.profiles import parse_profile
-from racecheck.perturb.schedule import Hold
 
 FSDP = Path(base.__file__).parents[1] / "fsdp"
 

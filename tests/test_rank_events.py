@@ -8,8 +8,7 @@ import json
 import pytest
 
 from racecheck.runner.ranks import RankMerger, RankTail
-from racecheck.runner.record import (CollectError, Collected, Finished, RankEvent, RankEventKind, Started,
-                                     TestOutcome)
+from racecheck.runner.record import Collected, CollectError, Finished, RankEvent, RankEventKind, Started, TestOutcome
 
 pytest_plugins = ["pytester"]
 

@@ -10,8 +10,8 @@ Both feed one engine (engine.py) and produce the same reports (report.py). The e
 compiled when setup.py could build it, else in Python (native.py; `ENGINE` says which).
 """
 
-from racecheck.detect.native import KIND as ENGINE  # first: it may replace the compiled engine
 from racecheck.detect.engine import HappensBefore
+from racecheck.detect.native import KIND as ENGINE  # first: it may replace the compiled engine
 from racecheck.detect.observer import RaceDetector
 from racecheck.detect.report import RaceKind, RaceReport, render
 

@@ -92,7 +92,8 @@ class OpPlan:
 
     def tensors(self, args: tuple, kwargs: dict, out) -> tuple[list, list]:
         """(read tensors, written tensors) of one call."""
-        reads, writes = [], []
+        reads: list = []
+        writes: list = []
         n = len(args)
         for pos, name, is_write, is_list in self.args:
             value = args[pos] if pos < n else kwargs.get(name)
@@ -212,5 +213,5 @@ def byte_range(t: torch.Tensor) -> tuple[int, int]:
         return t.data_ptr(), 0
     if t.is_contiguous():
         return t.data_ptr(), n * t.element_size()
-    span = 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride()) if s > 1)
+    span = 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride(), strict=True) if s > 1)
     return t.data_ptr(), span * t.element_size()

@@ -14,6 +14,7 @@ compare the two, or to step through the engine in a debugger). `KIND` says which
 from __future__ import annotations
 
 import hashlib
+import importlib
 import importlib.machinery
 import importlib.util
 import os
@@ -31,8 +32,8 @@ def _compiled(name: str) -> bool:
 
 def _built_from_these_sources() -> bool:
     """Every module has its extension, built from the source now on disk."""
-    try:
-        from racecheck.detect._native_build import SOURCE_SHA256
+    try:  # written by setup.py when it compiles the engine (not in git); absent: nothing compiled
+        SOURCE_SHA256 = importlib.import_module("racecheck.detect._native_build").SOURCE_SHA256
     except ImportError:
         return False
     return all(_compiled(name) and hashlib.sha256((_HERE / f"{name}.py").read_bytes()).hexdigest()
@@ -45,6 +46,7 @@ def _load_python_modules() -> None:
     for name in _MODULES:
         fullname = f"{package.__name__}.{name}"
         spec = importlib.util.spec_from_file_location(fullname, _HERE / f"{name}.py")
+        assert spec is not None and spec.loader is not None, f"{name}.py is a source file next to this one"
         module = importlib.util.module_from_spec(spec)
         sys.modules[fullname] = module
         spec.loader.exec_module(module)

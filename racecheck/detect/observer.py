@@ -24,6 +24,7 @@ import contextlib
 import sys
 import weakref
 from collections.abc import Iterator
+from types import CodeType, FrameType
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -50,7 +51,7 @@ class RaceDetector(RuntimeObserver):
         self._capture = stacks.capture if stacks_on else (lambda skip=0: ())
         self._runtime: Runtime | None = None
         self._mode: _HostOps | None = None
-        self._launch_code = None
+        self._launch_code: CodeType | None = None  # Runtime.launch's code while attached
         self._block_ptr: dict[int, int] = {}  # runtime block id -> its start address (for record_stream)
         self._pinned: set[int] = set()  # start addresses of live pinned host buffers
         # The host's own work on pinned host buffers, as a clock domain ([Note: pinned host buffers]).
@@ -80,7 +81,7 @@ class RaceDetector(RuntimeObserver):
             rt.remove_observer(self)
 
     @contextlib.contextmanager
-    def attached(self, rt: Runtime) -> Iterator["RaceDetector"]:
+    def attached(self, rt: Runtime) -> Iterator[RaceDetector]:
         self.attach(rt)
         try:
             yield self
@@ -156,7 +157,7 @@ class RaceDetector(RuntimeObserver):
         """Whether the op runs inside Runtime.launch's function (the inline default stream's work,
         or CUDA's kernels): on_launch already reported its accesses."""
         code = self._launch_code
-        frame = sys._getframe(2)
+        frame: FrameType | None = sys._getframe(2)
         while frame is not None:
             if frame.f_code is code:
                 return True
@@ -177,6 +178,7 @@ class RaceDetector(RuntimeObserver):
                     touched.append((ptr, nbytes, is_write))
         if not touched or self._inside_launch():
             return
+        assert self._runtime is not None, "host ops are seen only while attached (_HostOps checks)"
         key = self._key(self._runtime.current_stream())
         stack = self._capture()
         pinned = self._pinned

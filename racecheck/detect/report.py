@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from typing import TYPE_CHECKING
 
 from racecheck.detect.stacks import format_stack, innermost
 
+if TYPE_CHECKING:
+    from racecheck.detect.shadow import Access
 
-class RaceKind(str, enum.Enum):
+
+class RaceKind(enum.StrEnum):
     REUSE = "free-while-in-use"  # an allocation reused bytes another stream may still access
     READ_AFTER_WRITE = "read-after-write"
     WRITE_AFTER_READ = "write-after-read"
@@ -25,8 +29,8 @@ class RaceKind(str, enum.Enum):
 @dataclasses.dataclass(eq=False)
 class RaceReport:
     kind: RaceKind
-    earlier: object  # shadow.Access: the access not ordered before `later`
-    later: object  # shadow.Access: the racing access, or the reusing allocation (op "allocation")
+    earlier: Access  # the access not ordered before `later`
+    later: Access  # the racing access, or the reusing allocation (op "allocation")
     count: int = 1  # how often this race (same streams, ops and stacks) was seen
 
     # -- the parts ---------------------------------------------------------------------------
@@ -45,8 +49,8 @@ class RaceReport:
 
     # -- text --------------------------------------------------------------------------------
     def sentence(self) -> str:
-        e, l = self.earlier, self.later
-        t, s = _q(e.domain.name), _q(l.domain.name)
+        e, later = self.earlier, self.later
+        t, s = _q(e.domain.name), _q(later.domain.name)
         size = _size(self.buffer.nbytes)
         verb = "writing" if e.is_write else "reading"
         if self.kind is RaceKind.REUSE:
@@ -58,17 +62,17 @@ class RaceReport:
         if self.reused:
             what += " (bytes of an earlier buffer that was freed and reused in between)"
         if self.kind is RaceKind.READ_AFTER_WRITE:
-            return (f"read-after-write: stream {s} reads ({l.op}) bytes of {what} that stream {t} "
+            return (f"read-after-write: stream {s} reads ({later.op}) bytes of {what} that stream {t} "
                     f"wrote ({e.op}) without being ordered after that write.")
         if self.kind is RaceKind.WRITE_AFTER_READ:
-            return (f"write-after-read: stream {s} writes ({l.op}) bytes of {what} that stream {t} "
+            return (f"write-after-read: stream {s} writes ({later.op}) bytes of {what} that stream {t} "
                     f"reads ({e.op}) without being ordered after that read.")
-        return (f"write-after-write: streams {t} ({e.op}) and {s} ({l.op}) write the same bytes of "
+        return (f"write-after-write: streams {t} ({e.op}) and {s} ({later.op}) write the same bytes of "
                 f"{what} with no ordering between them.")
 
     def consequence(self) -> str:
-        e, l = self.earlier, self.later
-        t, s = _q(e.domain.name), _q(l.domain.name)
+        e, later = self.earlier, self.later
+        t, s = _q(e.domain.name), _q(later.domain.name)
         if self.kind is RaceKind.REUSE:
             if e.is_write:
                 text = f"The pending write on {t} can land in the new buffer after {s} has filled it."
@@ -86,8 +90,8 @@ class RaceReport:
         return text
 
     def fixes(self) -> list[str]:
-        e, l = self.earlier, self.later
-        t, s = e.domain.name, l.domain.name
+        e, later = self.earlier, self.later
+        t, s = e.domain.name, later.domain.name
         out = []
         if self.kind is not RaceKind.REUSE:
             done = "write" if e.is_write else "read"
@@ -115,12 +119,12 @@ class RaceReport:
                 f"{innermost(self.later.stack)})")
 
     def text(self) -> str:
-        e, l, buf = self.earlier, self.later, self.buffer
+        e, later, buf = self.earlier, self.later, self.buffer
         owner = buf.stream.name if buf.stream is not None else "unknown"
         lines = [f"racecheck detected a race: {self.sentence()}", f"  {self.consequence()}",
                  f"  streams: earlier {'write' if e.is_write else 'read'} on {_q(e.domain.name)}, "
-                 f"later {'allocation' if self.kind is RaceKind.REUSE else ('write' if l.is_write else 'read')} "
-                 f"on {_q(l.domain.name)}; the buffer was allocated on {_q(owner)}"]
+                 f"later {'allocation' if self.kind is RaceKind.REUSE else ('write' if later.is_write else 'read')} "
+                 f"on {_q(later.domain.name)}; the buffer was allocated on {_q(owner)}"]
         sections = [(f"allocation of the buffer (block {buf.serial}, {_size(buf.nbytes)}, on {_q(owner)})",
                      buf.stack),
                     (f"racing access: {e.op} ({'write' if e.is_write else 'read'}) on {_q(e.domain.name)}",
@@ -130,14 +134,14 @@ class RaceReport:
                 sections.append(("free of the buffer (its last reference dropped on the host)", buf.free_stack))
             else:
                 sections.append(("free of the buffer", None))
-            new = l.alloc
+            new = later.alloc
             if new is not None and new is not buf:
                 sections.append((f"reusing allocation (block {new.serial}, {_size(new.nbytes)}, on "
-                                 f"{_q(l.domain.name if self.kind is RaceKind.REUSE else _name(new))})",
+                                 f"{_q(later.domain.name if self.kind is RaceKind.REUSE else _name(new))})",
                                  new.stack))
         if self.kind is not RaceKind.REUSE:
-            sections.append((f"later access: {l.op} ({'write' if l.is_write else 'read'}) on "
-                             f"{_q(l.domain.name)}", l.stack))
+            sections.append((f"later access: {later.op} ({'write' if later.is_write else 'read'}) on "
+                             f"{_q(later.domain.name)}", later.stack))
         for title, stack in sections:
             lines.append(f"  {title}:")
             lines.append(format_stack(stack, indent="      ") if stack is not None

@@ -41,7 +41,7 @@ class Cell:
         self.write = write
         self.reads = reads  # domain -> Access, or None when there is none
 
-    def split(self, at: int) -> "Cell":
+    def split(self, at: int) -> Cell:
         """Cut this cell at `at`; it keeps [start, at) and the returned cell gets [at, end)."""
         right = Cell(at, self.end, self.write, dict(self.reads) if self.reads else None)
         self.end = at

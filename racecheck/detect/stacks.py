@@ -18,13 +18,13 @@ import linecache
 import os
 import sys
 import sysconfig
-from types import CodeType
+from types import CodeType, FrameType
 
 try:  # PyTorch's C++ stack capture (torch.utils._traceback.CapturedTraceback uses it)
     from torch._C._profiler import gather_traceback as _gather
     from torch._C._profiler import symbolize_tracebacks as _symbolize
 except ImportError:  # pragma: no cover - older PyTorch
-    _gather = _symbolize = None
+    _gather = _symbolize = None  # type: ignore[assignment]  # capturer() falls back to Python frames
 
 MAX_FRAMES = 16  # user frames kept per stack, innermost first
 
@@ -78,6 +78,7 @@ def capturer():
 
 
 def _capture_python(skip: int) -> tuple:
+    frame: FrameType | None
     try:
         frame = sys._getframe(skip + 1)
     except ValueError:
@@ -112,7 +113,7 @@ def frames(stack) -> list[tuple[str, int, str]]:
         if user is None:
             user = _user_file[filename] = _classify(filename)
         if user:
-            out.append((filename, f["line"], f["name"]))
+            out.append((filename, int(f["line"]), f["name"]))
             if len(out) >= MAX_FRAMES:
                 break
     return out

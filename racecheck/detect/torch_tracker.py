@@ -41,8 +41,15 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from racecheck.detect import stacks
-from racecheck.detect.dispatch import (OpKind, _plans, byte_range, plan_for, returned_tensors,
-                                      sanitizer_module, set_trace_handler)
+from racecheck.detect.dispatch import (
+    OpKind,
+    _plans,
+    byte_range,
+    plan_for,
+    returned_tensors,
+    sanitizer_module,
+    set_trace_handler,
+)
 from racecheck.detect.engine import HappensBefore
 from racecheck.detect.report import RaceReport, render
 
@@ -77,16 +84,16 @@ class TorchRaceTracker:
         self._stream_handle = stream_handle or _cuda_stream_handle
         self._names: dict[int, str] = {}
         self._domains = self.engine.domains
-        self._pending: dict[int, tuple] = {}  # ptr -> (stream, clock at allocation, stack)
+        self._pending: dict[int, list] = {}  # ptr -> [stream, clock at allocation, stack]
         self._inflight: _InFlight | None = None
         self.handler = _make_handler(self)
         self._mode: _TrackerMode | None = None
         self.errors: list[str] = []  # internal failures (callbacks must never raise into PyTorch)
-        self.stats = collections.Counter()
+        self.stats: collections.Counter[str] = collections.Counter()
         self.ops = 0  # operators with tracked accesses
 
     # -- lifetime --------------------------------------------------------------------------
-    def __enter__(self) -> "TorchRaceTracker":
+    def __enter__(self) -> TorchRaceTracker:
         if self.device_type == "cuda":
             if self._current is None:
                 self._current = _cuda_current_stream_fn()
@@ -194,6 +201,7 @@ class TorchRaceTracker:
                     items.append((ptr, nbytes, is_write, alloc))
         if not items:
             return
+        assert self._current is not None, "given to __init__, or set by __enter__ on CUDA"
         key = self._current() if stream is None else stream
         if key not in self._domains:
             self._key(key)
@@ -264,7 +272,9 @@ def _make_handler(tracker: TorchRaceTracker):
     domains = tracker._domains
     live = tracker.engine.live
 
-    class TraceHandler(_handler_base()):
+    # The base is torch.cuda._sanitizer.EventHandler, imported only here (its import has a side
+    # effect, see dispatch.py); a class computed at run time is beyond the type check.
+    class TraceHandler(_handler_base()):  # type: ignore[misc]
         def _handle_event_creation(self, event):
             """Nothing to track (overrides the sanitizer's bookkeeping): an event matters once recorded."""
 

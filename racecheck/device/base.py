@@ -36,7 +36,6 @@ import torch
 from racecheck.device.observer import RuntimeObserver
 from racecheck.device.points import check_point
 
-
 # All-ones bytes: NaN in every IEEE float format (fp64, fp32, bf16, fp16), -1 in signed integers.
 POISON_BYTE = 0xFF
 # The caching allocator's kMinBlockSize: request sizes round up to a multiple of it.
@@ -61,7 +60,7 @@ class MemRange:
     nbytes: int
 
     @classmethod
-    def of(cls, t: torch.Tensor) -> "MemRange":
+    def of(cls, t: torch.Tensor) -> MemRange:
         return cls(t.data_ptr(), t.numel() * t.element_size())
 
 
@@ -75,7 +74,7 @@ class Stream(abc.ABC):
     """
 
     name: str
-    runtime: "Runtime"
+    runtime: Runtime
 
     @property
     @abc.abstractmethod
@@ -90,16 +89,16 @@ class Stream(abc.ABC):
         thread); a CUDA stream cannot wait for the host."""
 
     @abc.abstractmethod
-    def enqueue(self, fn: Callable[[], None]) -> None:
+    def enqueue(self, fn: Callable[[], object]) -> None:
         """Run the host function `fn` in this stream's order: after the work launched on it so
         far, before the work launched later. Unobserved (the runtime's and the perturbation's own
         work, not the program's). Only where `runs_host_work`; NotImplementedError elsewhere."""
 
-    def wait_event(self, event: "Event") -> None:
+    def wait_event(self, event: Event) -> None:
         self.runtime._notify("on_event_wait", event=event, stream=self)
         self._wait_event(event)
 
-    def wait_stream(self, other: "Stream") -> None:
+    def wait_stream(self, other: Stream) -> None:
         """All later work on this stream runs after all work enqueued on `other` so far."""
         if other is self:
             return
@@ -113,7 +112,7 @@ class Stream(abc.ABC):
 
     # Backend hooks (unobserved): order later work behind the event; block the host until done.
     @abc.abstractmethod
-    def _wait_event(self, event: "Event") -> None: ...
+    def _wait_event(self, event: Event) -> None: ...
 
     @abc.abstractmethod
     def _synchronize(self) -> None: ...
@@ -126,7 +125,7 @@ class Event(abc.ABC):
     """A marker in a stream's queue. An event never recorded counts as complete (as in CUDA).
     Records and host waits are reported to observers here, around the backend's hooks."""
 
-    runtime: "Runtime"
+    runtime: Runtime
 
     def record(self, stream: Stream | None = None) -> None:
         stream = stream or self.runtime.current_stream()
@@ -241,6 +240,8 @@ class Runtime(abc.ABC):
         tensor = torch.empty(as_shape(shape), dtype=dtype, pin_memory=self.backend == "cuda")
         return track_host_buffer(self, tensor)
 
+    _streams: Sequence[Stream]  # each backend's own streams, kept in creation order
+
     def streams(self) -> Sequence[Stream]:
         """The streams this runtime made, the default stream first."""
         return tuple(self._streams)
@@ -285,20 +286,20 @@ class Runtime(abc.ABC):
         """Enqueue a delay on the current stream (the host does not wait)."""
 
     @abc.abstractmethod
-    def all_gather(self, output: torch.Tensor, input: torch.Tensor, *, group: "CommGroup") -> None:
+    def all_gather(self, output: torch.Tensor, input: torch.Tensor, *, group: CommGroup) -> None:
         """Enqueue an all-gather into `output` on the current stream."""
 
     @abc.abstractmethod
-    def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, *, group: "CommGroup",
+    def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, *, group: CommGroup,
                        op: ReduceOp = ReduceOp.SUM) -> None:
         """Enqueue a reduce-scatter of `input` into `output` on the current stream."""
 
     @abc.abstractmethod
-    def all_reduce(self, tensor: torch.Tensor, *, group: "CommGroup", op: ReduceOp = ReduceOp.SUM) -> None:
+    def all_reduce(self, tensor: torch.Tensor, *, group: CommGroup, op: ReduceOp = ReduceOp.SUM) -> None:
         """Enqueue an in-place all-reduce on the current stream."""
 
     @abc.abstractmethod
-    def new_group(self, ranks: Sequence[int]) -> "CommGroup":
+    def new_group(self, ranks: Sequence[int]) -> CommGroup:
         """A communicator over `ranks`. Must be called by every rank, in the same order."""
 
     def close(self) -> None:

@@ -52,12 +52,12 @@ import os
 import threading
 import weakref
 from collections.abc import Sequence
+from typing import cast
 
 import torch
 import torch.distributed as dist
 
-from racecheck.device.base import (POISON_BYTE, CommGroup, Event, NewBlock, ReduceOp, Runtime, Stream,
-                                   block_size)
+from racecheck.device.base import POISON_BYTE, CommGroup, Event, NewBlock, ReduceOp, Runtime, Stream, block_size
 
 _CALIBRATION_CYCLES = 20_000_000  # about 10 ms at H200 clocks
 _cycles_per_second: float | None = None  # torch.cuda._sleep's rate, measured once per process
@@ -90,7 +90,7 @@ def _torch_version() -> tuple[int, int]:
 
 
 class CudaStream(Stream):
-    def __init__(self, runtime: "CudaRuntime", name: str, torch_stream: torch.cuda.Stream) -> None:
+    def __init__(self, runtime: CudaRuntime, name: str, torch_stream: torch.cuda.Stream) -> None:
         self.runtime = runtime
         self.name = name
         self.torch_stream = torch_stream
@@ -106,21 +106,26 @@ class CudaStream(Stream):
     def enqueue(self, fn) -> None:
         raise NotImplementedError(f"CUDA stream {self.name!r} cannot run host work in its order")
 
-    def _wait_event(self, event: "CudaEvent") -> None:
+    def _wait_event(self, event: Event) -> None:
         # cudaStreamWaitEvent on the event's most recent record; a no-op if it was never recorded.
-        self.torch_stream.wait_event(event.torch_event)
+        self.torch_stream.wait_event(cast(CudaEvent, event).torch_event)
 
     def _synchronize(self) -> None:
         self.torch_stream.synchronize()
 
 
+def _torch(stream: Stream) -> torch.cuda.Stream:
+    """The torch stream behind a stream of this backend (a runtime only ever sees its own)."""
+    return cast(CudaStream, stream).torch_stream
+
+
 class CudaEvent(Event):
-    def __init__(self, runtime: "CudaRuntime") -> None:
+    def __init__(self, runtime: CudaRuntime) -> None:
         self.runtime = runtime
         self.torch_event = torch.cuda.Event()  # no timing: ordering only, as CUDA's cheapest events
 
     def _record(self, stream: Stream) -> None:
-        self.torch_event.record(stream.torch_stream)
+        self.torch_event.record(_torch(stream))
 
     def query(self) -> bool:
         return self.torch_event.query()  # True for an event never recorded, as cudaEventQuery
@@ -195,7 +200,7 @@ class CudaRuntime(Runtime):
 
     @contextlib.contextmanager
     def stream(self, stream: Stream):
-        with torch.cuda.stream(stream.torch_stream):  # thread-local, as sim's current stream
+        with torch.cuda.stream(_torch(stream)):  # thread-local, as sim's current stream
             yield stream
 
     def new_event(self) -> CudaEvent:
@@ -237,7 +242,7 @@ class CudaRuntime(Runtime):
     def _record_stream(self, tensor: torch.Tensor, stream: Stream) -> int | None:
         # The allocator records an event on `stream` when the block is freed and keeps the block
         # out of its pool until that event completes; a no-op for the allocation stream itself.
-        tensor.record_stream(stream.torch_stream)
+        tensor.record_stream(_torch(stream))
         alloc = self._allocation_of(tensor)
         if alloc is None:
             return None
@@ -254,7 +259,7 @@ class CudaRuntime(Runtime):
         # A tensor over the raw bytes that owns nothing: its death frees no block. Version 2 of
         # the interface has no "stream" entry, so torch adds no synchronization of its own.
         raw = torch.as_tensor(_RawBytes(ptr, nbytes), device=self.device)
-        with torch.cuda.stream(stream.torch_stream):
+        with torch.cuda.stream(_torch(stream)):
             raw.fill_(POISON_BYTE)  # a fill kernel queued on `stream`; not reported to observers
 
     # -- work -------------------------------------------------------------------------------
@@ -269,32 +274,36 @@ class CudaRuntime(Runtime):
         if cycles > 0:
             torch.cuda._sleep(cycles)  # a spinning kernel on the current stream; the host goes on
 
-    def all_gather(self, output, input, *, group: CudaCommGroup) -> None:
+    def all_gather(self, output, input, *, group: CommGroup) -> None:
         gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        pg = cast(CudaCommGroup, group).pg  # a runtime only ever gets the groups it made
 
         def run(out, inp):
-            if group.pg is None:  # a one-rank world
+            if pg is None:  # a one-rank world
                 out.copy_(inp)
             else:  # on the current stream; see [Note: collectives and buffer lifetime]
-                gather(out, inp, group=group.pg, async_op=False)
+                gather(out, inp, group=pg, async_op=False)
 
         self.launch("all_gather", run, reads=(input,), writes=(output,))
 
-    def reduce_scatter(self, output, input, *, group: CudaCommGroup, op=ReduceOp.SUM) -> None:
+    def reduce_scatter(self, output, input, *, group: CommGroup, op=ReduceOp.SUM) -> None:
         scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+        pg = cast(CudaCommGroup, group).pg
 
         def run(out, inp):
-            if group.pg is None:
+            if pg is None:
                 out.copy_(inp)  # SUM and AVG of one rank are the input
             else:
-                scatter(out, inp, op=_nccl_op(op), group=group.pg, async_op=False)
+                scatter(out, inp, op=_nccl_op(op), group=pg, async_op=False)
 
         self.launch("reduce_scatter", run, reads=(input,), writes=(output,))
 
-    def all_reduce(self, tensor, *, group: CudaCommGroup, op=ReduceOp.SUM) -> None:
+    def all_reduce(self, tensor, *, group: CommGroup, op=ReduceOp.SUM) -> None:
+        pg = cast(CudaCommGroup, group).pg
+
         def run(t):
-            if group.pg is not None:
-                dist.all_reduce(t, op=_nccl_op(op), group=group.pg, async_op=False)
+            if pg is not None:
+                dist.all_reduce(t, op=_nccl_op(op), group=pg, async_op=False)
 
         # In place: a write covers the read of the same bytes for ordering purposes.
         self.launch("all_reduce", run, writes=(tensor,))

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from racecheck.device.base import Runtime
 
 
-def track_host_buffer(rt: "Runtime", tensor: torch.Tensor) -> torch.Tensor:
+def track_host_buffer(rt: Runtime, tensor: torch.Tensor) -> torch.Tensor:
     """Report `tensor`'s storage to `rt`'s observers as a pinned host buffer, and its death."""
     nbytes = tensor.numel() * tensor.element_size()
     if nbytes == 0:
@@ -40,7 +40,7 @@ def track_host_buffer(rt: "Runtime", tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-def _released(rt_ref: "weakref.ref[Runtime]", ptr: int, nbytes: int) -> None:
+def _released(rt_ref: weakref.ref[Runtime], ptr: int, nbytes: int) -> None:
     rt = rt_ref()
     if rt is not None:
         rt._notify("on_host_free", ptr=ptr, nbytes=nbytes, deferred_to=rt.streams())

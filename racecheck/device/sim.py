@@ -23,6 +23,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import cast
 
 import torch
 import torch.distributed as dist
@@ -40,7 +41,7 @@ class StreamError(RuntimeError):
 
 
 class SimStream(Stream):
-    def __init__(self, runtime: "SimRuntime", name: str, *, inline: bool) -> None:
+    def __init__(self, runtime: SimRuntime, name: str, *, inline: bool) -> None:
         self.runtime = runtime
         self.name = name
         self._queue: queue.SimpleQueue | None = None
@@ -81,7 +82,7 @@ class SimStream(Stream):
             except BaseException as exc:  # surfaced on the host at the next synchronization
                 self.error = exc
 
-    def enqueue(self, fn: Callable[[], None]) -> None:
+    def enqueue(self, fn: Callable[[], object]) -> None:
         """Queue `fn` behind the stream's work; an inline stream runs it at once."""
         tasks = self._queue
         if tasks is None:
@@ -89,8 +90,8 @@ class SimStream(Stream):
         else:
             tasks.put(fn)
 
-    def _wait_event(self, event: "SimEvent") -> None:
-        marker = event.marker
+    def _wait_event(self, event: Event) -> None:
+        marker = cast(SimEvent, event).marker
         if marker is not None:  # the worker blocks until the producer's marker ran
             self.enqueue(marker.wait)
 
@@ -109,6 +110,7 @@ class SimStream(Stream):
         for the queued work (None: wait for all of it)."""
         if self._queue is not None:
             tasks, worker = self._queue, self._worker
+            assert worker is not None, "a queue always has its worker (start_queue)"
             tasks.put(None)  # after every task already queued
             worker.join(timeout=timeout)
             self._queue = self._worker = None
@@ -127,7 +129,7 @@ class _Marker:
 
 
 class SimEvent(Event):
-    def __init__(self, runtime: "SimRuntime") -> None:
+    def __init__(self, runtime: SimRuntime) -> None:
         self.runtime = runtime
         self.marker: threading.Event | None = None  # the last record's completion flag
 
@@ -255,8 +257,8 @@ class SimRuntime(Runtime):
     def sleep(self, seconds: float) -> None:
         self.current_stream().enqueue(lambda: time.sleep(seconds))
 
-    def all_gather(self, output, input, *, group: SimCommGroup) -> None:
-        pg = group.for_stream(self.current_stream())
+    def all_gather(self, output, input, *, group: CommGroup) -> None:
+        pg = cast(SimCommGroup, group).for_stream(self.current_stream())  # the runtime's own groups
 
         def run(out, inp):
             if pg is None:  # a one-rank world
@@ -266,8 +268,8 @@ class SimRuntime(Runtime):
 
         self.launch("all_gather", run, reads=(input,), writes=(output,))
 
-    def reduce_scatter(self, output, input, *, group: SimCommGroup, op=ReduceOp.SUM) -> None:
-        pg = group.for_stream(self.current_stream())
+    def reduce_scatter(self, output, input, *, group: CommGroup, op=ReduceOp.SUM) -> None:
+        pg = cast(SimCommGroup, group).for_stream(self.current_stream())  # the runtime's own groups
 
         def run(out, inp):
             if pg is None:
@@ -279,8 +281,8 @@ class SimRuntime(Runtime):
 
         self.launch("reduce_scatter", run, reads=(input,), writes=(output,))
 
-    def all_reduce(self, tensor, *, group: SimCommGroup, op=ReduceOp.SUM) -> None:
-        pg = group.for_stream(self.current_stream())
+    def all_reduce(self, tensor, *, group: CommGroup, op=ReduceOp.SUM) -> None:
+        pg = cast(SimCommGroup, group).for_stream(self.current_stream())  # the runtime's own groups
 
         def run(t):
             if pg is not None:

@@ -22,11 +22,15 @@ import itertools
 import threading
 import weakref
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from racecheck.device.base import block_size
+
+if TYPE_CHECKING:
+    from racecheck.device.base import Stream
 
 
 class BlockState(enum.Enum):
@@ -38,7 +42,7 @@ class BlockState(enum.Enum):
 @dataclasses.dataclass(eq=False)
 class Block:
     id: int
-    stream: object  # the allocation stream
+    stream: Stream  # the allocation stream
     segment: np.ndarray  # uint8 memory owned by the allocator, never by a tensor
     state: BlockState = BlockState.IN_USE
     recorded: set = dataclasses.field(default_factory=set)  # streams from record_stream

@@ -25,8 +25,8 @@ from racecheck.fsdp.flat_param import SHARD_MARK, materialize_buffers
 from racecheck.fsdp.main_grad import MainGradPolicy
 from racecheck.fsdp.mesh import Mesh
 from racecheck.fsdp.param_group import ParamGroup
-from racecheck.fsdp.reduce import clip_grad_norm_
 from racecheck.fsdp.prefetch_order import Schedule
+from racecheck.fsdp.reduce import clip_grad_norm_
 from racecheck.fsdp.streams import fsdp_streams
 
 # Group names: unique in the process and, as every rank shards its model in the same order, equal

@@ -46,7 +46,7 @@ class UnshardParams(torch.autograd.Function):
     post-backward (reduce, reshard). See [Note: reshard after forward]."""
 
     @staticmethod
-    def forward(ctx, group: "ParamGroup", shard: torch.Tensor):
+    def forward(ctx, group: ParamGroup, shard: torch.Tensor):
         ctx.group = group
         ctx.set_materialize_grads(False)  # unused parameters arrive as None, not as zeros
         return tuple(group.layout.views(group.unsharded_buffer()))
@@ -60,7 +60,7 @@ class UnshardParams(torch.autograd.Function):
 class SavedParam(NamedTuple):
     """What autograd saves in place of a tensor that lives in a group's unsharded buffer."""
 
-    group: "ParamGroup"
+    group: ParamGroup
     offset: int  # elements from the start of the unsharded buffer
     size: torch.Size
     stride: tuple[int, ...]
@@ -70,10 +70,10 @@ class _Registry:
     """Which storage belongs to which unsharded group (storage data pointer -> group)."""
 
     def __init__(self) -> None:
-        self._by_ptr: dict[int, "ParamGroup"] = {}
+        self._by_ptr: dict[int, ParamGroup] = {}
         self._lock = threading.Lock()
 
-    def add(self, full: torch.Tensor, group: "ParamGroup") -> None:
+    def add(self, full: torch.Tensor, group: ParamGroup) -> None:
         with self._lock:
             self._by_ptr[full.untyped_storage().data_ptr()] = group
 
@@ -81,7 +81,7 @@ class _Registry:
         with self._lock:
             self._by_ptr.pop(full.untyped_storage().data_ptr(), None)
 
-    def owner(self, t: torch.Tensor) -> "ParamGroup | None":
+    def owner(self, t: torch.Tensor) -> ParamGroup | None:
         if not self._by_ptr or t.layout is not torch.strided or t.is_nested:
             return None
         try:

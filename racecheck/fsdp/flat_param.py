@@ -69,7 +69,7 @@ class FlatLayout:
             yield info, lo, hi
 
     @classmethod
-    def of(cls, module: nn.Module, *, shard_count: int) -> "FlatLayout":
+    def of(cls, module: nn.Module, *, shard_count: int) -> FlatLayout:
         """The layout of the parameters of `module` that no nested fully_shard manages."""
         infos, offset, seen, dtypes = [], 0, {}, set()
         for mod_name, mod in module.named_modules():
@@ -98,7 +98,7 @@ def flatten_into(layout: FlatLayout, tensors: list[torch.Tensor], out: torch.Ten
     """Write one tensor per parameter (in `infos` order) into the flat buffer `out`, padding zeroed."""
     out.zero_()
     with torch.no_grad():
-        for info, t in zip(layout.infos, tensors):
+        for info, t in zip(layout.infos, tensors, strict=True):
             out[info.offset:info.offset + info.numel].copy_(t.reshape(-1))
 
 

@@ -25,7 +25,7 @@ import torch
 from racecheck.device import Event, Runtime, Stream
 
 
-class MainGradPolicy(str, enum.Enum):
+class MainGradPolicy(enum.StrEnum):
     BASELINE = "baseline"  # eager allocation on the default stream: the race
     FIXED = "fixed"  # lazy allocation inside the reduce-scatter stream context
     RECORD_STREAM = "record_stream"  # eager allocation + A.record_stream(rs_stream)

@@ -170,7 +170,7 @@ class ParamGroup:
     def expose_parameters(self) -> None:
         """Set each original parameter attribute to its view of `full` (an UnshardParams output)."""
         views = UnshardParams.apply(self, self.flat_param_shard)
-        for info, view in zip(self.infos, views):
+        for info, view in zip(self.infos, views, strict=True):
             setattr(info.module, info.attr, view)
 
     def hide_parameters(self) -> None:

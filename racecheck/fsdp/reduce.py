@@ -72,7 +72,7 @@ class GradReducer:
         s.reduce_scatter.wait_stream(s.default)
         with rt.stream(s.reduce_scatter):
             main_grad = self.main_grad.acquire()
-            present = [(i.offset, i.numel, i.shape) for i, g in zip(self.layout.infos, grads) if g is not None]
+            present = [(i.offset, i.numel, i.shape) for i, g in zip(self.layout.infos, grads, strict=True) if g is not None]
             tensors = [g for g in grads if g is not None]
             for g in tensors:
                 # Producer: default (autograd allocated and wrote g); consumer: rs, until the copy-in
@@ -81,7 +81,7 @@ class GradReducer:
                 rt.record_stream(g, s.reduce_scatter)
 
             def copy_in(a, *gs):
-                for (offset, numel, shape), g in zip(present, gs):
+                for (offset, numel, shape), g in zip(present, gs, strict=True):
                     a[offset:offset + numel].view(shape).add_(g)
 
             rt.launch("accumulate_main_grad", copy_in, reads=tensors, writes=(main_grad,))
@@ -166,7 +166,7 @@ class GradReducer:
 # Everything runs on the default stream, after the end-of-backward wait made the gradients ready.
 
 
-def clip_grad_norm_(groups: Sequence["ParamGroup"], max_norm: float, *, norm_type: float = 2.0) -> torch.Tensor:
+def clip_grad_norm_(groups: Sequence[ParamGroup], max_norm: float, *, norm_type: float = 2.0) -> torch.Tensor:
     """Scale every shard's gradient so that the global `norm_type` norm is at most `max_norm`, as
     torch.nn.utils.clip_grad_norm_ does on the unsharded parameters. Collective over the shard axis;
     returns the global norm before clipping (a 0-dim tensor on the runtime's device)."""

@@ -52,7 +52,7 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
             # Producer and consumer: the default stream (the shard's writers and the copy below).
             rt.all_gather(full, shard, group=group.mesh.shard_group)
         rt.default_stream().synchronize()  # the host copies `full` out next
-        for info, view in zip(group.infos, group.layout.views(full)):
+        for info, view in zip(group.infos, group.layout.views(full), strict=True):
             out[_name(fqns, info)] = view.to("cpu", copy=True)
     for name, buf in _buffers(model).items():
         out[name] = buf.detach().to("cpu", copy=True)
@@ -168,7 +168,7 @@ def init_parameters(model: nn.Module, init_fn: Callable[[nn.Module], None] | Non
                     full = torch.zeros(group.padded_numel, dtype=group.layout.dtype,
                                        device=device or group.runtime.device)
                     fulls[group] = full
-                    for info, view in zip(group.infos, group.layout.views(full)):
+                    for info, view in zip(group.infos, group.layout.views(full), strict=True):
                         setattr(info.module, info.attr, view)
             if id(module) in owners:
                 init_fn(module)

@@ -65,7 +65,7 @@ class FSDPStreams:
     retired_unsharded: Retired
 
 
-_streams: "weakref.WeakKeyDictionary[Runtime, FSDPStreams]" = weakref.WeakKeyDictionary()
+_streams: weakref.WeakKeyDictionary[Runtime, FSDPStreams] = weakref.WeakKeyDictionary()
 
 
 def fsdp_streams(runtime: Runtime) -> FSDPStreams:

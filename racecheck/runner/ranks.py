@@ -166,7 +166,7 @@ def _patch_fields(reports: list[TestOutcome]) -> dict:
     for a in counted:
         for kind, n in a.items():
             actions[kind] = actions.get(kind, 0) + int(n)
-    out = {"actions": actions, "perturb": next((r.perturb for r in reports if r.perturb), ""),
+    out: dict[str, object] = {"actions": actions, "perturb": next((r.perturb for r in reports if r.perturb), ""),
            "delayed": list(dict.fromkeys(k for r in reports for k in (r.delayed or [])))}
     handoffs = [int(r.handoffs) for r in reports if r.handoffs is not None]
     if handoffs:

@@ -14,7 +14,7 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, TextIO
 
 
 class Outcome(enum.StrEnum):
@@ -92,7 +92,7 @@ class TrialRecord:
         return cls(**{k: v for k, v in data.items() if k in names})
 
 
-class RankEventKind(str, enum.Enum):
+class RankEventKind(enum.StrEnum):
     """The `event` tag of a rank event: what happened in one pytest process."""
 
     COLLECTED = "collected"
@@ -125,12 +125,12 @@ class RankEvent:
         return json.dumps(self.to_dict())
 
     @staticmethod
-    def from_dict(data: dict) -> "RankEvent":
+    def from_dict(data: dict) -> RankEvent:
         """The event of one parsed line; ValueError for an unknown tag or missing fields."""
         if not isinstance(data, dict):
             raise ValueError(f"not a JSON object: {str(data)[:60]!r}")
         try:
-            cls = _RANK_EVENTS[RankEventKind(data.get("event"))]
+            cls = _RANK_EVENTS[RankEventKind(data.get("event", ""))]
         except ValueError:
             raise ValueError(f"unknown rank event {data.get('event')!r}") from None
         names = {f.name for f in dataclasses.fields(cls)}
@@ -218,7 +218,7 @@ class RankLog:
             path = path.with_name(f"{path.stem}-{self.worker}{path.suffix}")
         self.path = path
         self.rank = int(rank)
-        self._fh = None
+        self._fh: TextIO | None = None  # opened at the first event
 
     def write(self, event: RankEvent) -> None:
         if self._fh is None:
