@@ -15,7 +15,8 @@ Modes, each `--trials` trials of every arm, run from the example's folder:
 - random       `--perturb random`;
 - detect       `--detect --no-perturb`: the detector, nothing injected.
 Natural runs go one at a time, alone; with `--jobs N` the other runs go N at a time (a forced or
-detected outcome does not need a quiet GPU). Each run's folder (trials.jsonl, summary.csv, the console log) lands under DIR/runs/;
+detected outcome does not need a quiet GPU). Each run's folder (trials.jsonl, summary.csv, the
+console log) lands under DIR/runs/;
 `--from-runs DIR` rebuilds the rows from such folders without running anything. The rows
 (`suite,case,arm,expect,mode,trials,failures,detected`) are merged into REPORT/foreign_code.csv
 (rows of the same suite, case, arm and mode are replaced, so a run split over several device calls
@@ -237,7 +238,8 @@ def render(report: Path, rows: list[dict], *, actions: dict, bounds: dict, comma
              f"{where}; command: `{command}` (bench/foreign_code.sh on the GPU machine).", "",
              "`failures`: trials in which the test failed, of `trials`; `detected`: trials with a "
              "detector report (mode `detect` only); `actions`: perturbation actions the last run of "
-             "that row took in this call, summed over its trials (empty where the log records none or the row comes from an earlier call).", "",
+             "that row took in this call, summed over its trials (empty where the log records none or "
+             "the row comes from an earlier call).", "",
              "| suite | case | arm | expect | mode | failures | detected | actions |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:

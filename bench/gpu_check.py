@@ -1,14 +1,15 @@
 """The whole GPU check: environment, CUDA tests, the catalogue over CUDA (perturbed, natural, the
-random schedule, with the detector, and unperturbed under torch.cuda._sanitizer), FSDP parity, the detector against torch.cuda._sanitizer, patch mode and FSDP2, and
-the injector's and detector's overheads. Every step runs as its own subprocess with a time limit;
+random schedule, with the detector, and unperturbed under torch.cuda._sanitizer), FSDP parity,
+the detector against torch.cuda._sanitizer, patch mode and FSDP2, and the injector's and
+detector's overheads. Every step runs as its own subprocess with a time limit;
 its output and tables land under OUT/<step>/, and a summary table is printed last.
 
     python3 bench/gpu_check.py --out "$OUT/gpu" [--steps default|more|all|STEP,PART,...] [--trials 10]
 
 `default` fits one 10-minute device call, `more` is the rest of the evidence in a second one
 (`--continue` resumes catalogue runs that a time limit cut); `benchmark` is every catalogue part
-the benchmark table reads (bench/catalogue_table.py --benchmark), in more than one call. Run it through bench/gpu_check.sh on
-the GPU machine; it adapts to the number of GPUs present.
+the benchmark table reads (bench/catalogue_table.py --benchmark), in more than one call. Run it
+through bench/gpu_check.sh on the GPU machine; it adapts to the number of GPUs present.
 """
 
 from __future__ import annotations

@@ -145,7 +145,8 @@ def write(args, samples, ratios, events_per_step) -> None:
         f"{args.reps} repetitions of {args.steps} steps per variant, interleaved (order flipped every "
         "repetition); step time as wall clock and as the process's CPU time (all threads), which other "
         "processes sharing the machine do not inflate.", "",
-        "| clock | absent: median step (ms) | installed, off: median step (ms) | ratio of medians | per-pair ratio IQR |",
+        "| clock | absent: median step (ms) | installed, off: median step (ms) | ratio of medians "
+        "| per-pair ratio IQR |",
         "|---|---|---|---|---|"]
     for clock, (a, b, r, q1, q3) in ratios.items():
         lines.append(f"| {clock} | {a * 1e3:.3f} | {b * 1e3:.3f} | **{r:.4f}** | {q1:.4f} to {q3:.4f} |")
