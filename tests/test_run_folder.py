@@ -12,7 +12,7 @@ import sys
 import pytest
 from test_runner import SEEDED_TEST, racecheck, records, summary_counts, write_suite
 
-from racecheck.cli import run_options
+from racecheck.cli import run_checks
 
 
 @pytest.fixture(autouse=True)
@@ -199,20 +199,20 @@ def _config(*suites, world_size=None):
 
 
 def test_on_one_gpu_worlds_are_capped_floored_or_skipped_and_named(monkeypatch):
-    monkeypatch.setattr(run_options, "cuda_devices", lambda backend: 1)
-    config = run_options.fit_worlds(_config(_Suite("wide", 4), _Suite("pair", 2, min_world_size=2),
+    monkeypatch.setattr(run_checks, "cuda_devices", lambda backend: 1)
+    config = run_checks.fit_worlds(_config(_Suite("wide", 4), _Suite("pair", 2, min_world_size=2),
                                             _Suite("solo", 1)))
     assert [s.name for s in config.scenarios] == ["wide", "solo"]
     assert config.worlds == {"wide": 1}
     assert config.skipped["pair"]["why"] == "needs at least 2 ranks (min_world_size), this machine has 1 GPU"
-    assert run_options.describe_worlds(config) == [
+    assert run_checks.describe_worlds(config) == [
         "wide: 1 rank on cuda", "solo: 1 rank on cuda",
         "pair: skipped, needs at least 2 ranks (min_world_size), this machine has 1 GPU"]
-    assert run_options.fit_worlds(_config(_Suite("wide", 4), world_size=4)).worlds == {}  # --world-size wins
+    assert run_checks.fit_worlds(_config(_Suite("wide", 4), world_size=4)).worlds == {}  # --world-size wins
     with pytest.raises(Exception, match="has world_size 2, and this machine has 1 GPU: give --world-size 1"):
-        run_options.fit_worlds(_config(_Suite("project", 2, config_file="pyproject.toml")))
+        run_checks.fit_worlds(_config(_Suite("project", 2, config_file="pyproject.toml")))
     with pytest.raises(Exception, match="no suite of the run fits this machine"):
-        run_options.fit_worlds(_config(_Suite("pair", 2, min_world_size=2)))
+        run_checks.fit_worlds(_config(_Suite("pair", 2, min_world_size=2)))
 
 
 def test_a_skipped_suite_is_a_row_of_the_summary_and_a_line_of_the_table(tmp_path):

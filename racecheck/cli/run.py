@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from racecheck.cli import node_options, run_options
+from racecheck.cli import node_options, run_checks, run_options
 from racecheck.cli.commands import check_rate, summarize_run
 from racecheck.exitcodes import ExitCode, InfrastructureError
 
@@ -158,7 +158,7 @@ def run_command(ctx, **opts):
         node_options.follow(ctx, nodes, config)
         return
     started = time.monotonic()
-    for line in run_options.describe_worlds(config):
+    for line in run_checks.describe_worlds(config):
         click.echo(line)
     writer = node_options.writer_for(nodes, config)
     runner = Runner(config, resume=opts["resume_dir"] is not None, nodes=writer)
