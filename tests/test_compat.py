@@ -79,3 +79,28 @@ def test_the_warning_points_at_the_importing_line(tmp_path):
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert f"{script}:2: DeprecationWarning: racecheck.harness moved to racecheck.scenario_kit.harness" in done.stderr
+
+
+def test_the_repository_imports_no_old_path():
+    """The tests, scenarios, examples and bench scripts import the new paths (only this file and
+    compat.py name the old ones)."""
+    import re
+
+    names = [*compat.MOVED, "racecheck.trials"]
+    modules = "|".join(re.escape(m) for m in sorted(names, key=len, reverse=True))
+    parents = {m.rpartition(".")[0]: [] for m in compat.MOVED}
+    for m in compat.MOVED:
+        parents[m.rpartition(".")[0]].append(m.rpartition(".")[2])
+    from_parent = "|".join(
+        rf"from\s+{re.escape(p)}\s+import\s+\(?\s*(?:\w+\s*,\s*)*(?:{'|'.join(c)})\b" for p, c in parents.items()
+    )
+    old = re.compile(rf"\b(?:from|import)\s+(?:{modules})(?![\w.])|{from_parent}")
+    found = []
+    for folder in ("racecheck", "tests", "scenarios", "examples", "bench"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if path.name in ("compat.py", "test_compat.py"):
+                continue
+            for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+                if old.search(line):
+                    found.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
+    assert not found, "\n".join(found)

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from racecheck.perturb.schedule import Hold
 
 import racecheck.device.base as base
 from racecheck.device import Point, Runtime, RuntimeObserver, Stream
 from racecheck.device.base import Event, NewBlock
 from racecheck.device.sim import SimRuntime, SimStream
+from racecheck.perturb.decisions import Hold
 from racecheck.perturb.injector import install
 from racecheck.perturb.profiles import parse_profile
 
