@@ -32,8 +32,10 @@ def main() -> int:
     parser.add_argument("--output", type=Path, required=True)
     args = parser.parse_args()
     try:
-        out = replace(pd.read_csv(args.base, dtype=str, keep_default_na=False),
-                      pd.read_csv(args.newer, dtype=str, keep_default_na=False))
+        out = replace(
+            pd.read_csv(args.base, dtype=str, keep_default_na=False),
+            pd.read_csv(args.newer, dtype=str, keep_default_na=False),
+        )
     except (OSError, ValueError, KeyError) as exc:
         print(f"catalogue_replace: {exc}", file=sys.stderr)
         return 2

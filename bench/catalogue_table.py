@@ -24,8 +24,13 @@ from pathlib import Path
 
 import pandas as pd
 
-HEADINGS = {"perturbed": "default profile", "natural": "natural", "random": "random schedule",
-            "detect": "detector reported (no perturbation)", "sanitizer": "sanitizer reported"}
+HEADINGS = {
+    "perturbed": "default profile",
+    "natural": "natural",
+    "random": "random schedule",
+    "detect": "detector reported (no perturbation)",
+    "sanitizer": "sanitizer reported",
+}
 
 # The benchmark's columns: (run name, heading, what a cell counts).
 BENCHMARK = (
@@ -87,11 +92,12 @@ def table(runs: dict[str, Path]) -> list[str]:
     """The runs layout: one row per scenario and arm of the first run, one column per run."""
     star = {name: star_rows(path) for name, path in runs.items()}
     first = next(iter(star.values()))
-    lines = ["| scenario | arm | expect | " + " | ".join(HEADINGS.get(n, n) for n in runs) + " |",
-             "|---|---|---|" + "---:|" * len(runs)]
+    lines = [
+        "| scenario | arm | expect | " + " | ".join(HEADINGS.get(n, n) for n in runs) + " |",
+        "|---|---|---|" + "---:|" * len(runs),
+    ]
     for key, row in first.iterrows():
-        cells = [cell(count(lookup(star, n, key), "detected" if n.endswith("detect") else "failures"))
-                 for n in runs]
+        cells = [cell(count(lookup(star, n, key), "detected" if n.endswith("detect") else "failures")) for n in runs]
         lines.append(f"| {key[0]} | {key[1]} | {row.expect} | " + " | ".join(cells) + " |")
     return lines
 
@@ -111,25 +117,37 @@ def benchmark(star: dict[str, pd.DataFrame], scenarios: dict, *, gpu_ranks: int)
     """The benchmark table, then per tool recall and false reports. `scenarios`: the catalogue by
     name (for default profiles and minimum world sizes); `gpu_ranks`: the GPU runs' world size."""
     rows = benchmark_rows(star)
-    lines = ["| scenario | arm | expect | profile | " + " | ".join(h for _, h, _ in BENCHMARK) + " |",
-             "|---|---|---|---|" + "---:|" * len(BENCHMARK)]
+    lines = [
+        "| scenario | arm | expect | profile | " + " | ".join(h for _, h, _ in BENCHMARK) + " |",
+        "|---|---|---|---|" + "---:|" * len(BENCHMARK),
+    ]
     for key, expect in rows:
         scenario = scenarios.get(key[0])
         cells = []
         for name, _, field in BENCHMARK:
             value = count(lookup(star, name, key), field)
-            if (value is None and name.startswith("gpu_") and name in star and scenario is not None
-                    and scenario.min_world_size > gpu_ranks):
+            if (
+                value is None
+                and name.startswith("gpu_")
+                and name in star
+                and scenario is not None
+                and scenario.min_world_size > gpu_ranks
+            ):
                 cells.append(f"needs {scenario.min_world_size} ranks")
             else:
                 cells.append(cell(value) + other(lookup(star, name, key)))
         profile = scenario.default_perturb if scenario is not None else ""
-        lines.append(f"| {key[0]} | {key[1]} | {expect} | {f'`{profile}`' if profile else ''} | "
-                     + " | ".join(cells) + " |")
-    lines += ["", "Per tool, over the arms it ran: race arms found (at least one failing or reported "
-              "trial) and their trials; safe arms falsely failed or reported, and their trials.", "",
-              "| tool | column | recall: race arms | race trials | false reports: safe arms | safe trials |",
-              "|---|---|---:|---:|---:|---:|"]
+        lines.append(
+            f"| {key[0]} | {key[1]} | {expect} | {f'`{profile}`' if profile else ''} | " + " | ".join(cells) + " |"
+        )
+    lines += [
+        "",
+        "Per tool, over the arms it ran: race arms found (at least one failing or reported "
+        "trial) and their trials; safe arms falsely failed or reported, and their trials.",
+        "",
+        "| tool | column | recall: race arms | race trials | false reports: safe arms | safe trials |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
     for name, heading, field in BENCHMARK:
         lines.append(f"| {TOOLS[name]} | {heading} | " + " | ".join(tool_scores(star, name, field, rows)) + " |")
     lines += ["", *disagreements(star, rows)]
@@ -164,9 +182,11 @@ def disagreements(star, rows) -> list[str]:
             only_ours.append(f"{key[0]}/{key[1]} ({expect})")
         elif theirs[0] > 0 and ours[0] == 0:
             only_theirs.append(f"{key[0]}/{key[1]} ({expect})")
-    return [f"Reported by racecheck's detector and not by the sanitizer on the GPU: "
-            f"{', '.join(only_ours) or 'none'}.",
-            "", f"Reported by the sanitizer and not by racecheck's detector: {', '.join(only_theirs) or 'none'}."]
+    return [
+        f"Reported by racecheck's detector and not by the sanitizer on the GPU: {', '.join(only_ours) or 'none'}.",
+        "",
+        f"Reported by the sanitizer and not by racecheck's detector: {', '.join(only_theirs) or 'none'}.",
+    ]
 
 
 def catalogue() -> dict:
@@ -194,12 +214,19 @@ def main() -> None:
     parser.add_argument("runs", nargs="+", help="NAME=summary.csv")
     parser.add_argument("--title", default="Catalogue")
     parser.add_argument("--note", default="Failing trials out of trials (`*` rows).")
-    parser.add_argument("--benchmark", action="store_true",
-                        help=f"the benchmark layout; names: {', '.join(n for n, _, _ in BENCHMARK)}")
-    parser.add_argument("--gpu-ranks", type=int, default=1,
-                        help="the world size of the GPU runs (scenarios needing more say so)")
-    parser.add_argument("--splice", type=Path, action="append", default=[],
-                        help="also write the table between the benchmark markers of this file")
+    parser.add_argument(
+        "--benchmark", action="store_true", help=f"the benchmark layout; names: {', '.join(n for n, _, _ in BENCHMARK)}"
+    )
+    parser.add_argument(
+        "--gpu-ranks", type=int, default=1, help="the world size of the GPU runs (scenarios needing more say so)"
+    )
+    parser.add_argument(
+        "--splice",
+        type=Path,
+        action="append",
+        default=[],
+        help="also write the table between the benchmark markers of this file",
+    )
     args = parser.parse_args()
     runs = {}
     for item in args.runs:
@@ -211,8 +238,7 @@ def main() -> None:
     if not runs:
         parser.error("none of the summary files exists")
     if args.benchmark:
-        block = benchmark({name: star_rows(path) for name, path in runs.items()}, catalogue(),
-                          gpu_ranks=args.gpu_ranks)
+        block = benchmark({name: star_rows(path) for name, path in runs.items()}, catalogue(), gpu_ranks=args.gpu_ranks)
     else:
         block = table(runs)
     lines = [f"# {args.title}", "", args.note, "", *block]

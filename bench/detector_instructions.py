@@ -35,10 +35,31 @@ MODES = ("dispatch_floor", "racecheck")
 def instructions(root: Path, mode: str, iters: int, args) -> int:
     """Instructions of one child run of the CPU proxy loop under callgrind."""
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = ["setarch", os.uname().machine, "-R", "valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
-               sys.executable, str(root / "bench/detector_overhead.py"), "--child", "--device", "cpu",
-               "--mode", mode, "--width", str(args.width), "--batch", str(args.batch), "--warmup", "2",
-               "--iters", str(iters), "--json", str(Path(tmp) / "out.json")]
+        cmd = [
+            "setarch",
+            os.uname().machine,
+            "-R",
+            "valgrind",
+            "--tool=callgrind",
+            "--callgrind-out-file=/dev/null",
+            sys.executable,
+            str(root / "bench/detector_overhead.py"),
+            "--child",
+            "--device",
+            "cpu",
+            "--mode",
+            mode,
+            "--width",
+            str(args.width),
+            "--batch",
+            str(args.batch),
+            "--warmup",
+            "2",
+            "--iters",
+            str(iters),
+            "--json",
+            str(Path(tmp) / "out.json"),
+        ]
         env = {**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"}
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
     found = re.search(r"Collected : (\d+)", proc.stderr)
@@ -56,11 +77,13 @@ def per_step(root: Path, args, pool) -> dict[str, float]:
 def checkout(rev: str, keep: list[Path]) -> tuple[Path, str]:
     if rev == ".":
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                               capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True
+        ).stdout.strip()
         return REPO, f"working tree ({head.stdout.strip()}{', modified' if dirty else ''})"
-    sha = subprocess.run(["git", "rev-parse", "--short", rev], cwd=REPO, capture_output=True, text=True,
-                         check=True).stdout.strip()
+    sha = subprocess.run(
+        ["git", "rev-parse", "--short", rev], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.strip()
     path = Path(tempfile.mkdtemp(prefix=f"racecheck-{sha}-"))
     subprocess.run(["git", "worktree", "add", "--detach", str(path), sha], cwd=REPO, capture_output=True, check=True)
     keep.append(path)
@@ -69,8 +92,11 @@ def checkout(rev: str, keep: list[Path]) -> tuple[Path, str]:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rev", action="append", help="git revision to measure, `.` for the working tree "
-                                                 "(repeatable; default: the working tree)")
+    p.add_argument(
+        "--rev",
+        action="append",
+        help="git revision to measure, `.` for the working tree (repeatable; default: the working tree)",
+    )
     p.add_argument("--out", default=str(REPO / "reports"))
     p.add_argument("--width", type=int, default=256)
     p.add_argument("--batch", type=int, default=64)
@@ -94,14 +120,23 @@ def main() -> int:
     finally:
         for path in worktrees:
             subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=REPO, capture_output=True)
-    lines = ["# racecheck's detector in CPU instructions per step (CPU proxy, callgrind)", "",
-             "`python bench/detector_instructions.py" + "".join(f" --rev {r}" for r in args.rev or []) + "`"
-             + f": the loop of `bench/detector_overhead.py --device cpu` ({args.width}-wide, batch {args.batch}), "
-             f"instructions of {args.more} timed steps minus those of {args.few}, per step.", "",
-             "| version | empty TorchDispatchMode | racecheck | racecheck above it |", "| --- | ---: | ---: | ---: |"]
+    lines = [
+        "# racecheck's detector in CPU instructions per step (CPU proxy, callgrind)",
+        "",
+        "`python bench/detector_instructions.py"
+        + "".join(f" --rev {r}" for r in args.rev or [])
+        + "`"
+        + f": the loop of `bench/detector_overhead.py --device cpu` ({args.width}-wide, batch {args.batch}), "
+        f"instructions of {args.more} timed steps minus those of {args.few}, per step.",
+        "",
+        "| version | empty TorchDispatchMode | racecheck | racecheck above it |",
+        "| --- | ---: | ---: | ---: |",
+    ]
     for label, c in rows:
-        lines.append(f"| {label} | {c['dispatch_floor'] / 1e6:.2f} M | {c['racecheck'] / 1e6:.2f} M | "
-                     f"{(c['racecheck'] - c['dispatch_floor']) / 1e6:.2f} M |")
+        lines.append(
+            f"| {label} | {c['dispatch_floor'] / 1e6:.2f} M | {c['racecheck'] / 1e6:.2f} M | "
+            f"{(c['racecheck'] - c['dispatch_floor']) / 1e6:.2f} M |"
+        )
     if len(rows) == 2:
         (a, ca), (b, cb) = rows
         da, db = (c["racecheck"] - c["dispatch_floor"] for c in (ca, cb))

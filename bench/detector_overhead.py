@@ -39,8 +39,17 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-MODES = ("none", "racecheck", "sanitizer", "dispatch_floor", "racecheck_python", "racecheck_nostacks",
-         "split_dispatch", "split_trace", "split_callbacks")
+MODES = (
+    "none",
+    "racecheck",
+    "sanitizer",
+    "dispatch_floor",
+    "racecheck_python",
+    "racecheck_nostacks",
+    "split_dispatch",
+    "split_trace",
+    "split_callbacks",
+)
 CPU_MODES = tuple(m for m in MODES if m != "sanitizer")
 
 
@@ -50,15 +59,24 @@ def child(args) -> dict:
 
     sys.path.insert(0, str(REPO))
     cpu = args.device == "cpu"
-    result = {"mode": args.mode, "reports": None, "errors": [], "torch": torch.__version__,
-              "device": _cpu_name() if cpu else torch.cuda.get_device_name(0)}
+    result = {
+        "mode": args.mode,
+        "reports": None,
+        "errors": [],
+        "torch": torch.__version__,
+        "device": _cpu_name() if cpu else torch.cuda.get_device_name(0),
+    }
     ctx = None
     if args.mode.startswith(("racecheck", "split_")):
         from racecheck.detect import TorchRaceTracker
 
         if cpu:  # one stream; the allocator's callbacks come from the stand-in below
-            ctx = TorchRaceTracker(stacks_on=args.mode != "racecheck_nostacks", device_type="cpu",
-                                   current_stream=lambda: 0, stream_handle=lambda s: 0)
+            ctx = TorchRaceTracker(
+                stacks_on=args.mode != "racecheck_nostacks",
+                device_type="cpu",
+                current_stream=lambda: 0,
+                stream_handle=lambda s: 0,
+            )
         else:
             ctx = TorchRaceTracker(stacks_on=args.mode != "racecheck_nostacks")
         if args.mode.startswith("split_"):
@@ -80,8 +98,10 @@ def child(args) -> dict:
         from racecheck.detect.cpu_trace import AllocatorTrace
 
         handler = getattr(ctx, "handler", None)
-        stand_in = AllocatorTrace(handler._handle_memory_allocation if handler else (lambda ptr: None),
-                                  handler._handle_memory_deallocation if handler else (lambda ptr: None))
+        stand_in = AllocatorTrace(
+            handler._handle_memory_allocation if handler else (lambda ptr: None),
+            handler._handle_memory_deallocation if handler else (lambda ptr: None),
+        )
         stand_in.__enter__()  # inner: the allocator runs inside the tracked operator
     if ctx is not None:
         ctx.__enter__()
@@ -155,6 +175,7 @@ def split_tracker(tracker, mode: str, cpu: bool):
         return tracker
     stack = contextlib.ExitStack()
     if mode == "split_trace" and not cpu:
+
         class Idle(sanitizer_module().EventHandler):
             pass
 
@@ -183,8 +204,20 @@ def parent(args) -> int:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     rows = []
     modes = [m for m in (CPU_MODES if args.device == "cpu" else MODES) if m in args.modes.split(",")]
-    common = ["--device", args.device, "--layers", str(args.layers), "--width", str(args.width),
-              "--batch", str(args.batch), "--warmup", str(args.warmup), "--iters", str(args.iters)]
+    common = [
+        "--device",
+        args.device,
+        "--layers",
+        str(args.layers),
+        "--width",
+        str(args.width),
+        "--batch",
+        str(args.batch),
+        "--warmup",
+        str(args.warmup),
+        "--iters",
+        str(args.iters),
+    ]
     for repeat in range(args.repeats):
         for mode in modes:  # interleaved, so drift in clocks or load affects every mode alike
             path = out / f".overhead-{mode}-{repeat}.json"
@@ -195,8 +228,11 @@ def parent(args) -> int:
                 rows.append({**json.loads(path.read_text()), "repeat": repeat})
                 path.unlink()
             r = rows[-1]
-            print(f"repeat {repeat} {mode:20} {r.get('ms_per_step')} ms/step reports={r.get('reports')} "
-                  f"{r.get('errors') or ''} {r.get('stats') or ''}", flush=True)
+            print(
+                f"repeat {repeat} {mode:20} {r.get('ms_per_step')} ms/step reports={r.get('reports')} "
+                f"{r.get('errors') or ''} {r.get('stats') or ''}",
+                flush=True,
+            )
         write_outputs(out, rows, args, quiet=repeat < args.repeats - 1)  # a run cut short keeps its tables
     if args.profile:
         for mode in args.profile.split(","):
@@ -237,8 +273,11 @@ def _suffix(args) -> str:
 
 def write_outputs(out: Path, rows: list[dict], args, *, quiet: bool = False) -> None:
     with open(out / f"detector_overhead{_suffix(args)}.csv", "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=["mode", "repeat", "ms_per_step", "reports", "engine", "errors", "torch", "device"],
-                           extrasaction="ignore")
+        w = csv.DictWriter(
+            fh,
+            fieldnames=["mode", "repeat", "ms_per_step", "reports", "engine", "errors", "torch", "device"],
+            extrasaction="ignore",
+        )
         w.writeheader()
         for r in rows:
             w.writerow({**r, "errors": " | ".join(map(str, r.get("errors") or []))})
@@ -250,49 +289,72 @@ def write_outputs(out: Path, rows: list[dict], args, *, quiet: bool = False) -> 
     meta = next((r for r in rows if r.get("device")), {})
     engines = ", ".join(sorted({r["engine"] for r in rows if r["mode"] == "racecheck" and r.get("engine")}))
     title = "# Detector overhead on one training loop" + (
-        " (CPU proxy: racecheck's bookkeeping above the dispatch floor)" if args.device == "cpu" else "")
-    lines = [title, "",
-             f"Device: {meta.get('device', '?')}; torch {meta.get('torch', '?')}. Loop: {args.layers}-layer "
-             f"{args.width}-wide MLP (Linear + ReLU), batch {args.batch}, MSE, SGD with momentum; "
-             f"{args.warmup} warm-up and {args.iters} timed steps per run, median of "
-             f"{1 + max(r['repeat'] for r in rows)} runs "
-             f"(fresh processes, modes interleaved). racecheck's engine: {engines or '?'} "
-             f"(racecheck/detect/native.py).", "",
-             "| mode | ms per step (median) | slowdown | every run (ms) |", "| --- | --- | --- | --- |"]
-    labels = {"none": "no detector", "racecheck": "racecheck (TorchRaceTracker)",
-              "sanitizer": "torch.cuda._sanitizer", "dispatch_floor": "reference: empty TorchDispatchMode",
-              "racecheck_python": "reference: racecheck, engine in pure Python",
-              "racecheck_nostacks": "reference: racecheck without call stacks",
-              "split_dispatch": "split: racecheck's dispatch mode alone",
-              "split_trace": "split: + CUDA trace callbacks (idle handlers)",
-              "split_callbacks": "split: + racecheck's allocation/free handlers"}
+        " (CPU proxy: racecheck's bookkeeping above the dispatch floor)" if args.device == "cpu" else ""
+    )
+    lines = [
+        title,
+        "",
+        f"Device: {meta.get('device', '?')}; torch {meta.get('torch', '?')}. Loop: {args.layers}-layer "
+        f"{args.width}-wide MLP (Linear + ReLU), batch {args.batch}, MSE, SGD with momentum; "
+        f"{args.warmup} warm-up and {args.iters} timed steps per run, median of "
+        f"{1 + max(r['repeat'] for r in rows)} runs "
+        f"(fresh processes, modes interleaved). racecheck's engine: {engines or '?'} "
+        f"(racecheck/detect/native.py).",
+        "",
+        "| mode | ms per step (median) | slowdown | every run (ms) |",
+        "| --- | --- | --- | --- |",
+    ]
+    labels = {
+        "none": "no detector",
+        "racecheck": "racecheck (TorchRaceTracker)",
+        "sanitizer": "torch.cuda._sanitizer",
+        "dispatch_floor": "reference: empty TorchDispatchMode",
+        "racecheck_python": "reference: racecheck, engine in pure Python",
+        "racecheck_nostacks": "reference: racecheck without call stacks",
+        "split_dispatch": "split: racecheck's dispatch mode alone",
+        "split_trace": "split: + CUDA trace callbacks (idle handlers)",
+        "split_callbacks": "split: + racecheck's allocation/free handlers",
+    }
     for mode in MODES:
         m = median[mode]
         if m is None and not any(r["mode"] == mode for r in rows):
             continue  # not run
         slow = f"{m / base:.2f}x" if m and base else "n/a"
-        runs = ", ".join(f"{t:.2f}" for t in sorted(r["ms_per_step"] for r in rows
-                                                       if r["mode"] == mode and r.get("ms_per_step")))
+        runs = ", ".join(
+            f"{t:.2f}" for t in sorted(r["ms_per_step"] for r in rows if r["mode"] == mode and r.get("ms_per_step"))
+        )
         lines.append(f"| {labels[mode]} | {m:.3f} | {slow} | {runs} |" if m else f"| {labels[mode]} | n/a | n/a | |")
     if base and median["racecheck"] and median["sanitizer"]:
         rc, san = median["racecheck"] / base, median["sanitizer"] / base
         ok = rc <= san / 3
-        lines += ["", f"racecheck's slowdown {rc:.2f}x is {rc / san:.2f} of the sanitizer's {san:.2f}x "
-                      f"(target: at most 1/3): {'met' if ok else 'NOT met'}."]
+        lines += [
+            "",
+            f"racecheck's slowdown {rc:.2f}x is {rc / san:.2f} of the sanitizer's {san:.2f}x "
+            f"(target: at most 1/3): {'met' if ok else 'NOT met'}.",
+        ]
         per_repeat = []
         for repeat in sorted({r["repeat"] for r in rows}):
             t = {r["mode"]: r.get("ms_per_step") for r in rows if r["repeat"] == repeat}
             if t.get("racecheck") and t.get("sanitizer"):
                 per_repeat.append(t["racecheck"] / t["sanitizer"])  # (rc / none) / (san / none)
         if per_repeat:
-            lines += ["", "The same ratio within each repeat (its own runs of both tools): "
-                          + ", ".join(f"{x:.2f}" for x in per_repeat) + "."]
+            lines += [
+                "",
+                "The same ratio within each repeat (its own runs of both tools): "
+                + ", ".join(f"{x:.2f}" for x in per_repeat)
+                + ".",
+            ]
     if args.device == "cpu" and base and median["racecheck"] and median["dispatch_floor"]:
-        lines += ["", f"racecheck's own cost above the dispatch floor: "
-                      f"{median['racecheck'] - median['dispatch_floor']:.3f} ms per step."]
+        lines += [
+            "",
+            f"racecheck's own cost above the dispatch floor: "
+            f"{median['racecheck'] - median['dispatch_floor']:.3f} ms per step.",
+        ]
         if median["racecheck_python"]:
-            lines[-1] += (f" With its engine in pure Python: "
-                          f"{median['racecheck_python'] - median['dispatch_floor']:.3f} ms per step.")
+            lines[-1] += (
+                f" With its engine in pure Python: "
+                f"{median['racecheck_python'] - median['dispatch_floor']:.3f} ms per step."
+            )
     (out / f"detector_overhead{_suffix(args)}.md").write_text("\n".join(lines) + "\n")
     if quiet:
         return
@@ -312,9 +374,14 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--timeout", type=float, default=300)
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of " + ",".join(MODES))
-    p.add_argument("--profile", nargs="?", const="racecheck", default="", metavar="MODES",
-                   help="also write DIR/detector_profile_<mode>.txt for these modes (default: racecheck), "
-                        "cProfile by own time")
+    p.add_argument(
+        "--profile",
+        nargs="?",
+        const="racecheck",
+        default="",
+        metavar="MODES",
+        help="also write DIR/detector_profile_<mode>.txt for these modes (default: racecheck), cProfile by own time",
+    )
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--profile-out", help=argparse.SUPPRESS)
     p.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)

@@ -66,8 +66,11 @@ CASES = (
     Case("plain_torch", ("tests/test_overlap.py::test_bucketed_reduce_scatter",), "sleep@before_reduce_scatter:5ms"),
 )
 ARMS = {"megatron_fsdp": "fixed,asis", "fsdp2": "fully_shard", "plain_torch": "correct,race"}
-WHOLE_SUITE = {"megatron_fsdp": ("tests/test_hsdp.py",), "fsdp2": ("tests/test_fully_shard.py",),
-               "plain_torch": ("tests/test_overlap.py",)}
+WHOLE_SUITE = {
+    "megatron_fsdp": ("tests/test_hsdp.py",),
+    "fsdp2": ("tests/test_fully_shard.py",),
+    "plain_torch": ("tests/test_overlap.py",),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,9 +118,26 @@ def execute(run: Run, *, out: Path, trials: int, chunk: int, timeout: float) -> 
     folder.parent.mkdir(parents=True, exist_ok=True)
     # --max-time stops the run at a trial boundary with its summary written; the terminate below
     # (racecheck keeps finished trials on SIGTERM and ends its sessions) is the backstop.
-    argv = [sys.executable, "-m", "racecheck", "run", "--arms", ARMS[run.suite], "--trials", str(trials),
-            "--chunk", str(chunk), "--quiet", "--max-time", str(max(1, int(timeout) - 20)),
-            "--out", str(folder), *run.flags(), "--", *run.targets]
+    argv = [
+        sys.executable,
+        "-m",
+        "racecheck",
+        "run",
+        "--arms",
+        ARMS[run.suite],
+        "--trials",
+        str(trials),
+        "--chunk",
+        str(chunk),
+        "--quiet",
+        "--max-time",
+        str(max(1, int(timeout) - 20)),
+        "--out",
+        str(folder),
+        *run.flags(),
+        "--",
+        *run.targets,
+    ]
     log = out / "runs" / f"{run.name}.log"
     with open(log, "w") as stream:
         stream.write(" ".join(argv) + "\n")
@@ -143,9 +163,19 @@ def rows_of(run: Run, folder: Path) -> list[dict]:
         return []
     with open(summary, newline="") as f:
         records = [r for r in csv.DictReader(f) if r["test"] != "*"]
-    return [{"suite": run.suite, "case": r["test"].rpartition("::")[2], "arm": r["arm"],
-             "expect": r.get("expect", ""), "mode": run.mode, "trials": r["trials"],
-             "failures": r["failures"], "detected": r.get("detected", "")} for r in records]
+    return [
+        {
+            "suite": run.suite,
+            "case": r["test"].rpartition("::")[2],
+            "arm": r["arm"],
+            "expect": r.get("expect", ""),
+            "mode": run.mode,
+            "trials": r["trials"],
+            "failures": r["failures"],
+            "detected": r.get("detected", ""),
+        }
+        for r in records
+    ]
 
 
 def actions_of(folder: Path) -> dict[tuple[str, str], int]:
@@ -194,15 +224,20 @@ def merge_bounds(report: Path, bounds: dict) -> dict:
         with open(path, newline="") as f:
             for r in csv.DictReader(f):
                 table[(r["suite"], r["case"], r["arm"])] = {
-                    "k": int(r["k"]), "trials": int(r["trials"]),
-                    "first": int(r["first"]) if r["first"] != "" else None, "delayed": r["delayed"]}
+                    "k": int(r["k"]),
+                    "trials": int(r["trials"]),
+                    "first": int(r["first"]) if r["first"] != "" else None,
+                    "delayed": r["delayed"],
+                }
     table.update(bounds)
     report.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(BOUND_COLUMNS)
         for (suite, case, arm), b in sorted(table.items()):
-            writer.writerow([suite, case, arm, b["k"], b["trials"], "" if b["first"] is None else b["first"], b["delayed"]])
+            writer.writerow(
+                [suite, case, arm, b["k"], b["trials"], "" if b["first"] is None else b["first"], b["delayed"]]
+            )
     return table
 
 
@@ -216,8 +251,10 @@ def merge(report: Path, rows: list[dict]) -> list[dict]:
             table = {key(r): r for r in csv.DictReader(f)}
     table.update({key(r): r for r in rows})
     order = {m: i for i, m in enumerate(MODES)}
-    merged = sorted(table.values(), key=lambda r: (r["suite"], r["case"], order.get(r["mode"].split(":")[0], 9),
-                                                    r["mode"], r["arm"]))
+    merged = sorted(
+        table.values(),
+        key=lambda r: (r["suite"], r["case"], order.get(r["mode"].split(":")[0], 9), r["mode"], r["arm"]),
+    )
     report.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
@@ -226,39 +263,52 @@ def merge(report: Path, rows: list[dict]) -> list[dict]:
     return merged
 
 
-def render(report: Path, rows: list[dict], *, actions: dict, bounds: dict, command: str,
-           errors: list[str]) -> None:
+def render(report: Path, rows: list[dict], *, actions: dict, bounds: dict, command: str, errors: list[str]) -> None:
     try:
         import torch
 
         where = f"torch {torch.__version__}, {torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU'}"
     except ImportError:
         where = "torch not importable"
-    lines = ["# Code that is not racecheck's, through `racecheck run`", "",
-             f"{where}; command: `{command}` (bench/foreign_code.sh on the GPU machine).", "",
-             "`failures`: trials in which the test failed, of `trials`; `detected`: trials with a "
-             "detector report (mode `detect` only); `actions`: perturbation actions the last run of "
-             "that row took in this call, summed over its trials (empty where the log records none or "
-             "the row comes from an earlier call).", "",
-             "| suite | case | arm | expect | mode | failures | detected | actions |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "# Code that is not racecheck's, through `racecheck run`",
+        "",
+        f"{where}; command: `{command}` (bench/foreign_code.sh on the GPU machine).",
+        "",
+        "`failures`: trials in which the test failed, of `trials`; `detected`: trials with a "
+        "detector report (mode `detect` only); `actions`: perturbation actions the last run of "
+        "that row took in this call, summed over its trials (empty where the log records none or "
+        "the row comes from an earlier call).",
+        "",
+        "| suite | case | arm | expect | mode | failures | detected | actions |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         acted = actions.get((r["suite"], r["mode"], r["case"], r["arm"]), "")
         detected = f"{r['detected']}/{r['trials']}" if r["detected"] != "" else ""
-        lines.append(f"| {r['suite']} | `{r['case']}` | {r['arm']} | {r['expect']} | `{r['mode']}` | "
-                     f"{r['failures']}/{r['trials']} | {detected} | {acted} |")
+        lines.append(
+            f"| {r['suite']} | `{r['case']}` | {r['arm']} | {r['expect']} | `{r['mode']}` | "
+            f"{r['failures']}/{r['trials']} | {detected} | {acted} |"
+        )
     if bounds:
-        lines += ["", "## The systematic schedule's bound", "",
-                  "k: the distinct hand-off points trial 0 recorded for the test; trial t (1..k) delays the "
-                  "t-th alone, so a race that one delayed point exposes fails by trial k. `first failure`: the "
-                  "first failing trial of this call's run and the point it delayed.", "",
-                  "| suite | case | arm | k | trials | first failure | within k | delayed point |",
-                  "|---|---|---|---:|---:|---:|---|---|"]
+        lines += [
+            "",
+            "## The systematic schedule's bound",
+            "",
+            "k: the distinct hand-off points trial 0 recorded for the test; trial t (1..k) delays the "
+            "t-th alone, so a race that one delayed point exposes fails by trial k. `first failure`: the "
+            "first failing trial of this call's run and the point it delayed.",
+            "",
+            "| suite | case | arm | k | trials | first failure | within k | delayed point |",
+            "|---|---|---|---:|---:|---:|---|---|",
+        ]
         for (suite, case, arm), b in sorted(bounds.items()):
             first = "" if b["first"] is None else b["first"]
             within = "" if b["first"] is None else ("yes" if b["first"] <= b["k"] else "no")
-            lines.append(f"| {suite} | `{case}` | {arm} | {b['k']} | {b['trials']} | {first} | {within} | "
-                         f"{'`' + b['delayed'] + '`' if b['delayed'] else ''} |")
+            lines.append(
+                f"| {suite} | `{case}` | {arm} | {b['k']} | {b['trials']} | {first} | {within} | "
+                f"{'`' + b['delayed'] + '`' if b['delayed'] else ''} |"
+            )
     if errors:
         lines += ["", "Runs that did not finish (exit code; their logs are in the packed run folders):", ""]
         lines += [f"- {e}" for e in errors]
@@ -271,16 +321,29 @@ def main() -> int:
     parser.add_argument("--suites", default=",".join(ARMS), help="examples to run (default: all)")
     parser.add_argument("--modes", default=",".join(MODES), help="modes to run (default: all)")
     parser.add_argument("--trials", type=int, default=10)
-    parser.add_argument("--systematic-trials", type=int, default=30,
-                        help="trials of the systematic mode: at least k + 1 to cover every single point")
+    parser.add_argument(
+        "--systematic-trials",
+        type=int,
+        default=30,
+        help="trials of the systematic mode: at least k + 1 to cover every single point",
+    )
     parser.add_argument("--jobs", type=int, default=1, help="runs other than natural ones at a time")
-    parser.add_argument("--from-runs", type=Path, default=None, metavar="DIR",
-                        help="run nothing: take the rows of the planned runs from DIR/runs/ (an earlier "
-                             "call's unpacked foreign_code.tar.gz) and merge them into the table")
+    parser.add_argument(
+        "--from-runs",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="run nothing: take the rows of the planned runs from DIR/runs/ (an earlier "
+        "call's unpacked foreign_code.tar.gz) and merge them into the table",
+    )
     parser.add_argument("--chunk", type=int, default=10, help="racecheck run --chunk: trials per session")
     parser.add_argument("--report", type=Path, default=ROOT / "reports" / "gpu", help="where the table goes")
-    parser.add_argument("--max-seconds", type=float, default=None,
-                        help="start no run after this long (the device call has a hard limit)")
+    parser.add_argument(
+        "--max-seconds",
+        type=float,
+        default=None,
+        help="start no run after this long (the device call has a hard limit)",
+    )
     args = parser.parse_args()
     suites, modes = args.suites.split(","), args.modes.split(",")
     for name, given, known in (("suite", suites, ARMS), ("mode", modes, MODES)):
@@ -302,8 +365,9 @@ def main() -> int:
             if not (folder / "summary.csv").is_file():
                 return
         else:
-            rc, folder = execute(run, out=args.out, trials=trials, chunk=args.chunk,
-                                 timeout=left if left is not None else 3600)
+            rc, folder = execute(
+                run, out=args.out, trials=trials, chunk=args.chunk, timeout=left if left is not None else 3600
+            )
         print(f"{run.name}: exit {rc} in {time.monotonic() - began:.0f} s", flush=True)
         if rc != 0:
             errors.append(f"{run.name}: exit {rc}")

@@ -45,8 +45,9 @@ class Transformer(nn.Module):
         super().__init__()
         self.embed = nn.Embedding(vocab, d)
         self.layers = nn.ModuleList(
-            nn.TransformerEncoderLayer(d, heads, ff, dropout=0.0, activation="gelu", batch_first=True,
-                                       norm_first=True) for _ in range(layers))
+            nn.TransformerEncoderLayer(d, heads, ff, dropout=0.0, activation="gelu", batch_first=True, norm_first=True)
+            for _ in range(layers)
+        )
         self.norm = nn.LayerNorm(d)
         self.head = nn.Linear(d, vocab, bias=False)
 
@@ -71,8 +72,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--impls", default=",".join(IMPLS), help="comma-separated subset of " + ",".join(IMPLS))
-    p.add_argument("--cpu-smoke", action="store_true",
-                   help="run on the CPU over gloo (racecheck's CPU emulation): checks the script, measures nothing")
+    p.add_argument(
+        "--cpu-smoke",
+        action="store_true",
+        help="run on the CPU over gloo (racecheck's CPU emulation): checks the script, measures nothing",
+    )
     return p.parse_args()
 
 
@@ -188,12 +192,16 @@ def main() -> int:
     init_runtime("cuda" if args.device == "cuda" else "sim")
     meshes = Meshes(args.device, world)
     with torch.device("meta"):
-        params = sum(p.numel() for p in Transformer(vocab=args.vocab, d=args.d_model, layers=args.layers,
-                                                     heads=args.heads, ff=args.ff).parameters())
+        params = sum(
+            p.numel()
+            for p in Transformer(
+                vocab=args.vocab, d=args.d_model, layers=args.layers, heads=args.heads, ff=args.ff
+            ).parameters()
+        )
     times: dict[str, list[float]] = {i: [] for i in impls}
     peaks: dict[str, list[float]] = {i: [] for i in impls}
     for repeat in range(args.repeats):
-        for impl in (impls if repeat % 2 == 0 else impls[::-1]):
+        for impl in impls if repeat % 2 == 0 else impls[::-1]:
             step_ms, peak = run(impl, args, meshes)
             t = torch.tensor([step_ms, peak], device=args.device)
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
@@ -203,10 +211,17 @@ def main() -> int:
                 print(f"repeat {repeat} {impl:9s} {t[0].item():8.2f} ms/step  peak {t[1].item():.2f} GiB", flush=True)
     if rank == 0:
         tokens = world * args.batch * args.seq
-        rows = [dict(gpus=world, params=params, impl=i, step_ms=round(statistics.median(times[i]), 2),
-                     peak_mem_gib=round(max(peaks[i]), 3),
-                     tokens_per_s=round(tokens / (statistics.median(times[i]) / 1000)))
-                for i in impls]
+        rows = [
+            dict(
+                gpus=world,
+                params=params,
+                impl=i,
+                step_ms=round(statistics.median(times[i]), 2),
+                peak_mem_gib=round(max(peaks[i]), 3),
+                tokens_per_s=round(tokens / (statistics.median(times[i]) / 1000)),
+            )
+            for i in impls
+        ]
         write(args, rows, world, params)
     dist.destroy_process_group()
     return 0
@@ -219,14 +234,22 @@ def write(args, rows: list[dict], world: int, params: int) -> None:
         w.writeheader()
         w.writerows(rows)
     device = torch.cuda.get_device_name() if args.device == "cuda" else "CPU (smoke run, not a measurement)"
-    lines = [f"# racecheck.fsdp vs FSDP2: {world} x {device}", "",
-             f"torch {torch.__version__}, {datetime.date.today()}; `torchrun --nproc-per-node {world} "
-             f"bench/fsdp_vs_fsdp2.py` ({params / 1e6:.1f}M parameters: {args.layers} pre-norm encoder layers, "
-             f"d={args.d_model}, ff={args.ff}, vocab {args.vocab}; bf16 compute, fp32 reduction, AdamW; "
-             f"{args.batch}x{args.seq} tokens per rank; median of {args.repeats} repeats of {args.steps} steps).", "",
-             "| impl | gpus | params | step ms | peak GiB | tokens/s |", "| --- | --- | --- | --- | --- | --- |"]
-    lines += [f"| {r['impl']} | {r['gpus']} | {r['params']:,} | {r['step_ms']} | {r['peak_mem_gib']} | "
-              f"{r['tokens_per_s']:,} |" for r in rows]
+    lines = [
+        f"# racecheck.fsdp vs FSDP2: {world} x {device}",
+        "",
+        f"torch {torch.__version__}, {datetime.date.today()}; `torchrun --nproc-per-node {world} "
+        f"bench/fsdp_vs_fsdp2.py` ({params / 1e6:.1f}M parameters: {args.layers} pre-norm encoder layers, "
+        f"d={args.d_model}, ff={args.ff}, vocab {args.vocab}; bf16 compute, fp32 reduction, AdamW; "
+        f"{args.batch}x{args.seq} tokens per rank; median of {args.repeats} repeats of {args.steps} steps).",
+        "",
+        "| impl | gpus | params | step ms | peak GiB | tokens/s |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    lines += [
+        f"| {r['impl']} | {r['gpus']} | {r['params']:,} | {r['step_ms']} | {r['peak_mem_gib']} | "
+        f"{r['tokens_per_s']:,} |"
+        for r in rows
+    ]
     (args.out / "fsdp_vs_fsdp2.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

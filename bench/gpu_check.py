@@ -83,8 +83,22 @@ def catalogue_run(args, name: str, extra: list[str], runnable: list[str], gpus: 
         return rc + ["--resume", out, *limit]
     # The whole catalogue at one rank per GPU (the HSDP meshes adapt, see
     # racecheck.scenario_kit.harness.hsdp_mesh_config).
-    return rc + ["--backend", args.backend, "--arms", "all", "--trials", str(args.trials),
-                 "--scenario", ",".join(runnable), "--world-size", str(gpus), *extra, *limit, "--out", out]
+    return rc + [
+        "--backend",
+        args.backend,
+        "--arms",
+        "all",
+        "--trials",
+        str(args.trials),
+        "--scenario",
+        ",".join(runnable),
+        "--world-size",
+        str(gpus),
+        *extra,
+        *limit,
+        "--out",
+        out,
+    ]
 
 
 def extra_meshes(gpus: int) -> list[str]:
@@ -98,10 +112,30 @@ def mesh_runs(args, gpus: int) -> list[tuple[str, list[str], float]]:
     out = []
     for mesh in extra_meshes(gpus):
         for name, extra in (("perturbed", []), ("natural", ["--no-perturb"])):
-            argv = [PY, "-m", "racecheck", "run", "--quiet", "--backend", args.backend, "--arms", "all",
-                    "--trials", str(args.trials), "--scenario", "main_grad_reuse", "--world-size", str(gpus),
-                    "--mesh", mesh, *extra,
-                    "--max-time", str(args.run_seconds), "--out", f"{{dir}}/{mesh}-{name}"]
+            argv = [
+                PY,
+                "-m",
+                "racecheck",
+                "run",
+                "--quiet",
+                "--backend",
+                args.backend,
+                "--arms",
+                "all",
+                "--trials",
+                str(args.trials),
+                "--scenario",
+                "main_grad_reuse",
+                "--world-size",
+                str(gpus),
+                "--mesh",
+                mesh,
+                *extra,
+                "--max-time",
+                str(args.run_seconds),
+                "--out",
+                f"{{dir}}/{mesh}-{name}",
+            ]
             out.append((f"mesh-{mesh}-{name}", argv, args.run_seconds + 60))
     return out
 
@@ -112,31 +146,83 @@ def steps(args, gpus: int, runnable: list[str]) -> dict[str, list[tuple[str, lis
     torchrun = [PY, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", "--nproc-per-node"]
     every_gpu, two_gpus = torchrun + [str(gpus)], torchrun + [str(min(gpus, 2))]
     out = {
-        "env": [("nvidia-smi", ["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
-                                "--format=csv"], 30),
-                ("versions", [PY, "-c", "import torch, sys; print(sys.version.split()[0], torch.__version__, "
-                                        "torch.version.cuda, torch.cuda.device_count())"], 60)],
-        "tests": [("pytest-cuda", [PY, "-m", "pytest", "-m", "cuda", "tests/test_cuda_runtime.py", "tests/test_detect_cuda.py",
-                                   "tests/test_patch_cuda.py", "-q", "-p", "no:cacheprovider",
-                                   "-x", "--timeout=120"], 240)],
+        "env": [
+            ("nvidia-smi", ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv"], 30),
+            (
+                "versions",
+                [
+                    PY,
+                    "-c",
+                    "import torch, sys; print(sys.version.split()[0], torch.__version__, "
+                    "torch.version.cuda, torch.cuda.device_count())",
+                ],
+                60,
+            ),
+        ],
+        "tests": [
+            (
+                "pytest-cuda",
+                [
+                    PY,
+                    "-m",
+                    "pytest",
+                    "-m",
+                    "cuda",
+                    "tests/test_cuda_runtime.py",
+                    "tests/test_detect_cuda.py",
+                    "tests/test_patch_cuda.py",
+                    "-q",
+                    "-p",
+                    "no:cacheprovider",
+                    "-x",
+                    "--timeout=120",
+                ],
+                240,
+            )
+        ],
         # The whole catalogue at one rank per GPU (the HSDP meshes adapt, see
         # racecheck.scenario_kit.harness.hsdp_mesh_config); --max-time keeps the finished trials of a slow run.
         "catalogue": [
             (name, catalogue_run(args, name, extra, runnable, gpus), args.run_seconds + 60)
-            for name, extra in (("perturbed", []), ("natural", ["--no-perturb"]),
-                                ("random", ["--perturb", "random"]),
-                                ("detect", ["--no-perturb", "--detect"]),
-                                ("sanitizer", ["--no-perturb"]))
-        ] if runnable else [],
+            for name, extra in (
+                ("perturbed", []),
+                ("natural", ["--no-perturb"]),
+                ("random", ["--perturb", "random"]),
+                ("detect", ["--no-perturb", "--detect"]),
+                ("sanitizer", ["--no-perturb"]),
+            )
+        ]
+        if runnable
+        else [],
         "meshes": mesh_runs(args, gpus),
         "parity": [("fsdp-parity", every_gpu + [str(ROOT / "bench/gpu_parity.py"), "--out", "{dir}"], 240)],
-        "detector": [("sanitizer-compare", [PY, str(ROOT / "bench/sanitizer_compare.py"), "--out", "{dir}"], 240),
-                     ("detector-overhead", [PY, str(ROOT / "bench/detector_overhead.py"), "--out", "{dir}",
-                                            "--modes", "none,racecheck,sanitizer,dispatch_floor,racecheck_python",
-                                            "--iters", "1000", "--repeats", "5"], 540)],
+        "detector": [
+            ("sanitizer-compare", [PY, str(ROOT / "bench/sanitizer_compare.py"), "--out", "{dir}"], 240),
+            (
+                "detector-overhead",
+                [
+                    PY,
+                    str(ROOT / "bench/detector_overhead.py"),
+                    "--out",
+                    "{dir}",
+                    "--modes",
+                    "none,racecheck,sanitizer,dispatch_floor,racecheck_python",
+                    "--iters",
+                    "1000",
+                    "--repeats",
+                    "5",
+                ],
+                540,
+            ),
+        ],
         "patch": [("patch-mode", two_gpus + [str(ROOT / "bench/patch_mode_gpu.py"), "--out", "{dir}"], 240)],
-        "overhead": [("injector-overhead", [PY, str(ROOT / "bench/injector_overhead.py"), "--backend", "cuda",
-                                            "--out", "{dir}"], 180)],
+        "overhead": [
+            (
+                "injector-overhead",
+                [PY, str(ROOT / "bench/injector_overhead.py"), "--backend", "cuda", "--out", "{dir}"],
+                180,
+            )
+        ],
         "fsdp2": [("fsdp-vs-fsdp2", every_gpu + [str(ROOT / "bench/fsdp_vs_fsdp2.py"), "--out", "{dir}"], 300)],
     }
     return out
@@ -163,16 +249,35 @@ def run_step(name: str, argv: list[str], limit: float, folder: Path) -> dict:
             fh.write(f"could not start: {exc}\n")
             status = "could not start"
     tail = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()][-3:]
-    return {"step": name, "status": status, "detail": " | ".join(tail)[-300:],
-            "seconds": round(time.monotonic() - started, 1)}
+    return {
+        "step": name,
+        "status": status,
+        "detail": " | ".join(tail)[-300:],
+        "seconds": round(time.monotonic() - started, 1),
+    }
 
 
 def sanitizer_counts(run: Path) -> None:
     """RUN/sanitizer.csv: the sanitizer run's summary counting only the trials it reported in."""
     if not (run / "trials.jsonl").exists():
         return
-    subprocess.run([PY, "-m", "racecheck", "report", str(run), "--format", "csv", "--signature",
-                    SANITIZER_SIGNATURE, "--output", str(run / "sanitizer.csv")], cwd=ROOT, check=False)
+    subprocess.run(
+        [
+            PY,
+            "-m",
+            "racecheck",
+            "report",
+            str(run),
+            "--format",
+            "csv",
+            "--signature",
+            SANITIZER_SIGNATURE,
+            "--output",
+            str(run / "sanitizer.csv"),
+        ],
+        cwd=ROOT,
+        check=False,
+    )
 
 
 def grouped(todo: list, together: set[str]) -> list[list]:
@@ -199,22 +304,41 @@ def write_summary(out: Path, gpus: int, results: list[dict]) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--steps", default="default",
-                        help="comma-separated steps or parts of steps, or a preset: default (fits one "
-                             "10-minute call), more (the rest), all")
+    parser.add_argument(
+        "--steps",
+        default="default",
+        help="comma-separated steps or parts of steps, or a preset: default (fits one "
+        "10-minute call), more (the rest), all",
+    )
     parser.add_argument("--trials", type=int, default=10)
-    parser.add_argument("--backend", default="cuda", choices=("cuda", "sim"),
-                        help="sim: rehearse the catalogue steps on the CPU emulation")
+    parser.add_argument(
+        "--backend",
+        default="cuda",
+        choices=("cuda", "sim"),
+        help="sim: rehearse the catalogue steps on the CPU emulation",
+    )
     parser.add_argument("--ranks", type=int, default=None, help="ranks to use (default: the GPU count)")
-    parser.add_argument("--continue", dest="continue_from", type=Path, default=None, metavar="DIR",
-                        help="an earlier check's output folder: resume its catalogue runs")
+    parser.add_argument(
+        "--continue",
+        dest="continue_from",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="an earlier check's output folder: resume its catalogue runs",
+    )
     parser.add_argument("--run-seconds", type=int, default=170, help="--max-time of each catalogue run")
-    parser.add_argument("--scenarios", default="",
-                        help="comma-separated catalogue scenarios for the catalogue parts (default: all that fit)")
-    parser.add_argument("--together", default="",
-                        help="comma-separated parts that run at the same time, as one group where the "
-                             "first of them comes (e.g. perturbed,random,detect,sanitizer: forced and "
-                             "detected outcomes do not depend on a quiet GPU; keep natural out of it)")
+    parser.add_argument(
+        "--scenarios",
+        default="",
+        help="comma-separated catalogue scenarios for the catalogue parts (default: all that fit)",
+    )
+    parser.add_argument(
+        "--together",
+        default="",
+        help="comma-separated parts that run at the same time, as one group where the "
+        "first of them comes (e.g. perturbed,random,detect,sanitizer: forced and "
+        "detected outcomes do not depend on a quiet GPU; keep natural out of it)",
+    )
     args = parser.parse_args()
     gpus = args.ranks or gpu_count()
     runnable, too_few = catalogue_split(gpus)
@@ -230,15 +354,21 @@ def main() -> int:
     parts = {name: step for step, items in plan.items() for name, _, _ in items}
     unknown = [s for s in chosen if s not in plan and s not in parts]
     if unknown:
-        parser.error(f"unknown steps {unknown}; known: {', '.join(PRESETS)}, {', '.join(plan)} "
-                     f"(or one part: {', '.join(parts)})")
-    todo = [(step, item) for step, items in plan.items() for item in items
-            if step in chosen or item[0] in chosen]
+        parser.error(
+            f"unknown steps {unknown}; known: {', '.join(PRESETS)}, {', '.join(plan)} (or one part: {', '.join(parts)})"
+        )
+    todo = [(step, item) for step, items in plan.items() for item in items if step in chosen or item[0] in chosen]
     results = []
     runs_catalogue = any(step == "catalogue" for step, _ in todo)
     if runs_catalogue and too_few:
-        results.append({"step": "catalogue", "status": "skipped", "seconds": 0.0,
-                        "detail": f"{', '.join(too_few)}: need more ranks than {gpus} GPU(s)"})
+        results.append(
+            {
+                "step": "catalogue",
+                "status": "skipped",
+                "seconds": 0.0,
+                "detail": f"{', '.join(too_few)}: need more ranks than {gpus} GPU(s)",
+            }
+        )
     together = {t for t in args.together.split(",") if t}
     if together - set(parts):
         parser.error(f"--together names unknown parts {sorted(together - set(parts))}")
@@ -262,11 +392,21 @@ def main() -> int:
         sanitizer_counts(folder / "sanitizer")
         runs = [f"{n}={folder / n / 'summary.csv'}" for n in ("perturbed", "natural", "random", "detect")]
         runs.append(f"sanitizer={folder / 'sanitizer' / 'sanitizer.csv'}")
-        subprocess.run([PY, str(ROOT / "bench/catalogue_table.py"), str(folder / "catalogue_table.md"), *runs,
-                        "--title", f"Catalogue over {args.backend} on {gpus} rank(s), {args.trials} trials per arm",
-                        "--note", f"Failing trials out of trials (`*` rows); every scenario at --world-size {gpus}."
-                        + (f" Not run: {', '.join(too_few)} (need more ranks)." if too_few else "")],
-                       cwd=ROOT, check=False)
+        subprocess.run(
+            [
+                PY,
+                str(ROOT / "bench/catalogue_table.py"),
+                str(folder / "catalogue_table.md"),
+                *runs,
+                "--title",
+                f"Catalogue over {args.backend} on {gpus} rank(s), {args.trials} trials per arm",
+                "--note",
+                f"Failing trials out of trials (`*` rows); every scenario at --world-size {gpus}."
+                + (f" Not run: {', '.join(too_few)} (need more ranks)." if too_few else ""),
+            ],
+            cwd=ROOT,
+            check=False,
+        )
     write_summary(args.out, gpus, results)
     print(f"\nGPU check on {gpus} GPU(s):")
     for r in results:

@@ -45,27 +45,37 @@ def meshes(world: int) -> dict[str, MeshConfig]:
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="the short matrix, no perturbed cases")
-    p.add_argument("--out", type=Path, help="also write the table as Markdown to this file, or to "
-                                             "parity.md in this directory (rank 0)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        help="also write the table as Markdown to this file, or to parity.md in this directory (rank 0)",
+    )
     p.add_argument("--cpu", action="store_true", help="run on the CPU emulation over gloo (checks the script)")
     return p.parse_args()
 
 
 def cases(quick: bool):
     """(label, callable(mesh, rt) -> CaseResult) in run order."""
-    out = [(c.name, lambda mesh, rt, c=c: parity.run_case(c, mesh=mesh, runtime=rt))
-           for c in parity.default_matrix(full=not quick)]
+    out = [
+        (c.name, lambda mesh, rt, c=c: parity.run_case(c, mesh=mesh, runtime=rt))
+        for c in parity.default_matrix(full=not quick)
+    ]
     if not quick:
-        out += [(f"{c.name}@{p}", lambda mesh, rt, c=c, p=p: parity.run_case(c, mesh=mesh, runtime=rt, perturb=p))
-                for p, c in parity.perturbed_matrix()]
+        out += [
+            (f"{c.name}@{p}", lambda mesh, rt, c=c, p=p: parity.run_case(c, mesh=mesh, runtime=rt, perturb=p))
+            for p, c in parity.perturbed_matrix()
+        ]
     out.append(("state_dict-transformer", lambda mesh, rt: parity.state_dict_round_trip(mesh=mesh, runtime=rt)))
     if not quick:  # the check has teeth: poison-on-free must expose the motivating race
         baseline = parity.ParityCase(microbatches=3, policy="baseline")
 
         def expect_failure(mesh, rt):
             r = parity.run_case(baseline, mesh=mesh, runtime=rt, perturb=parity.TEETH)
-            r.name, r.ok, r.detail = f"{r.name} (must fail)", not r.ok, "baseline race " + (
-                "caught" if not r.ok else "NOT caught")
+            r.name, r.ok, r.detail = (
+                f"{r.name} (must fail)",
+                not r.ok,
+                "baseline race " + ("caught" if not r.ok else "NOT caught"),
+            )
             return r
 
         out.append((f"baseline@{parity.TEETH} (must fail)", expect_failure))
@@ -100,9 +110,16 @@ def main() -> int:
                     rows.append((label, name, "ERROR", "", "", ""))
                     raise
                 secs = time.perf_counter() - start
-                rows.append((label, name, "pass" if r.ok else "FAIL",
-                             f"{r.param_error:.2e} ({r.worst_param})", f"{r.loss_error:.2e}",
-                             f"{r.rtol:g}  {secs:.1f}s {r.detail}".rstrip()))
+                rows.append(
+                    (
+                        label,
+                        name,
+                        "pass" if r.ok else "FAIL",
+                        f"{r.param_error:.2e} ({r.worst_param})",
+                        f"{r.loss_error:.2e}",
+                        f"{r.rtol:g}  {secs:.1f}s {r.detail}".rstrip(),
+                    )
+                )
     finally:
         rt.synchronize()
         if rank == 0:
@@ -119,10 +136,14 @@ def main() -> int:
 
 def render(rows, device: str, world: int) -> str:
     failed = sum(row[2] not in ("pass", "SKIP") for row in rows)
-    lines = [f"# racecheck.fsdp GPU parity: {world} x {device}, torch {torch.__version__}", "",
-             f"{len(rows) - failed} of {len(rows)} passed.", "",
-             "| mesh | case | result | worst update error (param) | loss error | tolerance, time |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        f"# racecheck.fsdp GPU parity: {world} x {device}, torch {torch.__version__}",
+        "",
+        f"{len(rows) - failed} of {len(rows)} passed.",
+        "",
+        "| mesh | case | result | worst update error (param) | loss error | tolerance, time |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
 

@@ -103,7 +103,7 @@ def main() -> int:
     variants = ("absent", "installed, off")
     samples = {v: {"wall": [], "cpu": []} for v in variants}
     for rep in range(args.reps):
-        for variant in (variants if rep % 2 == 0 else variants[::-1]):
+        for variant in variants if rep % 2 == 0 else variants[::-1]:
             if variant != "absent":
                 rt.add_observer(injector)
             wall, cpu = timed(model, opt, x, y, rt, args.steps)
@@ -120,8 +120,10 @@ def main() -> int:
         ratios[clock] = (med[0], med[1], med[1] / med[0], pair[len(pair) // 4], pair[(3 * len(pair)) // 4])
     write(args, samples, ratios, events_per_step)
     for clock, (a, b, r, q1, q3) in ratios.items():
-        print(f"{clock}: injector installed but off / absent = {r:.4f} (median step {a * 1e3:.3f} ms vs "
-              f"{b * 1e3:.3f} ms; per-pair ratio IQR {q1:.4f}-{q3:.4f}); {events_per_step} runtime events per step")
+        print(
+            f"{clock}: injector installed but off / absent = {r:.4f} (median step {a * 1e3:.3f} ms vs "
+            f"{b * 1e3:.3f} ms; per-pair ratio IQR {q1:.4f}-{q3:.4f}); {events_per_step} runtime events per step"
+        )
     return 0
 
 
@@ -136,24 +138,32 @@ def write(args, samples, ratios, events_per_step) -> None:
                 w.writerow([args.backend, variant, i, f"{wall:.6e}", f"{cpu:.6e}"])
     device = torch.cuda.get_device_name() if args.backend == "cuda" else "CPU emulation (sim)"
     lines = [
-        "# Injector overhead: installed but off vs absent", "",
+        "# Injector overhead: installed but off vs absent",
+        "",
         f"Command: `python bench/injector_overhead.py --backend {args.backend} --reps {args.reps} "
-        f"--steps {args.steps}` on {device}, torch {torch.__version__}.", "",
+        f"--steps {args.steps}` on {device}, torch {torch.__version__}.",
+        "",
         f"The main_grad_reuse model (MLP {LAYERS}x{WIDTH}, 4 parameter groups, {MICROBATCHES} microbatches "
         f"of {BATCH // MICROBATCHES}) in one process on a 1x1 mesh; each step makes {events_per_step} runtime "
         f"events. Variants: no injector, and an `Injector` for the profile `off` attached to the runtime. "
         f"{args.reps} repetitions of {args.steps} steps per variant, interleaved (order flipped every "
         "repetition); step time as wall clock and as the process's CPU time (all threads), which other "
-        "processes sharing the machine do not inflate.", "",
+        "processes sharing the machine do not inflate.",
+        "",
         "| clock | absent: median step (ms) | installed, off: median step (ms) | ratio of medians "
         "| per-pair ratio IQR |",
-        "|---|---|---|---|---|"]
+        "|---|---|---|---|---|",
+    ]
     for clock, (a, b, r, q1, q3) in ratios.items():
         lines.append(f"| {clock} | {a * 1e3:.3f} | {b * 1e3:.3f} | **{r:.4f}** | {q1:.4f} to {q3:.4f} |")
-    lines += ["", "Target: at most 1.01. An injector whose profile is off subscribes to no runtime event "
-                  "(`RuntimeObserver.events`), so the runtime never calls it: both variants run the same code, "
-                  "and the ratio measures only the noise of the machine.", "",
-              "Raw samples: `perturb_overhead.csv`."]
+    lines += [
+        "",
+        "Target: at most 1.01. An injector whose profile is off subscribes to no runtime event "
+        "(`RuntimeObserver.events`), so the runtime never calls it: both variants run the same code, "
+        "and the ratio measures only the noise of the machine.",
+        "",
+        "Raw samples: `perturb_overhead.csv`.",
+    ]
     (out / "perturb_overhead.md").write_text("\n".join(lines) + "\n")
 
 

@@ -28,8 +28,11 @@ import pandas as pd
 
 def one_run(racecheck: str, out: Path) -> dict:
     start = time.time()
-    proc = subprocess.run([racecheck, "run", "--arms", "fixed,baseline", "--trials", "10", "--out", str(out)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [racecheck, "run", "--arms", "fixed,baseline", "--trials", "10", "--out", str(out)],
+        capture_output=True,
+        text=True,
+    )
     end = time.time()
     run = json.loads((out / "run.json").read_text())
     begun = datetime.datetime.fromisoformat(run["attempts"][0]["started"]).timestamp()
@@ -39,20 +42,28 @@ def one_run(racecheck: str, out: Path) -> dict:
     last = max(e["time"] for e in events if e["event"] == "outcome")
     summary = pd.read_csv(out / "summary.csv")
     per_test = summary[summary["test"] != "*"]
-    ok = (per_test[per_test["arm"] == "baseline"]["failures"].eq(10).all()
-          and per_test[per_test["arm"] == "fixed"]["failures"].eq(0).all() and len(per_test) == 8)
-    return {"wall_s": round(end - start, 1), "exit": proc.returncode,
-            "command_start_s": round(begun - start, 1),  # run.json's time has whole seconds
-            "session_start_s": round(collected - begun, 1), "tests_s": round(tests, 1),
-            "after_last_test_s": round(end - last, 1),
-            "baseline_10_of_10_everywhere_fixed_0": bool(ok),
-            "baseline": "/".join(str(int(x)) for x in per_test[per_test["arm"] == "baseline"]["failures"]),
-            "fixed": "/".join(str(int(x)) for x in per_test[per_test["arm"] == "fixed"]["failures"])}
+    ok = (
+        per_test[per_test["arm"] == "baseline"]["failures"].eq(10).all()
+        and per_test[per_test["arm"] == "fixed"]["failures"].eq(0).all()
+        and len(per_test) == 8
+    )
+    return {
+        "wall_s": round(end - start, 1),
+        "exit": proc.returncode,
+        "command_start_s": round(begun - start, 1),  # run.json's time has whole seconds
+        "session_start_s": round(collected - begun, 1),
+        "tests_s": round(tests, 1),
+        "after_last_test_s": round(end - last, 1),
+        "baseline_10_of_10_everywhere_fixed_0": bool(ok),
+        "baseline": "/".join(str(int(x)) for x in per_test[per_test["arm"] == "baseline"]["failures"]),
+        "fixed": "/".join(str(int(x)) for x in per_test[per_test["arm"] == "fixed"]["failures"]),
+    }
 
 
 def markdown_table(df: pd.DataFrame) -> list[str]:
-    return (["| " + " | ".join(df.columns) + " |", "|" + "---:|" * len(df.columns)]
-            + ["| " + " | ".join(str(v) for v in row) + " |" for row in df.itertuples(index=False)])
+    return ["| " + " | ".join(df.columns) + " |", "|" + "---:|" * len(df.columns)] + [
+        "| " + " | ".join(str(v) for v in row) + " |" for row in df.itertuples(index=False)
+    ]
 
 
 def main() -> None:
@@ -70,18 +81,22 @@ def main() -> None:
     df = pd.DataFrame(rows)
     df.to_csv(args.out / "main_job.csv", index=False)
     load = os.getloadavg()[0]
-    text = [f"# The main job, timed: {args.runs} runs on {os.cpu_count()} CPU cores, "
-            f"{datetime.date.today().isoformat()}", "",
-            f"`{' '.join(['python', 'bench/main_job_timing.py', '--runs', str(args.runs)])}` (Python "
-            f"{platform.python_version()}; load average {load:.1f} at the end). Each run is "
-            "`racecheck run --arms fixed,baseline --trials 10` from its start to its exit. Columns: "
-            "the command's own start (interpreter, imports), the session's start (torchrun, four ranks "
-            "importing torch, collection), the tests as the ranks report them (training, delays, "
-            "collectives), and what follows the last test (teardown, the summary).", "",
-            *markdown_table(df), "",
-            f"Median wall time {df['wall_s'].median():.1f} s (min {df['wall_s'].min():.1f}, max "
-            f"{df['wall_s'].max():.1f}); baseline 10/10 and fixed 0/10 in every parametrization in "
-            f"{int(df['baseline_10_of_10_everywhere_fixed_0'].sum())} of {len(df)} runs."]
+    text = [
+        f"# The main job, timed: {args.runs} runs on {os.cpu_count()} CPU cores, {datetime.date.today().isoformat()}",
+        "",
+        f"`{' '.join(['python', 'bench/main_job_timing.py', '--runs', str(args.runs)])}` (Python "
+        f"{platform.python_version()}; load average {load:.1f} at the end). Each run is "
+        "`racecheck run --arms fixed,baseline --trials 10` from its start to its exit. Columns: "
+        "the command's own start (interpreter, imports), the session's start (torchrun, four ranks "
+        "importing torch, collection), the tests as the ranks report them (training, delays, "
+        "collectives), and what follows the last test (teardown, the summary).",
+        "",
+        *markdown_table(df),
+        "",
+        f"Median wall time {df['wall_s'].median():.1f} s (min {df['wall_s'].min():.1f}, max "
+        f"{df['wall_s'].max():.1f}); baseline 10/10 and fixed 0/10 in every parametrization in "
+        f"{int(df['baseline_10_of_10_everywhere_fixed_0'].sum())} of {len(df)} runs.",
+    ]
     (args.out / "main_job.md").write_text("\n".join(text) + "\n")
     print("\n".join(text))
 

@@ -44,8 +44,7 @@ from racecheck.perturb.profiles import parse_profile  # noqa: E402
 GROUPS = 4
 GROUP_NUMEL = 4 * 1024 * 1024  # 16 MiB of fp32 per group
 PLAIN_PERTURB = "sleep@before_reduce_scatter:2ms,pressure@free"
-FSDP2_PERTURB = ("sleep@before_all_gather:1ms,sleep@before_reduce_scatter:2ms,"
-                 "sleep@before_all_reduce:2ms,pressure@free")
+FSDP2_PERTURB = "sleep@before_all_gather:1ms,sleep@before_reduce_scatter:2ms,sleep@before_all_reduce:2ms,pressure@free"
 
 
 # -- the code under test: plain torch, as in the motivating PR ------------------------------------
@@ -102,7 +101,7 @@ def plain_trial(*, lazy: bool, group, rs_stream) -> float:
     shard = GROUP_NUMEL // size
     worst = 0.0
     for g in range(GROUPS):
-        expected = sum(grad_value(g, r, GROUP_NUMEL, "cuda")[me * shard:(me + 1) * shard] for r in ranks)
+        expected = sum(grad_value(g, r, GROUP_NUMEL, "cuda")[me * shard : (me + 1) * shard] for r in ranks)
         err = ((groups[g].reduced - expected).norm() / expected.norm()).item()
         worst = max(worst, err if err == err else float("inf"))
     return worst
@@ -144,8 +143,9 @@ def patched(perturb: str | None, seed: int, stats: PatchStats):
     stats.add(patch)
 
 
-def run_plain(trials: int, *, lazy: bool, group, rs_stream, perturb: str | None, seed: int,
-              stats: PatchStats) -> tuple[int, float]:
+def run_plain(
+    trials: int, *, lazy: bool, group, rs_stream, perturb: str | None, seed: int, stats: PatchStats
+) -> tuple[int, float]:
     failures, worst = 0, 0.0
     for trial in range(trials):
         with patched(perturb, seed + trial, stats):
@@ -213,8 +213,9 @@ def fsdp2_trial(trial: int, *, shape: tuple[int, ...], width=1024, layers=4, ste
     return worst
 
 
-def run_fsdp2(trials: int, *, shape: tuple[int, ...], perturb: str | None, seed: int,
-              stats: PatchStats) -> tuple[int, float]:
+def run_fsdp2(
+    trials: int, *, shape: tuple[int, ...], perturb: str | None, seed: int, stats: PatchStats
+) -> tuple[int, float]:
     failures, worst = 0, 0.0
     for trial in range(trials):
         with patched(perturb, seed + trial, stats):
@@ -251,15 +252,30 @@ def main() -> int:
             for arm, lazy in (("baseline", False), ("fixed", True)):
                 for perturb in (None, PLAIN_PERTURB):
                     started, stats = time.monotonic(), PatchStats()
-                    failures, worst = run_plain(args.trials, lazy=lazy, group=group, rs_stream=rs_stream,
-                                         perturb=perturb, seed=args.seed, stats=stats)
-                    rows.append({"program": "plain-torch motivating race", "arm": arm,
-                                 "expect": "race" if arm == "baseline" else "safe",
-                                 "group": f"{layout} ({dist.get_world_size(group)} rank"
-                                          f"{'s' if dist.get_world_size(group) > 1 else ''})",
-                                 "perturb": perturb or "off (natural)", "trials": args.trials,
-                                 "failures": failures, "worst_error": f"{worst:.2e}", **stats.columns(),
-                                 "seconds": round(time.monotonic() - started, 1)})
+                    failures, worst = run_plain(
+                        args.trials,
+                        lazy=lazy,
+                        group=group,
+                        rs_stream=rs_stream,
+                        perturb=perturb,
+                        seed=args.seed,
+                        stats=stats,
+                    )
+                    rows.append(
+                        {
+                            "program": "plain-torch motivating race",
+                            "arm": arm,
+                            "expect": "race" if arm == "baseline" else "safe",
+                            "group": f"{layout} ({dist.get_world_size(group)} rank"
+                            f"{'s' if dist.get_world_size(group) > 1 else ''})",
+                            "perturb": perturb or "off (natural)",
+                            "trials": args.trials,
+                            "failures": failures,
+                            "worst_error": f"{worst:.2e}",
+                            **stats.columns(),
+                            "seconds": round(time.monotonic() - started, 1),
+                        }
+                    )
                     if rank == 0:
                         print(rows[-1], flush=True)
     if "fsdp2" in parts:
@@ -267,12 +283,21 @@ def main() -> int:
             fsdp2_trial(-1, shape=shape)  # warm-up: not counted
             for perturb in (None, FSDP2_PERTURB):
                 started, stats = time.monotonic(), PatchStats()
-                failures, worst = run_fsdp2(args.trials, shape=shape, perturb=perturb, seed=args.seed,
-                                            stats=stats)
-                rows.append({"program": "torch FSDP2 training loop", "arm": "fully_shard", "expect": "safe",
-                             "group": layout, "perturb": perturb or "off (natural)", "trials": args.trials,
-                             "failures": failures, "worst_error": f"{worst:.2e}", **stats.columns(),
-                             "seconds": round(time.monotonic() - started, 1)})
+                failures, worst = run_fsdp2(args.trials, shape=shape, perturb=perturb, seed=args.seed, stats=stats)
+                rows.append(
+                    {
+                        "program": "torch FSDP2 training loop",
+                        "arm": "fully_shard",
+                        "expect": "safe",
+                        "group": layout,
+                        "perturb": perturb or "off (natural)",
+                        "trials": args.trials,
+                        "failures": failures,
+                        "worst_error": f"{worst:.2e}",
+                        **stats.columns(),
+                        "seconds": round(time.monotonic() - started, 1),
+                    }
+                )
                 if rank == 0:
                     print(rows[-1], flush=True)
     if rank == 0:
@@ -284,24 +309,43 @@ def main() -> int:
 
 def write_tables(out: Path, rows: list[dict], *, world: int) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    fields = ["program", "arm", "expect", "group", "perturb", "trials", "failures", "worst_error",
-              "wrapped_calls", "delayed", "pressure_allocs", "seconds"]
+    fields = [
+        "program",
+        "arm",
+        "expect",
+        "group",
+        "perturb",
+        "trials",
+        "failures",
+        "worst_error",
+        "wrapped_calls",
+        "delayed",
+        "pressure_allocs",
+        "seconds",
+    ]
     with open(out / "patch_mode.csv", "w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=fields)
         writer.writeheader()
         writer.writerows(rows)
-    lines = [f"# Patch mode on {torch.cuda.get_device_name()} x {world}", "",
-             f"torch {torch.__version__}, CUDA {torch.version.cuda}; command: "
-             f"`torchrun --nproc-per-node {world} bench/patch_mode_gpu.py --out DIR`", "",
-             "Failures are trials (of `trials`) with a wrong result on any rank; wrapped calls, delays and",
-             "pressure allocations are rank 0's, summed over the trials (0 with patch mode off).", "",
-             "| program | arm | expect | group | perturb | failures | worst error | wrapped calls | delayed "
-             "| pressure allocs | s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Patch mode on {torch.cuda.get_device_name()} x {world}",
+        "",
+        f"torch {torch.__version__}, CUDA {torch.version.cuda}; command: "
+        f"`torchrun --nproc-per-node {world} bench/patch_mode_gpu.py --out DIR`",
+        "",
+        "Failures are trials (of `trials`) with a wrong result on any rank; wrapped calls, delays and",
+        "pressure allocations are rank 0's, summed over the trials (0 with patch mode off).",
+        "",
+        "| program | arm | expect | group | perturb | failures | worst error | wrapped calls | delayed "
+        "| pressure allocs | s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r['program']} | {r['arm']} | {r['expect']} | {r['group']} | `{r['perturb']}` | "
-                     f"{r['failures']}/{r['trials']} | {r['worst_error']} | {r['wrapped_calls']} | "
-                     f"{r['delayed']} | {r['pressure_allocs']} | {r['seconds']} |")
+        lines.append(
+            f"| {r['program']} | {r['arm']} | {r['expect']} | {r['group']} | `{r['perturb']}` | "
+            f"{r['failures']}/{r['trials']} | {r['worst_error']} | {r['wrapped_calls']} | "
+            f"{r['delayed']} | {r['pressure_allocs']} | {r['seconds']} |"
+        )
     (out / "patch_mode.md").write_text("\n".join(lines) + "\n")
 
 

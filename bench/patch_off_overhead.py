@@ -166,40 +166,64 @@ def main() -> int:
     medians: dict[str, list[float]] = {name: [] for name in CONFIGS}
     names = list(CONFIGS)
     for r in range(args.rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:  # rotating order: drift hits all alike
+        for name in names[r % len(names) :] + names[: r % len(names)]:  # rotating order: drift hits all alike
             medians[name].append(measure(step, name, steps=args.steps, device=args.device))
-    costs = {name: point_cost(step, spec, device=args.device) for name, spec in CONFIGS.items()
-             if spec is not None and spec != "off"}
+    costs = {
+        name: point_cost(step, spec, device=args.device)
+        for name, spec in CONFIGS.items()
+        if spec is not None and spec != "off"
+    }
     dist.destroy_process_group()
     bare = statistics.median(medians["bare"])
-    rows = [{"config": name, "profile": CONFIGS[name] or "", "median_step_ms": round(statistics.median(m) * 1e3, 4),
-             "ratio_to_bare": round(statistics.median(m) / bare, 4),
-             "worst_round_ratio": round(max(a / b for a, b in zip(m, medians["bare"], strict=True)), 4),
-             "points_per_step": POINTS.get(name, 0)}
-            for name, m in medians.items()]
+    rows = [
+        {
+            "config": name,
+            "profile": CONFIGS[name] or "",
+            "median_step_ms": round(statistics.median(m) * 1e3, 4),
+            "ratio_to_bare": round(statistics.median(m) / bare, 4),
+            "worst_round_ratio": round(max(a / b for a, b in zip(m, medians["bare"], strict=True)), 4),
+            "points_per_step": POINTS.get(name, 0),
+        }
+        for name, m in medians.items()
+    ]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with open(args.out.with_suffix(".csv"), "w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
     command = "python bench/patch_off_overhead.py " + " ".join(sys.argv[1:])
-    lines = [f"# Patch mode installed but not acting: cost per training step ({args.device})", "",
-             f"`{command}`; torch {torch.__version__}; {args.rounds} rounds x {args.steps} steps per "
-             f"configuration, rotating order; MLP {args.layers}x{args.width}, batch {args.batch}; clock: "
-             f"{'wall' if args.device == 'cuda' else 'process CPU time'}; {os.cpu_count()} cores, load "
-             f"average {load:.1f} at the start.", "",
-             "| config | profile | points per step | median step (ms) | ratio to bare | worst round |",
-             "|---|---|---|---|---|---|"]
-    lines += [f"| {r['config']} | `{r['profile'] or '-'}` | {r['points_per_step']} | {r['median_step_ms']} | "
-              f"{r['ratio_to_bare']} | {r['worst_round_ratio']} |" for r in rows]
-    lines += ["", "Per point passed (wrapped minus bare call, best of 7 x 5000 x 3 points), and what that "
-              "bounds per step (points per step x cost / bare step):", "",
-              "| config | cost per point (us) | bound per step |", "|---|---|---|"]
+    lines = [
+        f"# Patch mode installed but not acting: cost per training step ({args.device})",
+        "",
+        f"`{command}`; torch {torch.__version__}; {args.rounds} rounds x {args.steps} steps per "
+        f"configuration, rotating order; MLP {args.layers}x{args.width}, batch {args.batch}; clock: "
+        f"{'wall' if args.device == 'cuda' else 'process CPU time'}; {os.cpu_count()} cores, load "
+        f"average {load:.1f} at the start.",
+        "",
+        "| config | profile | points per step | median step (ms) | ratio to bare | worst round |",
+        "|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r['config']} | `{r['profile'] or '-'}` | {r['points_per_step']} | {r['median_step_ms']} | "
+        f"{r['ratio_to_bare']} | {r['worst_round_ratio']} |"
+        for r in rows
+    ]
+    lines += [
+        "",
+        "Per point passed (wrapped minus bare call, best of 7 x 5000 x 3 points), and what that "
+        "bounds per step (points per step x cost / bare step):",
+        "",
+        "| config | cost per point (us) | bound per step |",
+        "|---|---|---|",
+    ]
     for name, cost in costs.items():
         bound = POINTS.get(name, 0) * cost / bare
         lines.append(f"| {name} | {cost * 1e6:.2f} | {1 + bound:.5f}x |")
-    lines += ["", "`off` wraps nothing, so off against bare is the same code twice: its ratio is this "
-              "machine's noise floor for the side-by-side figures."]
+    lines += [
+        "",
+        "`off` wraps nothing, so off against bare is the same code twice: its ratio is this "
+        "machine's noise floor for the side-by-side figures.",
+    ]
     args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -54,8 +54,9 @@ def reduce_scatter_fn(mode: str):
     return lambda out, inp: out.copy_(inp)
 
 
-def run_pattern(version: str, *, numel: int, groups: int, steps: int, sleep_cycles: int, collective: str,
-                tracker=None) -> float:
+def run_pattern(
+    version: str, *, numel: int, groups: int, steps: int, sleep_cycles: int, collective: str, tracker=None
+) -> float:
     """Runs the pattern; returns the largest relative error of a reduced gradient."""
     import torch
 
@@ -114,8 +115,9 @@ def init_collective(requested: str) -> str:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
-                                device_id=torch.device("cuda", 0))
+        dist.init_process_group(
+            "nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1, device_id=torch.device("cuda", 0)
+        )
         probe = torch.ones(4, device="cuda")
         out = torch.empty(4, device="cuda")
         dist.reduce_scatter_tensor(out, probe)
@@ -131,11 +133,22 @@ def child(args) -> dict:
 
     sys.path.insert(0, str(REPO))
     collective = init_collective(args.collective)
-    result = {"version": args.version, "tool": args.tool, "collective": collective, "reported": False,
-              "reports": 0, "first": "", "text": "", "max_rel_error": None, "errors": [],
-              "torch": torch.__version__, "device": torch.cuda.get_device_name(0)}
-    kw = dict(numel=args.numel, groups=args.groups, steps=args.steps, sleep_cycles=args.sleep_cycles,
-              collective=collective)
+    result = {
+        "version": args.version,
+        "tool": args.tool,
+        "collective": collective,
+        "reported": False,
+        "reports": 0,
+        "first": "",
+        "text": "",
+        "max_rel_error": None,
+        "errors": [],
+        "torch": torch.__version__,
+        "device": torch.cuda.get_device_name(0),
+    }
+    kw = dict(
+        numel=args.numel, groups=args.groups, steps=args.steps, sleep_cycles=args.sleep_cycles, collective=collective
+    )
     started = time.perf_counter()
     if args.tool == "racecheck":
         from racecheck.detect import TorchRaceTracker
@@ -154,9 +167,12 @@ def child(args) -> dict:
         try:
             result["max_rel_error"] = run_pattern(args.version, **kw)
         except csan.CUDASanitizerErrors as exc:
-            result.update(reported=True, reports=len(exc.errors),
-                          first=str(exc.errors[0]).strip().splitlines()[1] if exc.errors else str(exc),
-                          text="\n".join(str(e) for e in exc.errors))
+            result.update(
+                reported=True,
+                reports=len(exc.errors),
+                first=str(exc.errors[0]).strip().splitlines()[1] if exc.errors else str(exc),
+                text="\n".join(str(e) for e in exc.errors),
+            )
     else:
         result["max_rel_error"] = run_pattern(args.version, **kw)
     result["seconds"] = round(time.perf_counter() - started, 3)
@@ -172,10 +188,27 @@ def parent(args) -> int:
     for version in VERSIONS:
         for tool in TOOLS:
             result_path = out / f".compare-{version}-{tool}.json"
-            cmd = [sys.executable, __file__, "--child", "--version", version, "--tool", tool,
-                   "--json", str(result_path), "--numel", str(args.numel), "--groups", str(args.groups),
-                   "--steps", str(args.steps), "--sleep-cycles", str(args.sleep_cycles),
-                   "--collective", args.collective]
+            cmd = [
+                sys.executable,
+                __file__,
+                "--child",
+                "--version",
+                version,
+                "--tool",
+                tool,
+                "--json",
+                str(result_path),
+                "--numel",
+                str(args.numel),
+                "--groups",
+                str(args.groups),
+                "--steps",
+                str(args.steps),
+                "--sleep-cycles",
+                str(args.sleep_cycles),
+                "--collective",
+                args.collective,
+            ]
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
             if proc.returncode != 0 or not result_path.exists():
                 tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
@@ -185,8 +218,11 @@ def parent(args) -> int:
                 result_path.unlink()
             row["expected"] = VERSIONS[version]
             rows.append(row)
-            print(f"{version:16} {tool:10} reported={row.get('reported')} "
-                  f"max_rel_error={row.get('max_rel_error')} {row.get('errors') or ''}", flush=True)
+            print(
+                f"{version:16} {tool:10} reported={row.get('reported')} "
+                f"max_rel_error={row.get('max_rel_error')} {row.get('errors') or ''}",
+                flush=True,
+            )
     write_outputs(out, rows)
     return 0 if all(r.get("reported") is not None for r in rows) else 1  # a run that did not finish fails
 
@@ -207,8 +243,21 @@ def corrupted(row) -> str:
 
 
 def write_outputs(out: Path, rows: list[dict]) -> None:
-    fields = ["version", "expected", "tool", "reported", "reports", "max_rel_error", "corrupted", "collective",
-              "seconds", "first", "errors", "torch", "device"]
+    fields = [
+        "version",
+        "expected",
+        "tool",
+        "reported",
+        "reports",
+        "max_rel_error",
+        "corrupted",
+        "collective",
+        "seconds",
+        "first",
+        "errors",
+        "torch",
+        "device",
+    ]
     with open(out / "sanitizer_compare.csv", "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=fields, extrasaction="ignore")
         w.writeheader()
@@ -218,28 +267,38 @@ def write_outputs(out: Path, rows: list[dict]) -> None:
     if race is not None:
         (out / "racecheck_report_race.txt").write_text(race["text"] + "\n")
     meta = next((r for r in rows if r.get("torch")), {})
-    lines = ["# racecheck vs torch.cuda._sanitizer on the motivating race (plain PyTorch)", "",
-             f"Device: {meta.get('device', '?')}; torch {meta.get('torch', '?')}; collective: "
-             f"{meta.get('collective', '?')}. One run per cell, no perturbation beyond the pattern's own "
-             f"`torch.cuda._sleep` before the collective; each cell is a fresh process.", "",
-             "| version | expected | racecheck | torch.cuda._sanitizer | corrupted without a tool |",
-             "| --- | --- | --- | --- | --- |"]
+    lines = [
+        "# racecheck vs torch.cuda._sanitizer on the motivating race (plain PyTorch)",
+        "",
+        f"Device: {meta.get('device', '?')}; torch {meta.get('torch', '?')}; collective: "
+        f"{meta.get('collective', '?')}. One run per cell, no perturbation beyond the pattern's own "
+        f"`torch.cuda._sleep` before the collective; each cell is a fresh process.",
+        "",
+        "| version | expected | racecheck | torch.cuda._sanitizer | corrupted without a tool |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     by = {(r["version"], r["tool"]): r for r in rows}
     for version, expected in VERSIONS.items():
         none, rc, san = (by.get((version, t), {"tool": t}) for t in ("none", "racecheck", "sanitizer"))
         lines.append(f"| {version} | {expected} | {verdict(rc)} | {verdict(san)} | {corrupted(none)} |")
-    lines += ["", "Details (one row per run):", "",
-              "| version | tool | reported | reports | corrupted | seconds | first sentence |",
-              "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines += [
+        "",
+        "Details (one row per run):",
+        "",
+        "| version | tool | reported | reports | corrupted | seconds | first sentence |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for r in rows:
         first = str(r.get("first", "")).replace("|", "\\|")[:200]
-        lines.append(f"| {r['version']} | {r['tool']} | {verdict(r)} | {r.get('reports', '')} | {corrupted(r)} | "
-                     f"{r.get('seconds', '')} | {first} |")
+        lines.append(
+            f"| {r['version']} | {r['tool']} | {verdict(r)} | {r.get('reports', '')} | {corrupted(r)} | "
+            f"{r.get('seconds', '')} | {first} |"
+        )
     if race is not None:
         lines += ["", "racecheck's report for the race: `racecheck_report_race.txt`."]
     (out / "sanitizer_compare.md").write_text("\n".join(lines) + "\n")
     print()
-    print("\n".join(lines[4:4 + 2 + len(VERSIONS)]))
+    print("\n".join(lines[4 : 4 + 2 + len(VERSIONS)]))
 
 
 def main() -> int:

@@ -70,13 +70,15 @@ def warn_moved(old: str, new: str) -> None:
     import machinery and this module), so that Python's default filters show it there."""
     frame: types.FrameType | None = sys._getframe(1)
     level = 2
-    while frame is not None and (frame.f_code.co_filename.startswith("<frozen importlib")
-                                 or frame.f_code.co_filename in (__file__, _TRIALS_INIT)):
+    while frame is not None and (
+        frame.f_code.co_filename.startswith("<frozen importlib") or frame.f_code.co_filename in (__file__, _TRIALS_INIT)
+    ):
         if not frame.f_code.co_filename.startswith("<frozen importlib"):
             level += 1  # warnings skips the import machinery's frames itself
         frame = frame.f_back
-    warnings.warn(f"{old} moved to {new}; import it from there (the old path will go)",
-                  DeprecationWarning, stacklevel=level)
+    warnings.warn(
+        f"{old} moved to {new}; import it from there (the old path will go)", DeprecationWarning, stacklevel=level
+    )
 
 
 class _Alias:

@@ -66,8 +66,7 @@ class MeshConfig:
 
     def env(self) -> dict[str, str]:
         """The variables that carry this mesh to a run's test processes (module docstring)."""
-        return {MESH_ENV: str(self), f"{MESH_ENV}_SHARD": str(self.shard),
-                f"{MESH_ENV}_REPLICATE": str(self.replicate)}
+        return {MESH_ENV: str(self), f"{MESH_ENV}_SHARD": str(self.shard), f"{MESH_ENV}_REPLICATE": str(self.replicate)}
 
     def __str__(self) -> str:
         return f"{self.shard}x{self.replicate}"

@@ -61,38 +61,89 @@ _PROJECT_KEY = pytest.StashKey[object]()
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("racecheck", "racecheck: arms, trials, perturbation and outcome logging")
-    group.addoption("--racecheck-steps", type=int, default=1, metavar="N",
-                    help="run every test N times in this session, one block (trial, arm) per step")
-    group.addoption("--racecheck-arms", default="", metavar="A,B",
-                    help="arms to cycle over the steps of this session (trial by trial)")
-    group.addoption("--racecheck-trial-start", type=int, default=0, metavar="N",
-                    help="index of this session's first trial")
-    group.addoption("--racecheck-order", default="alternate", choices=ORDERS,
-                    help="order of the arms inside each trial: as given, or a seeded permutation")
-    group.addoption("--racecheck-schedule", default=None, metavar="PATH",
-                    help="JSON list of the (trial, arm) block each repeat step runs (the runner's)")
-    group.addoption("--racecheck-seed", type=int, default=0, metavar="S",
-                    help="base seed; trial t runs with seed S + t")
-    group.addoption("--racecheck-perturb", default=None, metavar="PROFILE",
-                    help="perturbation profile (default: the scenario's own; 'off' disables)")
-    group.addoption("--racecheck-arm-perturb", action="append", default=[], metavar="ARM=PROFILE",
-                    help="perturbation profile of one arm, overriding --racecheck-perturb (repeatable)")
-    group.addoption("--racecheck-detect", action="store_true", default=False,
-                    help="run the happens-before detector and report races it finds")
-    group.addoption("--racecheck-log", default=None, metavar="PATH",
-                    help="per-process JSONL outcome log; '{rank}' in PATH is replaced by the rank")
-    group.addoption("--racecheck-stop-file", default=None, metavar="PATH",
-                    help="stop before trial T once PATH exists and holds T (the runner's graceful stop)")
-    group.addoption("--racecheck-patch", action="store_true", default=False,
-                    help="a suite not written against racecheck's runtime: install patch mode around every "
-                         "test with its profile, and with --racecheck-detect run it under TorchRaceTracker")
-    group.addoption("--racecheck-handoffs", default=None, metavar="DIR",
-                    help="where the systematic schedule keeps each test's hand-off points (the runner's)")
+    group.addoption(
+        "--racecheck-steps",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run every test N times in this session, one block (trial, arm) per step",
+    )
+    group.addoption(
+        "--racecheck-arms",
+        default="",
+        metavar="A,B",
+        help="arms to cycle over the steps of this session (trial by trial)",
+    )
+    group.addoption(
+        "--racecheck-trial-start", type=int, default=0, metavar="N", help="index of this session's first trial"
+    )
+    group.addoption(
+        "--racecheck-order",
+        default="alternate",
+        choices=ORDERS,
+        help="order of the arms inside each trial: as given, or a seeded permutation",
+    )
+    group.addoption(
+        "--racecheck-schedule",
+        default=None,
+        metavar="PATH",
+        help="JSON list of the (trial, arm) block each repeat step runs (the runner's)",
+    )
+    group.addoption(
+        "--racecheck-seed", type=int, default=0, metavar="S", help="base seed; trial t runs with seed S + t"
+    )
+    group.addoption(
+        "--racecheck-perturb",
+        default=None,
+        metavar="PROFILE",
+        help="perturbation profile (default: the scenario's own; 'off' disables)",
+    )
+    group.addoption(
+        "--racecheck-arm-perturb",
+        action="append",
+        default=[],
+        metavar="ARM=PROFILE",
+        help="perturbation profile of one arm, overriding --racecheck-perturb (repeatable)",
+    )
+    group.addoption(
+        "--racecheck-detect",
+        action="store_true",
+        default=False,
+        help="run the happens-before detector and report races it finds",
+    )
+    group.addoption(
+        "--racecheck-log",
+        default=None,
+        metavar="PATH",
+        help="per-process JSONL outcome log; '{rank}' in PATH is replaced by the rank",
+    )
+    group.addoption(
+        "--racecheck-stop-file",
+        default=None,
+        metavar="PATH",
+        help="stop before trial T once PATH exists and holds T (the runner's graceful stop)",
+    )
+    group.addoption(
+        "--racecheck-patch",
+        action="store_true",
+        default=False,
+        help="a suite not written against racecheck's runtime: install patch mode around every "
+        "test with its profile, and with --racecheck-detect run it under TorchRaceTracker",
+    )
+    group.addoption(
+        "--racecheck-handoffs",
+        default=None,
+        metavar="DIR",
+        help="where the systematic schedule keeps each test's hand-off points (the runner's)",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "racecheck_world(n): the test needs a process world of n ranks; "
-                            "in a world of another size it fails at setup instead of hanging in a collective")
+    config.addinivalue_line(
+        "markers",
+        "racecheck_world(n): the test needs a process world of n ranks; "
+        "in a world of another size it fails at setup instead of hanging in a collective",
+    )
     if config.getoption("--racecheck-trial-start") < 0:
         raise pytest.UsageError("--racecheck-trial-start must be >= 0")
     count = config.getoption("--racecheck-steps")
@@ -100,10 +151,12 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError("--racecheck-steps must be >= 1")
     # pytest-repeat's public --count, where that plugin is installed, repeats tests outside the
     # steps: every repeat would run block 0. Refuse the mix instead of mislabelling trials.
-    if (config.getoption("count", None) or 1) > 1 and (count > 1 or config.getoption("--racecheck-arms")
-                                                        or config.getoption("--racecheck-schedule")):
-        raise pytest.UsageError("--count (pytest-repeat) does not map repeats to racecheck's blocks; "
-                                "use --racecheck-steps")
+    if (config.getoption("count", None) or 1) > 1 and (
+        count > 1 or config.getoption("--racecheck-arms") or config.getoption("--racecheck-schedule")
+    ):
+        raise pytest.UsageError(
+            "--count (pytest-repeat) does not map repeats to racecheck's blocks; use --racecheck-steps"
+        )
     perturbs = {}
     for item in config.getoption("--racecheck-arm-perturb"):
         arm, sep, spec = item.partition("=")
@@ -124,8 +177,9 @@ def pytest_configure(config: pytest.Config) -> None:
         except ValueError as exc:
             raise pytest.UsageError(f"--racecheck-schedule: {exc}") from None
         if len(config.stash[_SCHEDULE_KEY]) != count:
-            raise pytest.UsageError(f"--racecheck-schedule lists {len(config.stash[_SCHEDULE_KEY])} blocks "
-                                    f"but --racecheck-steps is {count}")
+            raise pytest.UsageError(
+                f"--racecheck-schedule lists {len(config.stash[_SCHEDULE_KEY])} blocks but --racecheck-steps is {count}"
+            )
     if config.getoption("--racecheck-patch"):
         from racecheck.plugin_patch import configure_project
 
@@ -158,8 +212,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     (`test_x[1-True-3-10]`), and session-scoped, so pytest runs the suite step by step."""
     count = metafunc.config.getoption("--racecheck-steps")
     if count > 1 and STEP_FIXTURE in metafunc.fixturenames:
-        metafunc.parametrize(STEP_FIXTURE, range(count), indirect=True, scope="session",
-                             ids=[step_id(k, count) for k in range(count)])
+        metafunc.parametrize(
+            STEP_FIXTURE, range(count), indirect=True, scope="session", ids=[step_id(k, count) for k in range(count)]
+        )
 
 
 def step_id(step: int, count: int) -> str:
@@ -193,10 +248,11 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         callspec = getattr(item, "callspec", None)
         step = callspec.params.get(STEP_FIXTURE, 0) if callspec is not None else 0
         test = strip_step(item.nodeid, step, count)
-        params = test[test.index("[") + 1:-1] if test.endswith("]") and "[" in test else ""
+        params = test[test.index("[") + 1 : -1] if test.endswith("]") and "[" in test else ""
         block = blocks[step]
-        item.stash[ITEM_TRIAL] = ItemTrial(step=step, trial=block.trial, arm=block.arm, test=test,
-                                           params=params, perturb=block.perturb)
+        item.stash[ITEM_TRIAL] = ItemTrial(
+            step=step, trial=block.trial, arm=block.arm, test=test, params=params, perturb=block.perturb
+        )
     # Block order (trial-major, arms in each trial's order); stable inside (pytest's own order).
     items.sort(key=lambda it: it.stash[ITEM_TRIAL].step)
 
@@ -253,9 +309,11 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     if marker is not None:
         needed, have = int(marker.args[0]), int(os.environ.get("WORLD_SIZE", "1"))
         if needed != have:
-            pytest.fail(f"{item.name} needs a process world of {needed} ranks, this one has {have}: run it "
-                        f"with `racecheck run --world-size {needed}` or `torchrun --nproc-per-node {needed}`",
-                        pytrace=False)
+            pytest.fail(
+                f"{item.name} needs a process world of {needed} ranks, this one has {have}: run it "
+                f"with `racecheck run --world-size {needed}` or `torchrun --nproc-per-node {needed}`",
+                pytrace=False,
+            )
 
 
 @pytest.hookimpl(wrapper=True)
@@ -292,10 +350,23 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem):
     log = config.stash[_LOG_KEY]
     if log is not None and t is not None:
         device = "cuda" if project is not None and project.cuda else _device()
-        log.write(TestOutcome(test=t.test, params=t.params, trial=t.trial, arm=t.arm, seed=seed,
-                              outcome=worst(t.outcomes).value, signature=t.signature, message=t.message,
-                              duration=round(t.duration, 4), device=device, detected=len(t.reports),
-                              reports=t.reports, **extra))
+        log.write(
+            TestOutcome(
+                test=t.test,
+                params=t.params,
+                trial=t.trial,
+                arm=t.arm,
+                seed=seed,
+                outcome=worst(t.outcomes).value,
+                signature=t.signature,
+                message=t.message,
+                duration=round(t.duration, 4),
+                device=device,
+                detected=len(t.reports),
+                reports=t.reports,
+                **extra,
+            )
+        )
     following = nextitem.stash.get(ITEM_TRIAL, None) if nextitem is not None else None
     if t is not None and following is not None and following.trial != t.trial:
         if _stop_requested(config, following.trial):

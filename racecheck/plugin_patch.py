@@ -124,8 +124,7 @@ class ProjectTests:
         self.stop_tracker(t)
         patch, t.patch = t.patch, None
         if patch is None:
-            return {"perturb": t.perturb or "off", "actions": {"sleep": 0, "pressure": 0, "poison": 0},
-                    "delayed": []}
+            return {"perturb": t.perturb or "off", "actions": {"sleep": 0, "pressure": 0, "poison": 0}, "delayed": []}
         patch.uninstall()
         if patch.systematic is not None and patch.plan is None:
             self._save(t.arm, t.test, list(patch.handoffs))

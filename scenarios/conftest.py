@@ -72,7 +72,7 @@ def runtime(request, world, scenario, racecheck_perturb, racecheck_seed, raceche
     if len(reports) > detection.raised:  # found after the call phase (frees in teardown)
         from racecheck.detect import render
 
-        pytest.fail(render(reports[detection.raised:]), pytrace=False)
+        pytest.fail(render(reports[detection.raised :]), pytrace=False)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -19,8 +19,11 @@ def _fast_sessions(monkeypatch):
 
 @pytest.fixture
 def project(tmp_path):
-    return write_suite(tmp_path / "p", arms={"often": {"expect": "race"}, "never": {"expect": "safe"}},
-                       tests={"test_seeded.py": SEEDED_TEST})
+    return write_suite(
+        tmp_path / "p",
+        arms={"often": {"expect": "race"}, "never": {"expect": "safe"}},
+        tests={"test_seeded.py": SEEDED_TEST},
+    )
 
 
 def one_line_error(res, code=2) -> str:
@@ -29,22 +32,28 @@ def one_line_error(res, code=2) -> str:
     return res.err.strip()
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--arms", "often,nope"], "unknown arm 'nope' for suite 'tiny'; known: often, never"),
-    (["--trials", "0"], "Invalid value for '--trials': must be at least 1"),
-    (["--trials", "many"], "Invalid value for '--trials': 'many' is not a whole number or 'auto'"),
-    (["--shard", "3/2"], "Invalid value for '--shard': '3/2': need 1 <= i <= N"),
-    (["--shard", "half"], "Invalid value for '--shard': 'half' is not of the form i/N"),
-    (["--stop-when", "often:fails>=2"], "Invalid value for '--stop-when': bad rule 'often:fails>=2'"),
-    (["--config", "missing.toml"], "missing.toml: no such config file"),
-    (["--scenario", "main_grad_reuse", "--config", "pyproject.toml"], "--scenario and --config exclude each other"),
-    (["--gate", "--fixed", "never"], "--gate needs --fixed ARM and --baseline ARM"),
-    (["--fixed", "never"], "--fixed needs --gate"),
-    (["--gate", "--fixed", "never", "--baseline", "gone"], "Invalid value for --baseline: arm 'gone' is not one"),
-    (["--resume", "nowhere"], "Invalid value for --resume: cannot resume it: nowhere: no run.json"),
-    (["--stop-when", "gone:failures>=1"], "Invalid value for --stop-when: rule 'gone:failures>=1' names arm 'gone'"),
-    (["--out", "pyproject.toml/o"], "Invalid value for --out: cannot create pyproject.toml/o: Not a directory"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--arms", "often,nope"], "unknown arm 'nope' for suite 'tiny'; known: often, never"),
+        (["--trials", "0"], "Invalid value for '--trials': must be at least 1"),
+        (["--trials", "many"], "Invalid value for '--trials': 'many' is not a whole number or 'auto'"),
+        (["--shard", "3/2"], "Invalid value for '--shard': '3/2': need 1 <= i <= N"),
+        (["--shard", "half"], "Invalid value for '--shard': 'half' is not of the form i/N"),
+        (["--stop-when", "often:fails>=2"], "Invalid value for '--stop-when': bad rule 'often:fails>=2'"),
+        (["--config", "missing.toml"], "missing.toml: no such config file"),
+        (["--scenario", "main_grad_reuse", "--config", "pyproject.toml"], "--scenario and --config exclude each other"),
+        (["--gate", "--fixed", "never"], "--gate needs --fixed ARM and --baseline ARM"),
+        (["--fixed", "never"], "--fixed needs --gate"),
+        (["--gate", "--fixed", "never", "--baseline", "gone"], "Invalid value for --baseline: arm 'gone' is not one"),
+        (["--resume", "nowhere"], "Invalid value for --resume: cannot resume it: nowhere: no run.json"),
+        (
+            ["--stop-when", "gone:failures>=1"],
+            "Invalid value for --stop-when: rule 'gone:failures>=1' names arm 'gone'",
+        ),
+        (["--out", "pyproject.toml/o"], "Invalid value for --out: cannot create pyproject.toml/o: Not a directory"),
+    ],
+)
 def test_bad_options_get_one_line_and_exit_2(project, args, message):
     assert message in one_line_error(racecheck("run", "-q", *args, cwd=project))
 
@@ -59,17 +68,25 @@ def test_backend_cuda_without_a_gpu_is_a_usage_error(project):
     assert not (project / "o").exists()
 
 
-@pytest.mark.parametrize(("line", "message"), [
-    ('{"arm": "a"}', "trials.jsonl:2: not a trial record: missing field(s) run_id"),
-    ("[1, 2]", "trials.jsonl:2: not a trial record: not a JSON object"),
-])
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('{"arm": "a"}', "trials.jsonl:2: not a trial record: missing field(s) run_id"),
+        ("[1, 2]", "trials.jsonl:2: not a trial record: not a JSON object"),
+    ],
+)
 def test_a_log_line_that_is_no_record_is_a_usage_error(tmp_path, line, message):
-    record = ('{"run_id": "r", "scenario": "s", "arm": "a", "expect": "", "trial": 0, "seed": 0, '
-              '"test": "t", "params": "", "outcome": "passed"}')
+    record = (
+        '{"run_id": "r", "scenario": "s", "arm": "a", "expect": "", "trial": 0, "seed": 0, '
+        '"test": "t", "params": "", "outcome": "passed"}'
+    )
     (tmp_path / "trials.jsonl").write_text(f"{record}\n{line}\n")
     (tmp_path / "run.json").write_text("{}")
-    for args in (["report", tmp_path], ["gate", tmp_path, "--fixed", "a", "--baseline", "b"],
-                 ["merge", tmp_path, tmp_path / "other", "--out", tmp_path / "m"]):
+    for args in (
+        ["report", tmp_path],
+        ["gate", tmp_path, "--fixed", "a", "--baseline", "b"],
+        ["merge", tmp_path, tmp_path / "other", "--out", tmp_path / "m"],
+    ):
         if args[0] == "merge":
             (tmp_path / "other").mkdir(exist_ok=True)
             (tmp_path / "other" / "trials.jsonl").write_text(f"{record}\n")
@@ -78,8 +95,10 @@ def test_a_log_line_that_is_no_record_is_a_usage_error(tmp_path, line, message):
 
 
 def test_report_output_that_cannot_be_written_and_a_folder_merged_twice(tmp_path):
-    record = ('{"run_id": "r", "scenario": "s", "arm": "a", "expect": "", "trial": 0, "seed": 0, '
-              '"test": "t", "params": "", "outcome": "passed"}')
+    record = (
+        '{"run_id": "r", "scenario": "s", "arm": "a", "expect": "", "trial": 0, "seed": 0, '
+        '"test": "t", "params": "", "outcome": "passed"}'
+    )
     (tmp_path / "trials.jsonl").write_text(record + "\n")
     (tmp_path / "run.json").write_text("{}")
     err = one_line_error(racecheck("report", tmp_path, "--output", tmp_path / "no" / "r.txt", cwd=tmp_path))
@@ -95,21 +114,36 @@ def test_an_unknown_scenario_is_a_usage_error(project):
 
 
 def test_too_few_ranks_for_a_scenario_is_a_usage_error(project):
-    res = racecheck("run", "--scenario", "hsdp_allreduce_reuse", "--world-size", "1", "--out", "o",
-                    "--scenarios", CHECKOUT / "scenarios", cwd=project)
-    assert ("Invalid value for --world-size: hsdp_allreduce_reuse needs at least 2 ranks (its min_world_size), "
-            "got 1") in one_line_error(res)
+    res = racecheck(
+        "run",
+        "--scenario",
+        "hsdp_allreduce_reuse",
+        "--world-size",
+        "1",
+        "--out",
+        "o",
+        "--scenarios",
+        CHECKOUT / "scenarios",
+        cwd=project,
+    )
+    assert (
+        "Invalid value for --world-size: hsdp_allreduce_reuse needs at least 2 ranks (its min_world_size), got 1"
+    ) in one_line_error(res)
     assert not (project / "o").exists()
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--mesh", "2by2"], "Invalid value for '--mesh': '2by2' is not of the form SHARDxREPLICATE"),
-    (["--mesh", "0x4"], "Invalid value for '--mesh': '0x4' is not of the form SHARDxREPLICATE"),
-    (["--mesh", "2x4"], "Invalid value for --mesh: mesh 2x4 has 8 ranks, main_grad_reuse runs on 4"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--mesh", "2by2"], "Invalid value for '--mesh': '2by2' is not of the form SHARDxREPLICATE"),
+        (["--mesh", "0x4"], "Invalid value for '--mesh': '0x4' is not of the form SHARDxREPLICATE"),
+        (["--mesh", "2x4"], "Invalid value for --mesh: mesh 2x4 has 8 ranks, main_grad_reuse runs on 4"),
+    ],
+)
 def test_a_mesh_that_does_not_fit_is_a_usage_error(project, args, message):
-    res = racecheck("run", "--scenario", "main_grad_reuse", *args, "--out", "o",
-                    "--scenarios", CHECKOUT / "scenarios", cwd=project)
+    res = racecheck(
+        "run", "--scenario", "main_grad_reuse", *args, "--out", "o", "--scenarios", CHECKOUT / "scenarios", cwd=project
+    )
     assert message in one_line_error(res)
 
 
@@ -120,18 +154,34 @@ def test_the_mesh_is_kept_for_resume_and_named_in_replays(tmp_path):
     from racecheck.runner.run_config import RunConfig, replay_command
     from racecheck.suites.catalogue import find_catalogue, load_catalogue
 
-    res = racecheck("run", "--arms", "fixed", "--trials", 1, "--world-size", 2, "--mesh", "1x2",
-                    "--out", tmp_path / "out", "-q", "--", "-k", "1-False", cwd=CHECKOUT)
+    res = racecheck(
+        "run",
+        "--arms",
+        "fixed",
+        "--trials",
+        1,
+        "--world-size",
+        2,
+        "--mesh",
+        "1x2",
+        "--out",
+        tmp_path / "out",
+        "-q",
+        "--",
+        "-k",
+        "1-False",
+        cwd=CHECKOUT,
+    )
     assert res.code == 0, res
     assert json.loads((tmp_path / "out" / "run.json").read_text())["mesh"] == "1x2"
     assert [r.outcome for r in records(tmp_path / "out")] == ["passed"]
     suite = load_catalogue(find_catalogue(str(CHECKOUT / "scenarios")))["main_grad_reuse"]
     config = RunConfig(scenarios=(suite,), arms=None, trials=1, out=tmp_path, world_size=8, mesh="4x2")
-    record = TrialRecord("r", suite.name, "baseline", "race", 0, 3, "t.py::test[1]", "1", "failed",
-                         perturb="rs_delay")
+    record = TrialRecord("r", suite.name, "baseline", "race", 0, 3, "t.py::test[1]", "1", "failed", perturb="rs_delay")
     assert replay_command(record, suite=suite, config=config).startswith(
         "racecheck run --scenario main_grad_reuse --arms baseline --trials 1 --seed 3 --perturb rs_delay "
-        "--world-size 8 --mesh 4x2 -- ")
+        "--world-size 8 --mesh 4x2 -- "
+    )
 
 
 def test_a_min_world_size_above_the_world_size_is_rejected(tmp_path):
@@ -142,19 +192,24 @@ def test_a_min_world_size_above_the_world_size_is_rejected(tmp_path):
         load_scenario(tmp_path)
 
 
-@pytest.mark.parametrize(("toml", "message"), [
-    ("[tool.racecheck\n", "not valid TOML"),
-    ("[tool.other]\n", "no [tool.racecheck] table"),
-    ("[tool.racecheck]\ncolour = 1\n[tool.racecheck.arms.a]\n", "unknown key(s) colour"),
-    ("[tool.racecheck]\n", "needs at least one [arms.NAME] table"),
-    ("[tool.racecheck.arms.a]\nenv = 'X=1'\n", "arm 'a': env must be a table"),
-    ("[tool.racecheck.arms.a]\nexpect = 'maybe'\n", "arm 'a': expect must be one of race, safe"),
-    ("[tool.racecheck.arms.a]\ngit = 3\n", "arm 'a': git must be a non-empty string"),
-    ("[tool.racecheck]\nworld_size = 0\n[tool.racecheck.arms.a]\n", "world_size must be a positive integer"),
-    ("[tool.racecheck]\nworld_size = 2\nmin_world_size = 3\n[tool.racecheck.arms.a]\n",
-     "min_world_size 3 is larger than world_size 2"),
-    ("[tool.racecheck]\ndefault_arms = ['b']\n[tool.racecheck.arms.a]\n", "default arm 'b' is not defined"),
-])
+@pytest.mark.parametrize(
+    ("toml", "message"),
+    [
+        ("[tool.racecheck\n", "not valid TOML"),
+        ("[tool.other]\n", "no [tool.racecheck] table"),
+        ("[tool.racecheck]\ncolour = 1\n[tool.racecheck.arms.a]\n", "unknown key(s) colour"),
+        ("[tool.racecheck]\n", "needs at least one [arms.NAME] table"),
+        ("[tool.racecheck.arms.a]\nenv = 'X=1'\n", "arm 'a': env must be a table"),
+        ("[tool.racecheck.arms.a]\nexpect = 'maybe'\n", "arm 'a': expect must be one of race, safe"),
+        ("[tool.racecheck.arms.a]\ngit = 3\n", "arm 'a': git must be a non-empty string"),
+        ("[tool.racecheck]\nworld_size = 0\n[tool.racecheck.arms.a]\n", "world_size must be a positive integer"),
+        (
+            "[tool.racecheck]\nworld_size = 2\nmin_world_size = 3\n[tool.racecheck.arms.a]\n",
+            "min_world_size 3 is larger than world_size 2",
+        ),
+        ("[tool.racecheck]\ndefault_arms = ['b']\n[tool.racecheck.arms.a]\n", "default arm 'b' is not defined"),
+    ],
+)
 def test_an_invalid_config_is_a_usage_error(tmp_path, toml, message):
     (tmp_path / "pyproject.toml").write_text(toml)
     assert message in one_line_error(racecheck("run", "--config", "pyproject.toml", cwd=tmp_path))
@@ -165,12 +220,15 @@ def test_an_unreadable_config_is_a_usage_error(tmp_path):
     assert "c.toml: cannot read it" in one_line_error(racecheck("run", "--config", "c.toml", cwd=tmp_path))
 
 
-@pytest.mark.parametrize(("files", "args", "message"), [
-    ({"test_bad.py": "def test_f(:\n    pass\n"}, [], "pytest could not collect test_bad.py: SyntaxError"),
-    ({}, ["--", "--no-such-option"], "pytest rejected its arguments: unrecognized arguments: --no-such-option"),
-    ({}, ["--", "-k", "nothing_matches"], "pytest collected no tests (pytest -k nothing_matches)"),
-    ({"conftest.py": "import no_such_module\n"}, [], "conftest.py: ModuleNotFoundError: No module named"),
-])
+@pytest.mark.parametrize(
+    ("files", "args", "message"),
+    [
+        ({"test_bad.py": "def test_f(:\n    pass\n"}, [], "pytest could not collect test_bad.py: SyntaxError"),
+        ({}, ["--", "--no-such-option"], "pytest rejected its arguments: unrecognized arguments: --no-such-option"),
+        ({}, ["--", "-k", "nothing_matches"], "pytest collected no tests (pytest -k nothing_matches)"),
+        ({"conftest.py": "import no_such_module\n"}, [], "conftest.py: ModuleNotFoundError: No module named"),
+    ],
+)
 def test_suites_pytest_cannot_run_are_usage_errors(project, files, args, message):
     for name, text in files.items():
         (project / name).write_text(text)
@@ -193,16 +251,56 @@ def test_list_shows_the_project_suite_and_the_catalogue(project):
 
 def test_trials_auto_and_the_gate(tmp_path):
     root = write_suite(tmp_path / "p", arms={"bad": {}, "good": {}}, tests={"test_x.py": ALWAYS})
-    res = racecheck("run", "--trials", "auto", "--gate", "--fixed", "good", "--baseline", "bad",
-                    "--out", tmp_path / "pass", "-q", cwd=root)
+    res = racecheck(
+        "run",
+        "--trials",
+        "auto",
+        "--gate",
+        "--fixed",
+        "good",
+        "--baseline",
+        "bad",
+        "--out",
+        tmp_path / "pass",
+        "-q",
+        cwd=root,
+    )
     assert res.code == 0, res
     assert "--trials auto: 9 trials per arm" in res.err and res.out.rstrip().endswith("gate: PASS")
     assert summary_counts(tmp_path / "pass")[("good", "*")] == (0, 9)
-    res = racecheck("run", "--trials", 2, "--gate", "--fixed", "bad", "--baseline", "good",
-                    "--out", tmp_path / "fail", "-q", cwd=root)
+    res = racecheck(
+        "run",
+        "--trials",
+        2,
+        "--gate",
+        "--fixed",
+        "bad",
+        "--baseline",
+        "good",
+        "--out",
+        tmp_path / "fail",
+        "-q",
+        cwd=root,
+    )
     assert res.code == 1 and res.out.rstrip().endswith("gate: FAIL"), res
-    res = racecheck("run", "--trials", 2, "--gate", "--fixed", "good", "--baseline", "bad", "--max-rate", 0.2,
-                    "--confidence", 0.95, "--out", tmp_path / "undecided", "-q", cwd=root)
+    res = racecheck(
+        "run",
+        "--trials",
+        2,
+        "--gate",
+        "--fixed",
+        "good",
+        "--baseline",
+        "bad",
+        "--max-rate",
+        0.2,
+        "--confidence",
+        0.95,
+        "--out",
+        tmp_path / "undecided",
+        "-q",
+        cwd=root,
+    )
     assert res.code == 4 and res.out.rstrip().endswith("gate: UNDECIDED"), res
 
 
@@ -216,13 +314,17 @@ def test_a_replay_line_reruns_the_failing_trial(project, tmp_path):
     assert res.code == 0, res
     (again,) = records(tmp_path / "replay")
     assert (again.test, again.arm, again.seed, again.outcome, again.signature) == (
-        failing.test, failing.arm, failing.seed, "failed", failing.signature)
+        failing.test,
+        failing.arm,
+        failing.seed,
+        "failed",
+        failing.signature,
+    )
 
 
 def test_pytest_xdist_workers_are_merged_into_one_outcome_per_test(project, tmp_path):
     pytest.importorskip("xdist")
-    res = racecheck("run", "--trials", 3, "--out", tmp_path / "out", "-q", "--", "-p", "xdist", "-n", "2",
-                    cwd=project)
+    res = racecheck("run", "--trials", 3, "--out", tmp_path / "out", "-q", "--", "-p", "xdist", "-n", "2", cwd=project)
     assert res.code == 0, res
     recs = records(tmp_path / "out")
     assert len(recs) == len({(r.arm, r.trial, r.test) for r in recs}) == 12
@@ -231,8 +333,7 @@ def test_pytest_xdist_workers_are_merged_into_one_outcome_per_test(project, tmp_
 
 def test_the_motivating_scenario_reproduces_in_baseline_and_not_in_fixed(tmp_path):
     """The one test that launches the real 4-rank main_grad_reuse scenario (torchrun, gloo)."""
-    res = racecheck("run", "--arms", "fixed,baseline", "--trials", 1, "--out", tmp_path / "out", "-q",
-                    cwd=CHECKOUT)
+    res = racecheck("run", "--arms", "fixed,baseline", "--trials", 1, "--out", tmp_path / "out", "-q", cwd=CHECKOUT)
     assert res.code == 0, res
     counts = summary_counts(tmp_path / "out")
     assert counts[("baseline", "*")] == (1, 1) and counts[("fixed", "*")] == (0, 1)
@@ -245,8 +346,19 @@ def test_a_multi_rank_scenario_runs_in_one_process_on_a_one_rank_group(tmp_path)
     """--world-size 1 (one GPU): no launcher, a one-rank process group, and the suite runs: every
     test passes or fails on its numbers, the fix never fails. (How often the race shows on one rank
     is measured by racecheck run itself, not asserted here: one rank changes the allocation pattern.)"""
-    res = racecheck("run", "--arms", "fixed,baseline", "--trials", 1, "--world-size", 1,
-                    "--out", tmp_path / "out", "-q", cwd=CHECKOUT)
+    res = racecheck(
+        "run",
+        "--arms",
+        "fixed,baseline",
+        "--trials",
+        1,
+        "--world-size",
+        1,
+        "--out",
+        tmp_path / "out",
+        "-q",
+        cwd=CHECKOUT,
+    )
     assert res.code == 0, res
     recs = records(tmp_path / "out")
     assert len(recs) == 8 and {r.outcome for r in recs} <= {"passed", "failed"}
@@ -255,9 +367,12 @@ def test_a_multi_rank_scenario_runs_in_one_process_on_a_one_rank_group(tmp_path)
 
 
 def test_arms_all_runs_every_arm_not_only_the_defaults(tmp_path):
-    root = write_suite(tmp_path / "p", arms={"a": {"expect": "race"}, "b": {"expect": "safe"},
-                                             "c": {"expect": "safe"}},
-                       tests={"test_seeded.py": SEEDED_TEST}, suite='default_arms = ["a", "b"]')
+    root = write_suite(
+        tmp_path / "p",
+        arms={"a": {"expect": "race"}, "b": {"expect": "safe"}, "c": {"expect": "safe"}},
+        tests={"test_seeded.py": SEEDED_TEST},
+        suite='default_arms = ["a", "b"]',
+    )
     assert racecheck("run", "-q", "--trials", 1, "--out", "d", cwd=root).code == 0
     assert {arm for arm, test in summary_counts(root / "d") if test == "*"} == {"a", "b"}
     assert racecheck("run", "-q", "--arms", "all", "--trials", 1, "--out", "all", cwd=root).code == 0

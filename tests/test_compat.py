@@ -16,8 +16,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _fresh(code: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-W", "error::DeprecationWarning", "-c", code],
-                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-W", "error::DeprecationWarning", "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
 
 
 @pytest.fixture(autouse=True)

@@ -23,8 +23,7 @@ import torch.multiprocessing as mp
 
 from racecheck.device.base import ReduceOp, RuntimeObserver
 
-pytestmark = [pytest.mark.cuda,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 HOLD_S = 0.2  # seconds a stream is held by a spinning kernel
 LARGE = 1 << 20  # floats: a 4 MiB buffer, from the large pool
@@ -333,8 +332,7 @@ def _nccl_worker(rank: int, world: int, port: int) -> None:
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=120))
+    dist.init_process_group("nccl", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
     rt = CudaRuntime()
     warm_kernels(rt.device)
     try:
@@ -362,7 +360,7 @@ def _nccl_worker(rank: int, world: int, port: int) -> None:
         assert "on_free" in recorder.calls and not ev.query()  # rank 0's sleep holds both ranks
         rt.synchronize()
         assert torch.equal(gathered.cpu(), torch.tensor([1.0] * 4 + [2.0] * 4))
-        assert torch.equal(scattered.cpu(), torch.arange(8.0)[4 * rank:4 * rank + 4] + 5)
+        assert torch.equal(scattered.cpu(), torch.arange(8.0)[4 * rank : 4 * rank + 4] + 5)
         assert torch.equal(summed.cpu(), torch.full((4,), 3.0))
         assert torch.equal(averaged.cpu(), torch.full((4,), 1.5))
     finally:

@@ -63,8 +63,17 @@ def test_free_while_in_use_reuse_is_reported(rt, side, det):
     report = det.reports()[0]
     assert report.streams() == ("side", "default")
     text = report.text()
-    for part in ("free-while-in-use", "'side'", "'default'", "allocation of the buffer", "racing access",
-                 "free of the buffer", "reusing allocation", "record_stream", "fix options"):
+    for part in (
+        "free-while-in-use",
+        "'side'",
+        "'default'",
+        "allocation of the buffer",
+        "racing access",
+        "free of the buffer",
+        "reusing allocation",
+        "record_stream",
+        "fix options",
+    ):
         assert part in text, part
     assert "del a" in text and "b = rt.zeros(N)" in text  # the stacks point at the user's lines
     del keep, b
@@ -106,9 +115,9 @@ def test_views_at_offsets_are_compared_by_bytes(rt, side, det):
     side.wait_stream(rt.default_stream())
     with rt.stream(side):
         rt.launch("fill_low", lambda t: t.fill_(1.0), writes=(a[: N // 2],))
-    rt.launch("fill_high", lambda t: t.fill_(2.0), writes=(a[N // 2:],))  # disjoint bytes: fine
+    rt.launch("fill_high", lambda t: t.fill_(2.0), writes=(a[N // 2 :],))  # disjoint bytes: fine
     assert det.reports() == []
-    rt.launch("read_mid", lambda t: t.sum(), reads=(a[N // 4: 3 * N // 4],))  # overlaps side's half
+    rt.launch("read_mid", lambda t: t.sum(), reads=(a[N // 4 : 3 * N // 4],))  # overlaps side's half
     assert kinds(det) == [RaceKind.READ_AFTER_WRITE]
 
 

@@ -9,8 +9,7 @@ import torch
 
 from racecheck.detect import RaceKind
 
-pytestmark = [pytest.mark.cuda,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 N = 1 << 20  # 4 MiB buffers
 

@@ -87,9 +87,24 @@ def summaries(seeds: int) -> list:
                 e.host_sync_event(op[1])
             elif kind == "sync_all":
                 e.host_sync_all()
-        out.append([sorted([r.kind.name, r.earlier.domain.name, r.earlier.op, r.earlier.is_write,
-                            r.later.domain.name, r.later.op, r.count, r.buffer.serial] for r in e.reports()),
-                    e.accesses])
+        out.append(
+            [
+                sorted(
+                    [
+                        r.kind.name,
+                        r.earlier.domain.name,
+                        r.earlier.op,
+                        r.earlier.is_write,
+                        r.later.domain.name,
+                        r.later.op,
+                        r.count,
+                        r.buffer.serial,
+                    ]
+                    for r in e.reports()
+                ),
+                e.accesses,
+            ]
+        )
     return out
 
 
@@ -97,10 +112,18 @@ def _run(seeds: int, *, pure: bool) -> tuple[str, list]:
     env = {k: v for k, v in os.environ.items() if k != "RACECHECK_PURE_PYTHON"}
     if pure:
         env["RACECHECK_PURE_PYTHON"] = "1"
-    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import racecheck.detect as d; "
-            "from test_detect_native import summaries; print(json.dumps([d.ENGINE, summaries(int(sys.argv[2]))]))")
-    proc = subprocess.run([sys.executable, "-c", code, str(HERE), str(seeds)], env=env,
-                          capture_output=True, text=True, timeout=300, check=True)
+    code = (
+        "import json, sys; sys.path.insert(0, sys.argv[1]); import racecheck.detect as d; "
+        "from test_detect_native import summaries; print(json.dumps([d.ENGINE, summaries(int(sys.argv[2]))]))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(HERE), str(seeds)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
     kind, result = json.loads(proc.stdout)
     return kind, result
 

@@ -261,7 +261,12 @@ def test_the_tracker_reaches_no_private_name_of_the_engine():
 
     import racecheck.detect.torch_tracker as tt
 
-    private = [f"line {n.lineno}: {ast.unparse(n)}" for n in ast.walk(ast.parse(inspect.getsource(tt)))
-               if isinstance(n, ast.Attribute) and n.attr.startswith("_") and not n.attr.startswith("__")
-               and "engine" in ast.unparse(n.value)]
+    private = [
+        f"line {n.lineno}: {ast.unparse(n)}"
+        for n in ast.walk(ast.parse(inspect.getsource(tt)))
+        if isinstance(n, ast.Attribute)
+        and n.attr.startswith("_")
+        and not n.attr.startswith("__")
+        and "engine" in ast.unparse(n.value)
+    ]
     assert private == []

@@ -48,11 +48,16 @@ def _cuda_runtime() -> Runtime:
     return CudaRuntime()
 
 
-@pytest.fixture(params=[
-    pytest.param(SimRuntime, id="sim"),
-    pytest.param(_cuda_runtime, id="cuda", marks=[
-        pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]),
-])
+@pytest.fixture(
+    params=[
+        pytest.param(SimRuntime, id="sim"),
+        pytest.param(
+            _cuda_runtime,
+            id="cuda",
+            marks=[pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")],
+        ),
+    ]
+)
 def rt(request):
     runtime = request.param()
     yield runtime
@@ -75,9 +80,18 @@ def test_observers_see_the_same_calls_in_program_order(rt):
     ev.synchronize()
     rt.point(Point.RESHARD)
     rt.synchronize()
-    assert recorder.calls == ["on_alloc", "on_launch", "on_event_record", "on_event_wait",
-                              "on_record_stream", "on_free", "on_host_sync", "on_point",
-                              "on_host_sync", "on_host_sync"]
+    assert recorder.calls == [
+        "on_alloc",
+        "on_launch",
+        "on_event_record",
+        "on_event_wait",
+        "on_record_stream",
+        "on_free",
+        "on_host_sync",
+        "on_point",
+        "on_host_sync",
+        "on_host_sync",
+    ]
 
 
 # -- a backend that implements the hooks only --------------------------------------------------
@@ -176,8 +190,16 @@ def test_the_base_class_reports_around_backend_hooks():
     rt.record_stream(a, side)
     side.synchronize()
     rt.synchronize()
-    assert recorder.calls == ["on_alloc", "on_launch", "on_event_record", "on_event_wait",
-                              "on_record_stream", "on_host_sync", "on_host_sync", "on_host_sync"]
+    assert recorder.calls == [
+        "on_alloc",
+        "on_launch",
+        "on_event_record",
+        "on_event_wait",
+        "on_record_stream",
+        "on_host_sync",
+        "on_host_sync",
+        "on_host_sync",
+    ]
 
 
 def test_stream_declares_what_callers_use():
@@ -186,8 +208,16 @@ def test_stream_declares_what_callers_use():
     assert {"_allocate", "_launch", "_record_stream", "_synchronize"} <= Runtime.__abstractmethods__
     assert not hasattr(base, "no_observers")
     with pytest.raises(TypeError, match="inline"):
-        type("NoInline", (Stream,), {"runs_host_work": property(lambda s: True), "enqueue": lambda s, f: None,
-                                     "_wait_event": lambda s, e: None, "_synchronize": lambda s: None})()
+        type(
+            "NoInline",
+            (Stream,),
+            {
+                "runs_host_work": property(lambda s: True),
+                "enqueue": lambda s, f: None,
+                "_wait_event": lambda s, e: None,
+                "_synchronize": lambda s: None,
+            },
+        )()
 
 
 def test_a_stream_that_cannot_run_host_work_is_held_by_a_delay():
@@ -240,8 +270,9 @@ def test_fsdp_marks_points_with_the_constants():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "point":
                 arg = node.args[0]
-                assert isinstance(arg, ast.Attribute) and isinstance(arg.value, ast.Name) \
-                    and arg.value.id == "Point", f"{path.name}:{node.lineno}: {ast.unparse(arg)}"
+                assert isinstance(arg, ast.Attribute) and isinstance(arg.value, ast.Name) and arg.value.id == "Point", (
+                    f"{path.name}:{node.lineno}: {ast.unparse(arg)}"
+                )
                 assert arg.attr in Point.__members__, f"{path.name}:{node.lineno}: Point.{arg.attr}"
                 calls.append(arg.attr)
     assert {"BEFORE_REDUCE_SCATTER", "BEFORE_ALL_GATHER", "RESHARD", "END_OF_BACKWARD"} <= set(calls)

@@ -60,14 +60,42 @@ def _summary(folder: Path, rows: list[dict]) -> None:
 def test_rows_drop_the_whole_trial_rows_and_merge_replaces_the_same_key(fc, tmp_path):
     run = fc.Run("megatron_fsdp", "detect", ("tests/test_hsdp.py",))
     node = "tests/test_hsdp.py::test_hsdp_losses_match_baseline[1-True]"
-    _summary(tmp_path / "a", [
-        {"scenario": "megatron_fsdp", "test": node, "arm": "asis", "expect": "race", "trials": 10,
-         "failures": 9, "detected": 10},
-        {"scenario": "megatron_fsdp", "test": "*", "arm": "asis", "expect": "race", "trials": 10,
-         "failures": 10, "detected": 10}])
+    _summary(
+        tmp_path / "a",
+        [
+            {
+                "scenario": "megatron_fsdp",
+                "test": node,
+                "arm": "asis",
+                "expect": "race",
+                "trials": 10,
+                "failures": 9,
+                "detected": 10,
+            },
+            {
+                "scenario": "megatron_fsdp",
+                "test": "*",
+                "arm": "asis",
+                "expect": "race",
+                "trials": 10,
+                "failures": 10,
+                "detected": 10,
+            },
+        ],
+    )
     rows = fc.rows_of(run, tmp_path / "a")
-    assert rows == [{"suite": "megatron_fsdp", "case": "test_hsdp_losses_match_baseline[1-True]", "arm": "asis",
-                     "expect": "race", "mode": "detect", "trials": "10", "failures": "9", "detected": "10"}]
+    assert rows == [
+        {
+            "suite": "megatron_fsdp",
+            "case": "test_hsdp_losses_match_baseline[1-True]",
+            "arm": "asis",
+            "expect": "race",
+            "mode": "detect",
+            "trials": "10",
+            "failures": "9",
+            "detected": "10",
+        }
+    ]
     report = tmp_path / "report"
     fc.merge(report, rows)
     natural = dict(rows[0], mode="natural", failures="0", detected="")
@@ -87,15 +115,23 @@ def _trials(folder: Path, records: list[dict]) -> None:
 
 def test_the_systematic_bound_is_the_first_failing_trial_and_merges_by_case(fc, tmp_path):
     node = "tests/test_overlap.py::test_offload_copy"
-    _trials(tmp_path / "run", [
-        {"test": node, "arm": "race", "trial": 0, "outcome": "passed", "handoffs": 3, "delayed": []},
-        {"test": node, "arm": "race", "trial": 2, "outcome": "failed", "delayed": ["stream_wait@o.py:45/s1"]},
-        {"test": node, "arm": "race", "trial": 1, "outcome": "failed", "delayed": ["stream_enter@o.py:40/s1"]},
-        {"test": node, "arm": "correct", "trial": 0, "outcome": "passed", "handoffs": 2, "delayed": []},
-        {"test": node, "arm": "correct", "trial": 1, "outcome": "passed", "delayed": ["stream_enter@o.py:40/s1"]}])
+    _trials(
+        tmp_path / "run",
+        [
+            {"test": node, "arm": "race", "trial": 0, "outcome": "passed", "handoffs": 3, "delayed": []},
+            {"test": node, "arm": "race", "trial": 2, "outcome": "failed", "delayed": ["stream_wait@o.py:45/s1"]},
+            {"test": node, "arm": "race", "trial": 1, "outcome": "failed", "delayed": ["stream_enter@o.py:40/s1"]},
+            {"test": node, "arm": "correct", "trial": 0, "outcome": "passed", "handoffs": 2, "delayed": []},
+            {"test": node, "arm": "correct", "trial": 1, "outcome": "passed", "delayed": ["stream_enter@o.py:40/s1"]},
+        ],
+    )
     bounds = fc.bounds_of(tmp_path / "run")
-    assert bounds[("test_offload_copy", "race")] == {"k": 3, "trials": 3, "first": 1,
-                                                     "delayed": "stream_enter@o.py:40/s1"}
+    assert bounds[("test_offload_copy", "race")] == {
+        "k": 3,
+        "trials": 3,
+        "first": 1,
+        "delayed": "stream_enter@o.py:40/s1",
+    }
     assert bounds[("test_offload_copy", "correct")]["first"] is None
     report = tmp_path / "report"
     fc.merge_bounds(report, {("plain_torch", *k): v for k, v in bounds.items()})
@@ -108,13 +144,40 @@ def test_the_systematic_bound_is_the_first_failing_trial_and_merges_by_case(fc, 
 def test_from_runs_rebuilds_rows_without_running(fc, tmp_path, monkeypatch):
     run = fc.Run("plain_torch", "detect", fc.WHOLE_SUITE["plain_torch"])
     node = "tests/test_overlap.py::test_offload_copy"
-    _summary(tmp_path / "packed" / "runs" / run.name, [
-        {"scenario": "plain_torch", "test": node, "arm": "race", "expect": "race", "trials": 10,
-         "failures": 10, "detected": 10}])
+    _summary(
+        tmp_path / "packed" / "runs" / run.name,
+        [
+            {
+                "scenario": "plain_torch",
+                "test": node,
+                "arm": "race",
+                "expect": "race",
+                "trials": 10,
+                "failures": 10,
+                "detected": 10,
+            }
+        ],
+    )
     monkeypatch.setattr(fc, "execute", lambda *a, **k: pytest.fail("--from-runs must run nothing"))
-    monkeypatch.setattr(sys, "argv", ["foreign_code.py", "--out", str(tmp_path / "out"), "--suites", "plain_torch",
-                                      "--modes", "detect", "--from-runs", str(tmp_path / "packed"),
-                                      "--report", str(tmp_path / "report")])
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            "foreign_code.py",
+            "--out",
+            str(tmp_path / "out"),
+            "--suites",
+            "plain_torch",
+            "--modes",
+            "detect",
+            "--from-runs",
+            str(tmp_path / "packed"),
+            "--report",
+            str(tmp_path / "report"),
+        ],
+    )
     assert fc.main() == 0
     with open(tmp_path / "report" / "foreign_code.csv", newline="") as f:
-        assert [(r["case"], r["mode"], r["detected"]) for r in csv.DictReader(f)] == [("test_offload_copy", "detect", "10")]
+        assert [(r["case"], r["mode"], r["detected"]) for r in csv.DictReader(f)] == [
+            ("test_offload_copy", "detect", "10")
+        ]

@@ -72,8 +72,13 @@ def _run_world(name: str, out_dir: str) -> dict[str, dict]:
     shard, replicate = MESHES[name]
     world = shard * replicate
     get_context("forkserver").set_forkserver_preload(["torch", "torch._dynamo", "racecheck.scenario_kit.fsdp_parity"])
-    ctx = mp.start_processes(_worker, args=(world, _free_port(), shard, replicate, out_dir), nprocs=world,
-                             join=False, start_method="forkserver")
+    ctx = mp.start_processes(
+        _worker,
+        args=(world, _free_port(), shard, replicate, out_dir),
+        nprocs=world,
+        join=False,
+        start_method="forkserver",
+    )
     deadline = time.monotonic() + WORLD_TIMEOUT_S
     try:
         while not ctx.join(timeout=1):
@@ -105,9 +110,11 @@ def _verdict(results: dict[str, dict], name: str) -> None:
         crash = results.get("<crash>", {}).get("detail", "no result and no crash report")
         pytest.fail(f"{name}: no result; the world stopped early:\n{crash}")
     r = results[name]
-    assert r["ok"], (f"{name}: worst parameter {r.get('worst_param')!r} update off by "
-                     f"{r.get('param_error', float('nan')):.3g}, losses off by {r.get('loss_error', float('nan')):.3g} "
-                     f"(tolerance {r.get('rtol')}) {r.get('detail', '')}")
+    assert r["ok"], (
+        f"{name}: worst parameter {r.get('worst_param')!r} update off by "
+        f"{r.get('param_error', float('nan')):.3g}, losses off by {r.get('loss_error', float('nan')):.3g} "
+        f"(tolerance {r.get('rtol')}) {r.get('detail', '')}"
+    )
 
 
 @pytest.mark.slow

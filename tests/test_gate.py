@@ -26,9 +26,19 @@ def write_log(out, arms, *, scenario="main_grad_reuse"):
             for t in range(trials):
                 for p in PARAMS:
                     bad = t in failing and p == "1-True"
-                    log.append(TrialRecord(
-                        run_id="r", scenario=scenario, arm=arm, expect=expect, trial=t, seed=t,
-                        test=TEST.format(p), params=p, outcome="failed" if bad else "passed"))
+                    log.append(
+                        TrialRecord(
+                            run_id="r",
+                            scenario=scenario,
+                            arm=arm,
+                            expect=expect,
+                            trial=t,
+                            seed=t,
+                            test=TEST.format(p),
+                            params=p,
+                            outcome="failed" if bad else "passed",
+                        )
+                    )
     return out
 
 
@@ -42,8 +52,7 @@ def proven(tmp_path):
 
 
 def test_pass(proven):
-    result = evaluate_gate(tally.summarize(tally.load_records(proven)), fixed="fixed",
-                           baseline="baseline")
+    result = evaluate_gate(tally.summarize(tally.load_records(proven)), fixed="fixed", baseline="baseline")
     assert result.decision is Decision.PASS and result.exit_code == ExitCode.OK
     fixed_line, baseline_line = result.lines
     assert "fixed arm 'fixed'" in fixed_line and "no failure in 10 trials" in fixed_line
@@ -52,8 +61,7 @@ def test_pass(proven):
 
 
 def test_fail_when_arms_swapped(proven):
-    result = evaluate_gate(tally.summarize(tally.load_records(proven)), fixed="baseline",
-                           baseline="fixed")
+    result = evaluate_gate(tally.summarize(tally.load_records(proven)), fixed="baseline", baseline="fixed")
     assert result.decision is Decision.FAIL and result.exit_code == ExitCode.GATE_FAILED
     assert all(c.decision is Decision.FAIL for c in result.conditions)
     assert "observed rate 100% > max-rate 0%" in result.lines[0]
@@ -78,8 +86,7 @@ def test_max_and_min_rate_without_confidence(tmp_path):
 
 def test_undecided_with_confidence_says_how_many_more(tmp_path):
     summary = summary_of(tmp_path, {"baseline": ("race", 5, range(5)), "fixed": ("safe", 5, ())})
-    result = evaluate_gate(summary, fixed="fixed", baseline="baseline", max_rate=0.3,
-                           confidence=0.95)
+    result = evaluate_gate(summary, fixed="fixed", baseline="baseline", max_rate=0.3, confidence=0.95)
     assert result.decision is Decision.UNDECIDED and result.exit_code == ExitCode.UNDECIDED
     fixed = result.conditions[0]
     assert fixed.more_trials == 4  # 0/9 is the first clean count bounded at 30% (Wilson 95%)
@@ -89,17 +96,14 @@ def test_undecided_with_confidence_says_how_many_more(tmp_path):
 
 def test_four_more_clean_trials_do_pass(tmp_path):
     summary = summary_of(tmp_path, {"baseline": ("race", 9, range(9)), "fixed": ("safe", 9, ())})
-    result = evaluate_gate(summary, fixed="fixed", baseline="baseline", max_rate=0.3,
-                           confidence=0.95)
+    result = evaluate_gate(summary, fixed="fixed", baseline="baseline", max_rate=0.3, confidence=0.95)
     assert result.decision is Decision.PASS
     assert "95% upper bound 29.91% <= max-rate 30%" in result.lines[0]
 
 
 def test_confident_failure_and_undecided_baseline(tmp_path):
-    summary = summary_of(tmp_path, {"baseline": ("race", 5, range(3)),
-                                    "fixed": ("safe", 10, range(5))})
-    result = evaluate_gate(summary, fixed="fixed", baseline="baseline", max_rate=0.1,
-                           min_rate=0.5, confidence=0.95)
+    summary = summary_of(tmp_path, {"baseline": ("race", 5, range(3)), "fixed": ("safe", 10, range(5))})
+    result = evaluate_gate(summary, fixed="fixed", baseline="baseline", max_rate=0.1, min_rate=0.5, confidence=0.95)
     fixed, baseline = result.conditions
     assert fixed.decision is Decision.FAIL and "lower bound 23.66% > max-rate 10%" in fixed.line
     assert baseline.decision is Decision.UNDECIDED and baseline.more_trials > 0
@@ -109,33 +113,61 @@ def test_confident_failure_and_undecided_baseline(tmp_path):
 
 def test_scenarios_and_errors(tmp_path):
     (tmp_path / "a").mkdir()
-    write_log(tmp_path / "a", {"baseline": ("race", 3, range(3)), "fixed": ("safe", 3, ())},
-              scenario="s1")
+    write_log(tmp_path / "a", {"baseline": ("race", 3, range(3)), "fixed": ("safe", 3, ())}, scenario="s1")
     with TrialLog(tmp_path / "a" / "trials.jsonl") as log:  # a second scenario that regressed
-        log.append(TrialRecord(run_id="r", scenario="s2", arm="fixed", expect="safe", trial=0,
-                               seed=0, test="t.py::t", params="", outcome="failed"))
-        log.append(TrialRecord(run_id="r", scenario="s2", arm="baseline", expect="race",
-                               trial=0, seed=0, test="t.py::t", params="", outcome="failed"))
+        log.append(
+            TrialRecord(
+                run_id="r",
+                scenario="s2",
+                arm="fixed",
+                expect="safe",
+                trial=0,
+                seed=0,
+                test="t.py::t",
+                params="",
+                outcome="failed",
+            )
+        )
+        log.append(
+            TrialRecord(
+                run_id="r",
+                scenario="s2",
+                arm="baseline",
+                expect="race",
+                trial=0,
+                seed=0,
+                test="t.py::t",
+                params="",
+                outcome="failed",
+            )
+        )
     summary = tally.summarize(tally.load_records(tmp_path / "a"))
     both = evaluate_gate(summary, fixed="fixed", baseline="baseline")
     assert both.decision is Decision.FAIL and len(both.conditions) == 4
-    assert evaluate_gate(summary, fixed="fixed", baseline="baseline",
-                         scenario="s1").decision is Decision.PASS
-    for kwargs, match in [(dict(fixed="nope", baseline="baseline"), "unknown fixed arm 'nope'"),
-                          (dict(fixed="fixed", baseline="fixed"), "same arm"),
-                          (dict(fixed="fixed", baseline="baseline", scenario="s9"), "unknown scen"),
-                          (dict(fixed="fixed", baseline="baseline", confidence=0.95), "above 0"),
-                          (dict(fixed="fixed", baseline="baseline", max_rate=2.0), r"\[0, 1\]")]:
+    assert evaluate_gate(summary, fixed="fixed", baseline="baseline", scenario="s1").decision is Decision.PASS
+    for kwargs, match in [
+        (dict(fixed="nope", baseline="baseline"), "unknown fixed arm 'nope'"),
+        (dict(fixed="fixed", baseline="fixed"), "same arm"),
+        (dict(fixed="fixed", baseline="baseline", scenario="s9"), "unknown scen"),
+        (dict(fixed="fixed", baseline="baseline", confidence=0.95), "above 0"),
+        (dict(fixed="fixed", baseline="baseline", max_rate=2.0), r"\[0, 1\]"),
+    ]:
         with pytest.raises(ValueError, match=match):
             evaluate_gate(summary, **kwargs)
 
 
-@pytest.mark.parametrize("args, code, last", [
-    (["--fixed", "fixed", "--baseline", "baseline"], 0, "gate: PASS"),
-    (["--fixed", "baseline", "--baseline", "fixed"], 1, "gate: FAIL"),
-    (["--fixed", "fixed", "--baseline", "baseline", "--max-rate", "0.1", "--confidence", "0.95"],
-     4, "gate: UNDECIDED"),
-])
+@pytest.mark.parametrize(
+    "args, code, last",
+    [
+        (["--fixed", "fixed", "--baseline", "baseline"], 0, "gate: PASS"),
+        (["--fixed", "baseline", "--baseline", "fixed"], 1, "gate: FAIL"),
+        (
+            ["--fixed", "fixed", "--baseline", "baseline", "--max-rate", "0.1", "--confidence", "0.95"],
+            4,
+            "gate: UNDECIDED",
+        ),
+    ],
+)
 def test_gate_command_exit_codes(proven, args, code, last):
     result = CliRunner().invoke(gate_command, [str(proven), *args])
     assert result.exit_code == code, result.output
@@ -143,13 +175,15 @@ def test_gate_command_exit_codes(proven, args, code, last):
     assert len(lines) == 3 and lines[-1] == last
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--fixed", "nope", "--baseline", "baseline"],
-     "Invalid value for --fixed: unknown arm 'nope'"),
-    (["--fixed", "fixed", "--baseline", "baseline", "--max-rate", "1.5"], "not a rate in [0, 1]"),
-    (["--fixed", "fixed", "--baseline", "baseline", "--confidence", "1"], "strictly between"),
-    (["--fixed", "fixed"], "Missing option '--baseline'"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--fixed", "nope", "--baseline", "baseline"], "Invalid value for --fixed: unknown arm 'nope'"),
+        (["--fixed", "fixed", "--baseline", "baseline", "--max-rate", "1.5"], "not a rate in [0, 1]"),
+        (["--fixed", "fixed", "--baseline", "baseline", "--confidence", "1"], "strictly between"),
+        (["--fixed", "fixed"], "Missing option '--baseline'"),
+    ],
+)
 def test_gate_command_usage_errors(proven, args, message):
     result = CliRunner().invoke(gate_command, [str(proven), *args])
     assert result.exit_code == ExitCode.USAGE and message in result.output
@@ -170,11 +204,17 @@ def test_plan_command():
     runner = CliRunner()
     bound = runner.invoke(plan_command, ["--bound", "0.3", "--confidence", "0.95"])
     assert bound.exit_code == 0 and bound.output.startswith("9 trials without a failure")
-    sep = runner.invoke(plan_command, ["--baseline-rate", "0.9", "--fixed-rate", "0",
-                                       "--alpha", "0.05", "--power", "0.9"])
+    sep = runner.invoke(
+        plan_command, ["--baseline-rate", "0.9", "--fixed-rate", "0", "--alpha", "0.05", "--power", "0.9"]
+    )
     assert sep.exit_code == 0 and sep.output.startswith("5 trials per arm")
-    for args in ([], ["--bound", "0.3", "--baseline-rate", "0.9"], ["--bound", "0"],
-                 ["--baseline-rate", "0.2", "--fixed-rate", "0.2"], ["--bound", "-1"]):
+    for args in (
+        [],
+        ["--bound", "0.3", "--baseline-rate", "0.9"],
+        ["--bound", "0"],
+        ["--baseline-rate", "0.2", "--fixed-rate", "0.2"],
+        ["--bound", "-1"],
+    ):
         result = runner.invoke(plan_command, args)
         assert result.exit_code == ExitCode.USAGE, (args, result.output)
 
@@ -187,13 +227,15 @@ def test_trials_for_auto():
 @pytest.mark.parametrize("argv", [["--help"], ["run", "--help"], ["report", "--help"], ["gate", "--help"]])
 def test_help_imports_no_heavy_library(argv):
     """`racecheck --help` and each command's help load the command line only (cli/ is lazy)."""
-    code = ("import contextlib, io, sys\n"
-            f"sys.argv = ['racecheck', *{argv!r}]\n"
-            "from racecheck.cli import main\n"
-            "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
-            "    main()\n"
-            "print(sorted(m for m in ('pandas', 'scipy', 'matplotlib', 'torch', 'numpy', 'tqdm', 'psutil') "
-            "if m in sys.modules))")
+    code = (
+        "import contextlib, io, sys\n"
+        f"sys.argv = ['racecheck', *{argv!r}]\n"
+        "from racecheck.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+        "    main()\n"
+        "print(sorted(m for m in ('pandas', 'scipy', 'matplotlib', 'torch', 'numpy', 'tqdm', 'psutil') "
+        "if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stderr
 
@@ -201,10 +243,20 @@ def test_help_imports_no_heavy_library(argv):
 def test_arm_that_only_skipped_is_undecided(tmp_path):
     with TrialLog(tmp_path / "trials.jsonl") as log:
         for arm, outcome in (("baseline", "failed"), ("fixed", "skipped")):
-            log.append(TrialRecord(run_id="r", scenario="s", arm=arm, expect="", trial=0, seed=0,
-                                   test="t.py::t", params="", outcome=outcome))
-    result = evaluate_gate(tally.summarize(tally.load_records(tmp_path)), fixed="fixed",
-                           baseline="baseline")
+            log.append(
+                TrialRecord(
+                    run_id="r",
+                    scenario="s",
+                    arm=arm,
+                    expect="",
+                    trial=0,
+                    seed=0,
+                    test="t.py::t",
+                    params="",
+                    outcome=outcome,
+                )
+            )
+    result = evaluate_gate(tally.summarize(tally.load_records(tmp_path)), fixed="fixed", baseline="baseline")
     assert result.decision is Decision.UNDECIDED
     assert result.lines[0] == "s fixed arm 'fixed': no trial ran (all skipped) -> UNDECIDED"
     assert result.lines[1].endswith("reproduced (at least 1 failing trial) -> PASS")

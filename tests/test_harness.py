@@ -14,8 +14,7 @@ REFERENCE = {"w": torch.ones(3)}
 NAN = torch.tensor([1.0, float("nan"), 1.0])
 
 
-@pytest.mark.parametrize("replicas", [[torch.ones(3), NAN], [NAN, torch.ones(3) * 1.5]],
-                         ids=["nan-last", "nan-first"])
+@pytest.mark.parametrize("replicas", [[torch.ones(3), NAN], [NAN, torch.ones(3) * 1.5]], ids=["nan-last", "nan-first"])
 def test_a_nan_in_any_replica_is_the_worst_error(replicas):
     (error,) = update_errors(INITIAL, [{"w": r} for r in replicas], REFERENCE)
     assert math.isnan(error.rel_error)

@@ -55,8 +55,12 @@ def _fast_sessions(monkeypatch):
 
 @pytest.fixture
 def project(tmp_path):
-    return write_suite(tmp_path / "p", arms={"often": {"expect": "race"}, "never": {"expect": "safe"}},
-                       tests={"test_world.py": WORLD_TEST}, suite="world_size = 2")
+    return write_suite(
+        tmp_path / "p",
+        arms={"often": {"expect": "race"}, "never": {"expect": "safe"}},
+        tests={"test_world.py": WORLD_TEST},
+        suite="world_size = 2",
+    )
 
 
 def free_port() -> int:
@@ -70,8 +74,14 @@ def node_args(port: int, rank: int, *, conf: str = "join_timeout=30,keep_alive_i
 
 
 def start_node(root, args) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "racecheck", "run", *map(str, args)], cwd=root,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "racecheck", "run", *map(str, args)],
+        cwd=root,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def kill_node(proc: subprocess.Popen) -> None:
@@ -99,8 +109,10 @@ def run_nodes(root, args_for, *, limit: float = LIMIT_S) -> list[tuple[int, str,
 
 def outcome_of(arm: str, trial: int, *, seed: int) -> dict:
     """{test: whether it fails} for one trial of WORLD_TEST over two ranks."""
-    fails = {f"test_draw[{c}]": any(random.Random(f"{seed + trial}-{c}-{r}").random() < RATES[arm] for r in (0, 1))
-             for c in ("x", "y")}
+    fails = {
+        f"test_draw[{c}]": any(random.Random(f"{seed + trial}-{c}-{r}").random() < RATES[arm] for r in (0, 1))
+        for c in ("x", "y")
+    }
     fails["test_rank_one"] = bool((seed + trial) % 2)
     return fails
 
@@ -121,8 +133,11 @@ def test_two_nodes_give_the_counts_of_one_node_running_both_ranks(project, tmp_p
     port = free_port()
     common = ["--trials", 3, "--seed", 4, "-q"]
     # The two nodes, and beside them one node running both ranks (the reference).
-    done = run_nodes(project, [common + ["--out", tmp_path / "nodes"] + node_args(port, rank) for rank in (0, 1)]
-                     + [common + ["--out", tmp_path / "one"]])
+    done = run_nodes(
+        project,
+        [common + ["--out", tmp_path / "nodes"] + node_args(port, rank) for rank in (0, 1)]
+        + [common + ["--out", tmp_path / "one"]],
+    )
     assert [d[0] for d in done] == [0, 0, 0], done
     assert "ran its part of 1 session(s) of node 0's run" in done[1][1]
     assert summary_counts(tmp_path / "nodes") == summary_counts(tmp_path / "one") == expected(range(3), 4)
@@ -134,8 +149,7 @@ def test_two_nodes_give_the_counts_of_one_node_running_both_ranks(project, tmp_p
     assert json.loads((follower / "run.json").read_text())["node"] == {"rank": 1, "nnodes": 2}
 
 
-def test_a_killed_node_ends_its_trial_as_crash_the_other_reports_it_and_resume_finishes(project, tmp_path,
-                                                                                       monkeypatch):
+def test_a_killed_node_ends_its_trial_as_crash_the_other_reports_it_and_resume_finishes(project, tmp_path, monkeypatch):
     monkeypatch.setenv("STEP_S", "0.2")
     port = free_port()
     out = tmp_path / "out"
@@ -172,19 +186,25 @@ def test_a_killed_node_ends_its_trial_as_crash_the_other_reports_it_and_resume_f
     assert sorted((d["trial"], d["arm"]) for d in done_blocks) == sorted((t, a) for t in range(12) for a in RATES)
     outcomes = {(r.trial, r.arm, r.test.split("::")[-1]): r.outcome for r in records(out)}
     assert {k: v for k, v in outcomes.items() if k[:2] not in blamed} == {
-        (t, a, test): "failed" if fails else "passed" for t in range(12) for a in RATES
-        for test, fails in outcome_of(a, t, seed=4).items() if (t, a) not in blamed}
+        (t, a, test): "failed" if fails else "passed"
+        for t in range(12)
+        for a in RATES
+        for test, fails in outcome_of(a, t, seed=4).items()
+        if (t, a) not in blamed
+    }
 
 
 def test_a_node_that_never_joins_stops_the_run_within_the_join_timeout(project, tmp_path):
     port = free_port()
-    res = racecheck("run", "--trials", 2, "--out", tmp_path / "out", "-q",
-                    *node_args(port, 0, conf="join_timeout=2"), cwd=project)
+    res = racecheck(
+        "run", "--trials", 2, "--out", tmp_path / "out", "-q", *node_args(port, 0, conf="join_timeout=2"), cwd=project
+    )
     assert res.code == 3, res
     assert "node 1 of 2 did not join within 2 s (--rdzv-conf join_timeout)" in res.err
     assert not (tmp_path / "out" / "trials.jsonl").exists()
-    res = racecheck("run", "--trials", 2, "--out", tmp_path / "f", "-q", *node_args(port, 1, conf="join_timeout=2"),
-                    cwd=project)
+    res = racecheck(
+        "run", "--trials", 2, "--out", tmp_path / "f", "-q", *node_args(port, 1, conf="join_timeout=2"), cwd=project
+    )
     assert res.code == 3 and f"node 1: could not reach node 0 at 127.0.0.1:{port} within 2 s" in res.err, res
 
 
@@ -202,16 +222,24 @@ def test_a_node_with_other_settings_is_refused_by_both(project, tmp_path):
     assert follower.returncode == 2 and message in err and err.count("\n") == 1, err
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--nnodes", "2"], "--nnodes above 1 needs --rdzv-endpoint HOST:PORT"),
-    (["--node-rank", "1"], "--node-rank needs --nnodes above 1"),
-    (["--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "h:1"], "Invalid value for --node-rank: 2 is not below"),
-    (["--nnodes", "2", "--rdzv-endpoint", "h:x"], "Invalid value for --rdzv-endpoint: 'h:x' is not HOST:PORT"),
-    (["--nnodes", "2", "--rdzv-endpoint", "h:1", "--rdzv-conf", "is_host=true"], "is_host is racecheck's to set"),
-    (["--nnodes", "2", "--rdzv-endpoint", "h:1", "--rdzv-conf", "join_timeout=soon"],
-     "Invalid value for --rdzv-conf: join_timeout='soon' is not a whole number of seconds"),
-    (["--nnodes", "3", "--rdzv-endpoint", "h:1"], "tiny runs 2 ranks, which 3 nodes cannot share evenly"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--nnodes", "2"], "--nnodes above 1 needs --rdzv-endpoint HOST:PORT"),
+        (["--node-rank", "1"], "--node-rank needs --nnodes above 1"),
+        (
+            ["--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "h:1"],
+            "Invalid value for --node-rank: 2 is not below",
+        ),
+        (["--nnodes", "2", "--rdzv-endpoint", "h:x"], "Invalid value for --rdzv-endpoint: 'h:x' is not HOST:PORT"),
+        (["--nnodes", "2", "--rdzv-endpoint", "h:1", "--rdzv-conf", "is_host=true"], "is_host is racecheck's to set"),
+        (
+            ["--nnodes", "2", "--rdzv-endpoint", "h:1", "--rdzv-conf", "join_timeout=soon"],
+            "Invalid value for --rdzv-conf: join_timeout='soon' is not a whole number of seconds",
+        ),
+        (["--nnodes", "3", "--rdzv-endpoint", "h:1"], "tiny runs 2 ranks, which 3 nodes cannot share evenly"),
+    ],
+)
 def test_bad_node_options_get_one_line_and_exit_2(project, args, message):
     res = racecheck("run", "-q", "--out", "o", *args, cwd=project)
     assert res.code == 2 and res.err.count("\n") == 1 and message in res.err, res

@@ -17,8 +17,7 @@ import torch
 from racecheck.perturb.patch import PatchMode
 from racecheck.perturb.profiles import parse_profile
 
-pytestmark = [pytest.mark.cuda,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 N = 1 << 22  # 16 MiB of float32
 
@@ -60,8 +59,9 @@ def pattern(tmp_path_factory):
     return module.side_copy_of_freed
 
 
-def runs(pattern, spec: str | None, *, fixed: bool, trials: int = 10, plan=None,
-         reuse: bool = True) -> tuple[int, dict]:
+def runs(
+    pattern, spec: str | None, *, fixed: bool, trials: int = 10, plan=None, reuse: bool = True
+) -> tuple[int, dict]:
     failures, counts = 0, {"sleep": 0, "pressure": 0, "poison": 0}
     for seed in range(trials):
         patch = PatchMode(parse_profile(spec), seed=seed, plan=plan) if spec else None
@@ -107,13 +107,14 @@ def test_systematic_records_the_points_and_one_of_them_exposes_the_race(pattern)
 def test_the_tracker_reports_the_race_through_racecheck_run(tmp_path):
     from tests.test_runner import racecheck, write_suite
 
-    suite = PATTERN + textwrap.dedent('''
+    suite = PATTERN + textwrap.dedent("""
 
     def test_copy(racecheck_arm):
         assert not side_copy_of_freed(racecheck_arm == "fixed")
-    ''')
-    root = write_suite(tmp_path / "p", arms={"asis": {"expect": "race"}, "fixed": {"expect": "safe"}},
-                       tests={"test_copy.py": suite})
+    """)
+    root = write_suite(
+        tmp_path / "p", arms={"asis": {"expect": "race"}, "fixed": {"expect": "safe"}}, tests={"test_copy.py": suite}
+    )
     res = racecheck("run", "--trials", 2, "--detect", "--no-perturb", "--out", tmp_path / "d", "-q", cwd=root)
     assert res.code == 0, res
     from racecheck.runner.record import read_log
@@ -121,8 +122,9 @@ def test_the_tracker_reports_the_race_through_racecheck_run(tmp_path):
     got = {(r.arm, r.trial): r for r in read_log(tmp_path / "d" / "trials.jsonl")}
     assert all(got["asis", t].detected >= 1 and got["asis", t].outcome == "failed" for t in range(2))
     assert all(got["fixed", t].detected == 0 for t in range(2))
-    res = racecheck("run", "--trials", 3, "--perturb", "sleep@stream_enter:5ms", "--out", tmp_path / "p5",
-                    "-q", cwd=root)
+    res = racecheck(
+        "run", "--trials", 3, "--perturb", "sleep@stream_enter:5ms", "--out", tmp_path / "p5", "-q", cwd=root
+    )
     assert res.code == 0, res
     got = {(r.arm, r.trial): r for r in read_log(tmp_path / "p5" / "trials.jsonl")}
     assert all(got["asis", t].outcome == "failed" and got["asis", t].actions["sleep"] >= 1 for t in range(3))

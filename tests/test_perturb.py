@@ -41,30 +41,37 @@ def test_every_named_profile_parses():
 
 
 def test_rule_fields_and_round_trip():
-    profile = parse_profile("sleep@before_reduce_scatter:5ms, reorder@before_all_reduce>end_of_backward:20ms/"
-                            "all_reduce,poison@free,pressure@free,sleep@event_wait:250us")
+    profile = parse_profile(
+        "sleep@before_reduce_scatter:5ms, reorder@before_all_reduce>end_of_backward:20ms/"
+        "all_reduce,poison@free,pressure@free,sleep@event_wait:250us"
+    )
     assert profile.rules == (
         Rule("sleep", "before_reduce_scatter", 0.005),
         Rule("reorder", "before_all_reduce", 0.02, until="end_of_backward", stream="all_reduce"),
-        Rule("poison", "free", 0.01), Rule("pressure", "free", 0.01),
-        Rule("sleep", "event_wait", 250e-6))
+        Rule("poison", "free", 0.01),
+        Rule("pressure", "free", 0.01),
+        Rule("sleep", "event_wait", 250e-6),
+    )
     assert parse_profile(profile.to_spec()).rules == profile.rules
 
 
-@pytest.mark.parametrize("spec, words", [
-    ("jump@free", "unknown perturbation action"),
-    ("sleep@nowhere:1ms", "unknown injection point"),
-    ("poison@before_all_gather", "poison@free"),
-    ("reorder@before_all_reduce:1ms", "opens its gate"),
-    ("sleep@reshard>end_of_backward:1ms", "reorder rules only"),
-    ("poison@free/default", "allocation stream"),
-    ("sleep@reshard:5parsecs", "ACTION@POINT"),
-    ("random:depth=0", "depth"),
-    ("random:speed=3", "unknown random schedule option"),
-    ("random:max=3", "max"),
-    ("sleep@reshard:1.2.3ms", "ACTION@POINT"),
-    ("random:sleep=abc", "bad value 'abc' for random schedule option 'sleep'"),
-])
+@pytest.mark.parametrize(
+    "spec, words",
+    [
+        ("jump@free", "unknown perturbation action"),
+        ("sleep@nowhere:1ms", "unknown injection point"),
+        ("poison@before_all_gather", "poison@free"),
+        ("reorder@before_all_reduce:1ms", "opens its gate"),
+        ("sleep@reshard>end_of_backward:1ms", "reorder rules only"),
+        ("poison@free/default", "allocation stream"),
+        ("sleep@reshard:5parsecs", "ACTION@POINT"),
+        ("random:depth=0", "depth"),
+        ("random:speed=3", "unknown random schedule option"),
+        ("random:max=3", "max"),
+        ("sleep@reshard:1.2.3ms", "ACTION@POINT"),
+        ("random:sleep=abc", "bad value 'abc' for random schedule option 'sleep'"),
+    ],
+)
 def test_bad_specs_say_why(spec, words):
     with pytest.raises(ValueError, match=words):
         parse_profile(spec)
@@ -199,9 +206,16 @@ def test_an_off_injector_does_nothing(rt):
 
 
 # -- the random schedule ----------------------------------------------------------------------------
-PROGRAM = [("before_all_gather", "all_gather"), ("event_wait", "default"), ("free", "all_gather"),
-           ("before_reduce_scatter", "reduce_scatter"), ("free", "default"), ("before_all_reduce", "all_reduce"),
-           ("reshard", "default"), ("end_of_backward", "default")] * 20
+PROGRAM = [
+    ("before_all_gather", "all_gather"),
+    ("event_wait", "default"),
+    ("free", "all_gather"),
+    ("before_reduce_scatter", "reduce_scatter"),
+    ("free", "default"),
+    ("before_all_reduce", "all_reduce"),
+    ("reshard", "default"),
+    ("end_of_backward", "default"),
+] * 20
 
 
 def decisions(seed: int, rank: int = 0) -> list:

@@ -74,8 +74,11 @@ def test_a_free_is_acted_on_before_the_next_calls_own_effect(monkeypatch):
     side = recording.HostStream("side")
     seen_at_wait = []
     original = recording.HostEvent.wait
-    monkeypatch.setattr(recording.HostEvent, "wait",
-                        lambda self, stream=None: (seen_at_wait.append(list(actions.frees)), original(self, stream)))
+    monkeypatch.setattr(
+        recording.HostEvent,
+        "wait",
+        lambda self, stream=None: (seen_at_wait.append(list(actions.frees)), original(self, stream)),
+    )
     with patch:
         ptr = recording.release(4096)
         recording.current_stream().wait_stream(side)  # its inner Event.wait is the call's effect
@@ -90,6 +93,7 @@ def test_a_free_inside_the_patch_modes_own_locked_section_does_not_hang():
 
     patch, actions = patched("pressure@free")
     with patch:
+
         def free_while_locked():
             with patch._lock:
                 recording.release(4096)
@@ -103,8 +107,13 @@ def test_a_free_inside_the_patch_modes_own_locked_section_does_not_hang():
 
 
 def test_patch_mode_refuses_what_it_cannot_do():
-    for spec in ("sleep@free:1ms", "reorder@before_all_reduce>end_of_backward:1ms", "sleep@reshard:1ms",
-                 "sleep@before_all_reduce:1ms/other", "pressure@free/other"):
+    for spec in (
+        "sleep@free:1ms",
+        "reorder@before_all_reduce>end_of_backward:1ms",
+        "sleep@reshard:1ms",
+        "sleep@before_all_reduce:1ms/other",
+        "pressure@free/other",
+    ):
         with pytest.raises(ValueError, match="patch mode"):
             PatchMode(parse_profile(spec), actions=RecordingActions())
 
@@ -113,9 +122,11 @@ def test_launcher_runs_the_script_under_the_patch(tmp_path, monkeypatch):
     from racecheck.perturb import patch as patch_mod
 
     script = tmp_path / "train.py"
-    script.write_text("import sys\nimport torch.distributed as dist\n"
-                      "patch = getattr(dist.all_reduce, '_racecheck_patch', None)\n"
-                      "open(sys.argv[1], 'w').write(patch.profile.to_spec() if patch else 'none')\n")
+    script.write_text(
+        "import sys\nimport torch.distributed as dist\n"
+        "patch = getattr(dist.all_reduce, '_racecheck_patch', None)\n"
+        "open(sys.argv[1], 'w').write(patch.profile.to_spec() if patch else 'none')\n"
+    )
     seen = tmp_path / "seen"
     monkeypatch.setattr("sys.argv", ["python"])
     monkeypatch.setenv("RACECHECK_PERTURB", "off")  # restored after the launcher overwrites it
@@ -140,8 +151,7 @@ def test_each_hand_off_point_delays_the_stream_the_work_after_it_runs_on():
         other.wait_stream(side)  # the waiting stream; its inner record and wait are not points
         side.wait_event(other.record_event())  # a record on other, a wait on side
         recording.HostEvent().record()  # on the current (default) stream
-    assert actions.delays == [("side", 0.001), ("other", 0.002), ("other", 0.003), ("side", 0.002),
-                              ("default", 0.003)]
+    assert actions.delays == [("side", 0.001), ("other", 0.002), ("other", 0.003), ("side", 0.002), ("default", 0.003)]
     assert patch.counts["sleep"] == 5
     assert before == {(o, n): getattr(o, n) for o, n in before}  # uninstalled: the originals again
 
@@ -175,6 +185,7 @@ def test_systematic_selection_and_its_stated_bound():
     assert [selection(t, 3, pairs=True) for t in range(8)] == [(), (0,), (1,), (2,), (0, 1), (0, 2), (1, 2), (0,)]
     assert [selection(t, 2, pairs=False) for t in range(4)] == [(), (0,), (1,), (0,)]
     assert coverage(7, 8, pairs=False) == "systematic: k=7 points, all singles covered in trials 1..7"
-    assert coverage(3, 10, pairs=True) == ("systematic: k=3 points, all singles covered in trials 1..3, "
-                                           "all 3 pairs in trials 4..6")
+    assert coverage(3, 10, pairs=True) == (
+        "systematic: k=3 points, all singles covered in trials 1..3, all 3 pairs in trials 4..6"
+    )
     assert "only in trials 1..2 (2 of 7)" in coverage(7, 3, pairs=True)

@@ -32,12 +32,23 @@ def events(path, kind=None):
 
 def test_options_are_grouped_and_markers_registered(pytester):
     help_text = pytester.runpytest("--help").stdout.str()
-    group = help_text[help_text.index("racecheck: arms, trials, perturbation and outcome logging:"):]
-    for option in ("--racecheck-arms", "--racecheck-trial-start", "--racecheck-order", "--racecheck-schedule",
-                   "--racecheck-seed", "--racecheck-perturb", "--racecheck-arm-perturb", "--racecheck-detect",
-                   "--racecheck-log", "--racecheck-stop-file"):
+    group = help_text[help_text.index("racecheck: arms, trials, perturbation and outcome logging:") :]
+    for option in (
+        "--racecheck-arms",
+        "--racecheck-trial-start",
+        "--racecheck-order",
+        "--racecheck-schedule",
+        "--racecheck-seed",
+        "--racecheck-perturb",
+        "--racecheck-arm-perturb",
+        "--racecheck-detect",
+        "--racecheck-log",
+        "--racecheck-stop-file",
+    ):
         assert option in group
-    assert "racecheck_world(n): the test needs a process world of n ranks" in pytester.runpytest("--markers").stdout.str()
+    assert (
+        "racecheck_world(n): the test needs a process world of n ranks" in pytester.runpytest("--markers").stdout.str()
+    )
 
 
 def test_world_marker_fails_at_setup_in_a_world_of_another_size(pytester, monkeypatch):
@@ -63,17 +74,26 @@ def test_a_schedule_maps_repeat_steps_to_blocks_and_the_log_says_so(pytester, tm
     plan = SessionPlan((Block(3, "b"), Block(3, "a"), Block(4, "a")))
     write_schedule(tmp_path / "s.json", plan)
     log = tmp_path / "log-{rank}.jsonl"
-    result = pytester.runpytest("-p", "racecheck", "--racecheck-steps=3",
-                                f"--racecheck-schedule={tmp_path / 's.json'}", "--racecheck-seed=100",
-                                "--racecheck-perturb=off",
-                                "--racecheck-arm-perturb=b=sleep@before_reduce_scatter:1ms",
-                                f"--racecheck-log={log}")
+    result = pytester.runpytest(
+        "-p",
+        "racecheck",
+        "--racecheck-steps=3",
+        f"--racecheck-schedule={tmp_path / 's.json'}",
+        "--racecheck-seed=100",
+        "--racecheck-perturb=off",
+        "--racecheck-arm-perturb=b=sleep@before_reduce_scatter:1ms",
+        f"--racecheck-log={log}",
+    )
     assert result.ret == 0  # failing tests are data under the runner
     outcomes = events(tmp_path / "log-0.jsonl", "outcome")
     assert [(e["trial"], e["arm"], e["test"], e["outcome"]) for e in outcomes] == [
-        (3, "b", "test_rec.py::test_p[1]", "passed"), (3, "b", "test_rec.py::test_p[2]", "failed"),
-        (3, "a", "test_rec.py::test_p[1]", "passed"), (3, "a", "test_rec.py::test_p[2]", "passed"),
-        (4, "a", "test_rec.py::test_p[1]", "passed"), (4, "a", "test_rec.py::test_p[2]", "passed")]
+        (3, "b", "test_rec.py::test_p[1]", "passed"),
+        (3, "b", "test_rec.py::test_p[2]", "failed"),
+        (3, "a", "test_rec.py::test_p[1]", "passed"),
+        (3, "a", "test_rec.py::test_p[2]", "passed"),
+        (4, "a", "test_rec.py::test_p[1]", "passed"),
+        (4, "a", "test_rec.py::test_p[2]", "passed"),
+    ]
     bad = outcomes[1]
     assert (bad["seed"], bad["params"]) == (103, "2")
     assert bad["signature"] == "AssertionError at test_rec.py:9 in test_p" and bad["message"] == "b fails n=2"
@@ -84,8 +104,17 @@ def test_a_schedule_maps_repeat_steps_to_blocks_and_the_log_says_so(pytester, tm
 def test_without_a_schedule_arms_cycle_in_the_requested_order(pytester, tmp_path):
     pytester.makepyfile(test_rec=RECORDING.replace("racecheck_seed - 100", "racecheck_seed - 7"))
     log = tmp_path / "log.jsonl"
-    pytester.runpytest("-p", "racecheck", "--racecheck-steps=6", "--racecheck-arms=a,c,d", "--racecheck-order=random",
-                       "--racecheck-trial-start=2", "--racecheck-seed=7", "--racecheck-perturb=off", f"--racecheck-log={log}")
+    pytester.runpytest(
+        "-p",
+        "racecheck",
+        "--racecheck-steps=6",
+        "--racecheck-arms=a,c,d",
+        "--racecheck-order=random",
+        "--racecheck-trial-start=2",
+        "--racecheck-seed=7",
+        "--racecheck-perturb=off",
+        f"--racecheck-log={log}",
+    )
     got = [(e["trial"], e["arm"]) for e in events(log, "outcome")][::2]
     assert got == [(t, a) for t in (2, 3) for a in arm_order("acd", t, seed=7, order="random")]
 
@@ -94,9 +123,16 @@ def test_a_stop_file_ends_the_session_at_the_next_trial_boundary(pytester, tmp_p
     pytester.makepyfile(test_rec=RECORDING)
     (tmp_path / "stop").write_text("1\n")
     log = tmp_path / "log.jsonl"
-    result = pytester.runpytest("-p", "racecheck", "--racecheck-steps=6", "--racecheck-arms=a,c", "--racecheck-seed=100",
-                                "--racecheck-perturb=off", f"--racecheck-log={log}",
-                                f"--racecheck-stop-file={tmp_path / 'stop'}")
+    result = pytester.runpytest(
+        "-p",
+        "racecheck",
+        "--racecheck-steps=6",
+        "--racecheck-arms=a,c",
+        "--racecheck-seed=100",
+        "--racecheck-perturb=off",
+        f"--racecheck-log={log}",
+        f"--racecheck-stop-file={tmp_path / 'stop'}",
+    )
     assert result.ret == 0
     assert {(e["trial"], e["arm"]) for e in events(log, "outcome")} == {(0, "a"), (0, "c")}
     assert events(log, "finish")[0]["stopped"] is True
@@ -140,29 +176,43 @@ def test_a_project_profile_without_cuda_is_a_usage_error(pytester, monkeypatch):
 
 def test_xdist_workers_write_one_file_each_and_report_each_test_once(pytester, tmp_path):
     pytest.importorskip("xdist")
-    pytester.makepyfile(test_many="import pytest\n\n@pytest.mark.parametrize('i', range(8))\n"
-                                  "def test_i(i):\n    pass\n")
+    pytester.makepyfile(
+        test_many="import pytest\n\n@pytest.mark.parametrize('i', range(8))\ndef test_i(i):\n    pass\n"
+    )
     log = tmp_path / "log-{rank}.jsonl"
-    result = pytester.runpytest_subprocess("-p", "racecheck", "-p", "xdist", "-n", "2", "--racecheck-steps=2",
-                                           "--racecheck-arms=a", f"--racecheck-log={log}")
+    result = pytester.runpytest_subprocess(
+        "-p",
+        "racecheck",
+        "-p",
+        "xdist",
+        "-n",
+        "2",
+        "--racecheck-steps=2",
+        "--racecheck-arms=a",
+        f"--racecheck-log={log}",
+    )
     assert result.ret == 0
     files = sorted(p.name for p in tmp_path.glob("log-*.jsonl"))
     assert files == ["log-0-gw0.jsonl", "log-0-gw1.jsonl", "log-0.jsonl"]
     assert [e["event"] for e in events(tmp_path / "log-0.jsonl")] == ["finish"]  # the controller runs no test
     outcomes = [e for f in tmp_path.glob("log-0-gw*.jsonl") for e in events(f, "outcome")]
     assert sorted((e["trial"], e["test"]) for e in outcomes) == sorted(
-        (t, f"test_many.py::test_i[{i}]") for t in range(2) for i in range(8))
+        (t, f"test_many.py::test_i[{i}]") for t in range(2) for i in range(8)
+    )
     assert {e["worker"] for e in outcomes} == {"gw0", "gw1"}
 
 
-@pytest.mark.parametrize(("nodeid", "step", "count", "stripped"), [
-    ("t.py::test_x[1-True-3-10]", 2, 10, "t.py::test_x[1-True]"),
-    ("t.py::test_x[3-10]", 2, 10, "t.py::test_x"),
-    ("t.py::test_x[3-10]", 0, 1, "t.py::test_x[3-10]"),
-    ("t.py::test_x[a-3-12]", 2, 10, "t.py::test_x[a-3-12]"),
-    ("t.py::test_x[2-10]", 2, 10, "t.py::test_x[2-10]"),  # a parameter that looks like a step id
-    ("t.py::T::test_u", 0, 4, "t.py::T::test_u"),  # a unittest case: not parametrized
-])
+@pytest.mark.parametrize(
+    ("nodeid", "step", "count", "stripped"),
+    [
+        ("t.py::test_x[1-True-3-10]", 2, 10, "t.py::test_x[1-True]"),
+        ("t.py::test_x[3-10]", 2, 10, "t.py::test_x"),
+        ("t.py::test_x[3-10]", 0, 1, "t.py::test_x[3-10]"),
+        ("t.py::test_x[a-3-12]", 2, 10, "t.py::test_x[a-3-12]"),
+        ("t.py::test_x[2-10]", 2, 10, "t.py::test_x[2-10]"),  # a parameter that looks like a step id
+        ("t.py::T::test_u", 0, 4, "t.py::T::test_u"),  # a unittest case: not parametrized
+    ],
+)
 def test_strip_step_removes_exactly_the_steps_id(nodeid, step, count, stripped):
     assert strip_step(nodeid, step, count) == stripped
 
@@ -183,22 +233,26 @@ def test_the_plugin_repeats_tests_itself_with_pytest_repeats_ids(pytester):
     """--racecheck-steps needs no other plugin and gives the ids, and the step-major order, that
     pytest-repeat's --count with --repeat-scope=session gave, so records and reports keep them."""
     pytester.makepyfile(test_steps=STEPS)
-    ids = pytester.runpytest("-p", "racecheck", "-p", "no:repeat", "--racecheck-steps=3", "--collect-only",
-                             "-q").stdout.lines
+    ids = pytester.runpytest(
+        "-p", "racecheck", "-p", "no:repeat", "--racecheck-steps=3", "--collect-only", "-q"
+    ).stdout.lines
     ids = [line for line in ids if "::" in line]
-    assert ids == [f"test_steps.py::{t}" for k in range(1, 4)
-                   for t in (f"test_p[1-{k}-3]", f"test_p[2-{k}-3]", f"test_q[{k}-3]")]
+    assert ids == [
+        f"test_steps.py::{t}" for k in range(1, 4) for t in (f"test_p[1-{k}-3]", f"test_p[2-{k}-3]", f"test_q[{k}-3]")
+    ]
     pytest.importorskip("pytest_repeat")
-    theirs = pytester.runpytest("-p", "racecheck", "-p", "repeat", "--count=3", "--repeat-scope=session",
-                                "--collect-only", "-q").stdout.lines
+    theirs = pytester.runpytest(
+        "-p", "racecheck", "-p", "repeat", "--count=3", "--repeat-scope=session", "--collect-only", "-q"
+    ).stdout.lines
     assert [line for line in theirs if "::" in line] == ids
 
 
 def test_steps_map_to_blocks_without_pytest_repeat(pytester, tmp_path):
     pytester.makepyfile(test_steps=STEPS)
     log = tmp_path / "log.jsonl"
-    result = pytester.runpytest("-p", "racecheck", "-p", "no:repeat", "--racecheck-steps=4", "--racecheck-arms=a,b",
-                                f"--racecheck-log={log}")
+    result = pytester.runpytest(
+        "-p", "racecheck", "-p", "no:repeat", "--racecheck-steps=4", "--racecheck-arms=a,b", f"--racecheck-log={log}"
+    )
     assert result.ret == 0
     got = [(e["trial"], e["arm"], e["test"]) for e in events(log, "outcome")]
     tests = ["test_steps.py::test_p[1]", "test_steps.py::test_p[2]", "test_steps.py::test_q"]

@@ -17,7 +17,7 @@ import pytest
 from racecheck.runner.record import read_log
 from tests.test_runner import _fast_sessions, racecheck, write_suite  # noqa: F401 (sessions without autoloaded plugins)
 
-SUITE = '''
+SUITE = """
 from racecheck.perturb import recording as rs
 
 
@@ -34,7 +34,7 @@ def test_copy(racecheck_arm):
         rs.current_stream().wait_event(done)
     else:
         assert not late, "stale read: the copy ran late and nothing waited for it"
-'''
+"""
 COPY_LINE = 1 + next(i for i, line in enumerate(SUITE.split("\n")) if "COPY_LINE" in line)
 COPY_KEY = f"stream_enter@test_copy.py:{COPY_LINE}/s2"
 
@@ -42,8 +42,9 @@ COPY_KEY = f"stream_enter@test_copy.py:{COPY_LINE}/s2"
 @pytest.fixture
 def project(tmp_path, monkeypatch):
     monkeypatch.setenv("RACECHECK_PATCH_ACTIONS", "recording")
-    return write_suite(tmp_path / "p", arms={"race": {"expect": "race"}, "safe": {"expect": "safe"}},
-                       tests={"test_copy.py": SUITE})
+    return write_suite(
+        tmp_path / "p", arms={"race": {"expect": "race"}, "safe": {"expect": "safe"}}, tests={"test_copy.py": SUITE}
+    )
 
 
 def records(out) -> dict:
@@ -52,15 +53,19 @@ def records(out) -> dict:
 
 def test_each_arms_profile_reaches_the_rank_and_its_actions_are_counted(tmp_path, monkeypatch):
     monkeypatch.setenv("RACECHECK_PATCH_ACTIONS", "recording")
-    root = write_suite(tmp_path / "p", arms={"race": {"perturb": "enter_delay"}, "safe": {}},
-                       tests={"test_copy.py": SUITE})
-    res = racecheck("run", "--trials", 2, "--perturb", "sleep@event_record:1ms", "--out", tmp_path / "out", "-q",
-                    cwd=root)
+    root = write_suite(
+        tmp_path / "p", arms={"race": {"perturb": "enter_delay"}, "safe": {}}, tests={"test_copy.py": SUITE}
+    )
+    res = racecheck(
+        "run", "--trials", 2, "--perturb", "sleep@event_record:1ms", "--out", tmp_path / "out", "-q", cwd=root
+    )
     assert res.code == 0, res
     (schedule,) = (tmp_path / "out" / "ranks").glob("*.schedule.json")  # the ranks' one source
     assert json.loads(schedule.read_text())["blocks"] == [
-        [t, arm, spec] for t in (0, 1) for arm, spec in (("race", "sleep@stream_enter:5ms"),
-                                                         ("safe", "sleep@event_record:1ms"))]
+        [t, arm, spec]
+        for t in (0, 1)
+        for arm, spec in (("race", "sleep@stream_enter:5ms"), ("safe", "sleep@event_record:1ms"))
+    ]
     got = records(tmp_path / "out")
     for trial in (0, 1):
         race, safe = got["race", trial], got["safe", trial]
@@ -75,8 +80,7 @@ def test_each_arms_profile_reaches_the_rank_and_its_actions_are_counted(tmp_path
 def test_the_systematic_schedule_finds_the_race_within_its_bound_across_sessions(project, tmp_path):
     out = tmp_path / "out"
     # Trials 0 (records the points) and 1 (delays the first) in one session ...
-    res = racecheck("run", "--trials", 2, "--perturb", "systematic:delay=1ms:pairs=0", "--out", out, "-q",
-                    cwd=project)
+    res = racecheck("run", "--trials", 2, "--perturb", "systematic:delay=1ms:pairs=0", "--out", out, "-q", cwd=project)
     assert res.code == 0, res
     keys = json.loads(next((out / "handoffs").glob("*-rank0.json")).read_text())["points"]
     first = records(out)
@@ -102,9 +106,11 @@ def test_the_systematic_schedule_finds_the_race_within_its_bound_across_sessions
 def test_frees_are_counted_and_a_profile_that_never_acted_is_called_out(tmp_path, monkeypatch):
     monkeypatch.setenv("RACECHECK_PATCH_ACTIONS", "recording")
     frees = SUITE.replace("    late = copy.delayed > 0", "    rs.release(4096)\n    rs.release(512)\n    late = False")
-    root = write_suite(tmp_path / "p", arms={"race": {"perturb": "pressure@free,poison@free"},
-                                             "safe": {"perturb": "sleep@before_all_gather:1ms"}},
-                       tests={"test_copy.py": frees})
+    root = write_suite(
+        tmp_path / "p",
+        arms={"race": {"perturb": "pressure@free,poison@free"}, "safe": {"perturb": "sleep@before_all_gather:1ms"}},
+        tests={"test_copy.py": frees},
+    )
     res = racecheck("run", "--trials", 1, "--out", tmp_path / "out", "-q", cwd=root)
     assert res.code == 0, res
     got = records(tmp_path / "out")
@@ -135,8 +141,9 @@ def test_read_on_side_stream(racecheck_arm):
 
 def test_detect_fails_the_racing_arm_with_the_report(tmp_path, monkeypatch):
     monkeypatch.setenv("RACECHECK_PATCH_ACTIONS", "recording")
-    root = write_suite(tmp_path / "p", arms={"race": {"expect": "race"}, "safe": {"expect": "safe"}},
-                       tests={"test_d.py": DETECT_SUITE})
+    root = write_suite(
+        tmp_path / "p", arms={"race": {"expect": "race"}, "safe": {"expect": "safe"}}, tests={"test_d.py": DETECT_SUITE}
+    )
     res = racecheck("run", "--trials", 1, "--detect", "--no-perturb", "--out", tmp_path / "out", "-q", cwd=root)
     assert res.code == 0, res
     got = records(tmp_path / "out")
@@ -148,15 +155,22 @@ def test_detect_fails_the_racing_arm_with_the_report(tmp_path, monkeypatch):
 
     summary = pd.read_csv(tmp_path / "out" / "summary.csv", keep_default_na=False)
     assert dict(zip(summary.arm + summary.test.str.rsplit("::").str[-1], summary.detected, strict=True)) == {
-        "racetest_read_on_side_stream": 1, "race*": 1, "safetest_read_on_side_stream": 0, "safe*": 0}
+        "racetest_read_on_side_stream": 1,
+        "race*": 1,
+        "safetest_read_on_side_stream": 0,
+        "safe*": 0,
+    }
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--perturb", "sleep@nowhere:1ms"], "unknown injection point 'nowhere'"),
-    (["--perturb", "systematic:at=bogus@x.py:1/s1"], "unknown hand-off point 'bogus'"),
-    (["--perturb", "reorder@stream_wait>end_of_backward:1ms"], "patch mode takes"),
-    (["--perturb", "sleep@stream_wait:1ms/other"], "patch mode takes"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--perturb", "sleep@nowhere:1ms"], "unknown injection point 'nowhere'"),
+        (["--perturb", "systematic:at=bogus@x.py:1/s1"], "unknown hand-off point 'bogus'"),
+        (["--perturb", "reorder@stream_wait>end_of_backward:1ms"], "patch mode takes"),
+        (["--perturb", "sleep@stream_wait:1ms/other"], "patch mode takes"),
+    ],
+)
 def test_a_profile_patch_mode_cannot_carry_out_is_one_line_exit_2(project, tmp_path, args, message):
     res = racecheck("run", "--trials", 1, *args, "--out", tmp_path / "out", "-q", cwd=project)
     assert res.code == 2 and message in res.err and len(res.err.strip().splitlines()) == 1, res
@@ -180,6 +194,16 @@ def test_the_catalogue_refuses_patch_mode_profiles(tmp_path):
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    res = racecheck("run", "--scenario", "main_grad_reuse", "--perturb", "systematic", "--trials", 1,
-                    "--out", tmp_path / "out", cwd=root)
+    res = racecheck(
+        "run",
+        "--scenario",
+        "main_grad_reuse",
+        "--perturb",
+        "systematic",
+        "--trials",
+        1,
+        "--out",
+        tmp_path / "out",
+        cwd=root,
+    )
     assert res.code == 2 and "patch mode" in res.err, res

@@ -37,11 +37,14 @@ def test_old_lines_parse_into_their_kinds_and_write_back_unchanged():
     assert (patched.actions["sleep"], patched.handoffs, patched.worker) == (2, 7, "gw0")
 
 
-@pytest.mark.parametrize(("data", "words"), [
-    ({"event": "teleport"}, "unknown rank event 'teleport'"),
-    ({"event": "start", "test": "t"}, "start event"),
-    (["not", "an", "object"], "not a JSON object"),
-])
+@pytest.mark.parametrize(
+    ("data", "words"),
+    [
+        ({"event": "teleport"}, "unknown rank event 'teleport'"),
+        ({"event": "start", "test": "t"}, "start event"),
+        (["not", "an", "object"], "not a JSON object"),
+    ],
+)
 def test_bad_events_are_value_errors(data, words):
     with pytest.raises(ValueError, match=words):
         RankEvent.from_dict(data)
@@ -49,7 +52,9 @@ def test_bad_events_are_value_errors(data, words):
 
 def test_the_tail_reads_events_and_skips_what_is_not_one(tmp_path):
     path = tmp_path / "s-rank-0.jsonl"
-    path.write_text(OLD_LINES[0] + "\n" + '{"event": "teleport"}\n' + "{torn\n" + OLD_LINES[1] + "\n" + OLD_LINES[2][:30])
+    path.write_text(
+        OLD_LINES[0] + "\n" + '{"event": "teleport"}\n' + "{torn\n" + OLD_LINES[1] + "\n" + OLD_LINES[2][:30]
+    )
     tail = RankTail(path)
     assert [e.KIND for e in tail.read()] == [RankEventKind.COLLECTED, RankEventKind.START]
     with open(path, "a") as fh:
@@ -62,22 +67,45 @@ def test_outcomes_merge_over_ranks_as_one_event():
     one = dict(test="t.py::test_x", trial=3, arm="b")
     assert merger.add(Started(rank=0, **one)) is None
     assert merger.add(TestOutcome(rank=0, outcome="passed", duration=0.5, **one)) is None
-    merged = merger.add(TestOutcome(rank=1, outcome="failed", signature="E at x", message="m", duration=0.75,
-                                    reports=["race"], detected=1, **one))
+    merged = merger.add(
+        TestOutcome(
+            rank=1,
+            outcome="failed",
+            signature="E at x",
+            message="m",
+            duration=0.75,
+            reports=["race"],
+            detected=1,
+            **one,
+        )
+    )
     assert isinstance(merged, TestOutcome)
     assert (merged.outcome, merged.signature, merged.duration, merged.detected, merged.reports) == (
-        "failed", "E at x", 0.75, 1, ["race"])
+        "failed",
+        "E at x",
+        0.75,
+        1,
+        ["race"],
+    )
     merger.add(TestOutcome(rank=0, outcome="failed", message="lost", **{**one, "trial": 4}))
     (crash,) = merger.abandon_after_peer_failure([(4, "b", "t.py::test_x")])
     assert crash.outcome == "failed" and crash.message.startswith("rank 0: lost")
 
 
 def test_every_line_the_plugin_writes_is_a_rank_event(pytester, tmp_path):
-    pytester.makepyfile(test_w="import pytest\n\n@pytest.mark.parametrize('i', [1, 2])\n"
-                               "def test_w(i):\n    assert i == 1\n", test_bad="def test_f(:\n    pass\n")
+    pytester.makepyfile(
+        test_w="import pytest\n\n@pytest.mark.parametrize('i', [1, 2])\ndef test_w(i):\n    assert i == 1\n",
+        test_bad="def test_f(:\n    pass\n",
+    )
     log = tmp_path / "log.jsonl"
-    pytester.runpytest("-p", "racecheck", "--racecheck-steps=2", "--racecheck-arms=a", f"--racecheck-log={log}",
-                       "--continue-on-collection-errors")
+    pytester.runpytest(
+        "-p",
+        "racecheck",
+        "--racecheck-steps=2",
+        "--racecheck-arms=a",
+        f"--racecheck-log={log}",
+        "--continue-on-collection-errors",
+    )
     lines = log.read_text().splitlines()
     events = [RankEvent.from_dict(json.loads(line)) for line in lines]
     assert [e.to_json() for e in events] == lines

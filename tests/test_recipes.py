@@ -27,15 +27,24 @@ BIN = str(Path(sys.executable).parent)  # where this environment's `racecheck` l
 def _fast_sessions(monkeypatch):
     monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
     monkeypatch.setenv("PATH", f"{BIN}{os.pathsep}{os.environ['PATH']}")
-    for name in ("RACECHECK_SHARD", "SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT", "SLURM_ARRAY_TASK_MIN",
-                 "SLURM_ARRAY_TASK_MAX", "SLURM_ARRAY_TASK_STEP"):
+    for name in (
+        "RACECHECK_SHARD",
+        "SLURM_ARRAY_TASK_ID",
+        "SLURM_ARRAY_TASK_COUNT",
+        "SLURM_ARRAY_TASK_MIN",
+        "SLURM_ARRAY_TASK_MAX",
+        "SLURM_ARRAY_TASK_STEP",
+    ):
         monkeypatch.delenv(name, raising=False)
 
 
 @pytest.fixture
 def project(tmp_path):
-    return write_suite(tmp_path / "p", arms={"often": {"expect": "race"}, "never": {"expect": "safe"}},
-                       tests={"test_seeded.py": SEEDED_TEST})
+    return write_suite(
+        tmp_path / "p",
+        arms={"often": {"expect": "race"}, "never": {"expect": "safe"}},
+        tests={"test_seeded.py": SEEDED_TEST},
+    )
 
 
 def actionlint() -> list[str] | None:
@@ -86,8 +95,19 @@ def test_the_workflow_merge_step_joins_the_matrix_shards(project, tmp_path, monk
         monkeypatch.setenv("RACECHECK_SHARD", _expand(trials["env"]["RACECHECK_SHARD"], shard=shard))
         name = _expand(upload["with"]["name"], shard=shard)
         assert re.fullmatch(download["with"]["pattern"].replace("*", ".*"), name)
-        res = racecheck("run", "--trials", 9, "--seed", 0, "--shard", "auto", "--out",
-                        workspace / download["with"]["path"] / name, "-q", cwd=project)
+        res = racecheck(
+            "run",
+            "--trials",
+            9,
+            "--seed",
+            0,
+            "--shard",
+            "auto",
+            "--out",
+            workspace / download["with"]["path"] / name,
+            "-q",
+            cwd=project,
+        )
         assert res.code == 0, res
     monkeypatch.delenv("RACECHECK_SHARD")
     step = _step(merge, "Merge")["run"]
@@ -105,20 +125,39 @@ def test_the_workflow_merge_step_joins_the_matrix_shards(project, tmp_path, monk
 
 def test_the_slurm_array_and_merge_scripts_give_the_unsharded_run(project, tmp_path):
     # `--array=1-2`: Slurm gives each task its id and the array's range (test_shards.py: the count).
-    env = {**os.environ, "SLURM_ARRAY_JOB_ID": "4242", "SLURM_ARRAY_TASK_MIN": "1", "SLURM_ARRAY_TASK_MAX": "2",
-           "RACECHECK_ARGS": "--arms often,never --trials 7 --seed 3"}
+    env = {
+        **os.environ,
+        "SLURM_ARRAY_JOB_ID": "4242",
+        "SLURM_ARRAY_TASK_MIN": "1",
+        "SLURM_ARRAY_TASK_MAX": "2",
+        "RACECHECK_ARGS": "--arms often,never --trials 7 --seed 3",
+    }
     for task in ("1", "2"):
-        res = subprocess.run(["bash", str(RECIPES / "slurm-array.sbatch")], cwd=project, capture_output=True,
-                             text=True, env={**env, "SLURM_ARRAY_TASK_ID": task}, timeout=120)
+        res = subprocess.run(
+            ["bash", str(RECIPES / "slurm-array.sbatch")],
+            cwd=project,
+            capture_output=True,
+            text=True,
+            env={**env, "SLURM_ARRAY_TASK_ID": task},
+            timeout=120,
+        )
         assert res.returncode == 0, res.stderr
     run = project / "racecheck-out" / "4242"
-    merged = subprocess.run(["bash", str(RECIPES / "slurm-merge.sbatch")], cwd=project, capture_output=True,
-                            text=True, env={**env, "RUN": str(run), "FIXED": "never", "BASELINE": "often"},
-                            timeout=120)
-    assert summary_counts(run / "merged") == expected_failures({"often": RATES["often"], "never": 0.0}, range(7), seed=3)
+    merged = subprocess.run(
+        ["bash", str(RECIPES / "slurm-merge.sbatch")],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        env={**env, "RUN": str(run), "FIXED": "never", "BASELINE": "often"},
+        timeout=120,
+    )
+    assert summary_counts(run / "merged") == expected_failures(
+        {"often": RATES["often"], "never": 0.0}, range(7), seed=3
+    )
     assert (run / "merged" / "summary.md").exists()
     assert json.loads((run / "task-2" / "run.json").read_text())["shard"] == "2/2"
     # The script ends with the gate on the merged run: its verdict is the script's exit code.
-    gate = racecheck("gate", run / "merged", "--fixed", "never", "--baseline", "often", "--min-rate", "0.9",
-                     cwd=project)
+    gate = racecheck(
+        "gate", run / "merged", "--fixed", "never", "--baseline", "often", "--min-rate", "0.9", cwd=project
+    )
     assert gate.code in (0, 1, 4) and merged.returncode == gate.code, merged.stderr

@@ -46,20 +46,42 @@ def golden_log(out: Path) -> Path:
                 for i, p in enumerate(PARAMS):
                     outcome = _outcome(arm, t, i)
                     bad = outcome != "passed"
-                    log.append(TrialRecord(
-                        run_id="golden", scenario="main_grad_reuse", arm=arm, expect=expect,
-                        trial=t, seed=100 + t, test=TEST.format(p), params=p, outcome=outcome,
-                        signature="AssertionError at test_main_grad_reuse.py:88 in "
-                                  "test_hsdp_losses_match_baseline" if outcome == "failed" else "",
-                        message=f"loss mismatch at step 2 <{p}> & more" if bad else "",
-                        duration=0.125, detect=True, detected=int(arm == "baseline" and bad),
-                        reports=["free while in use: main_grad block reused"] if
-                        arm == "baseline" and bad else [],
-                        replay=f"racecheck run main_grad_reuse --arm {arm} --trial {t} "
-                               f"--seed {100 + t} -k '{p}'"))
-                log.append(TrialRecord(run_id="golden", scenario="main_grad_reuse", arm=arm,
-                                       expect=expect, trial=t, seed=100 + t, test=SKIPPED,
-                                       params="", outcome="skipped", detect=True))
+                    log.append(
+                        TrialRecord(
+                            run_id="golden",
+                            scenario="main_grad_reuse",
+                            arm=arm,
+                            expect=expect,
+                            trial=t,
+                            seed=100 + t,
+                            test=TEST.format(p),
+                            params=p,
+                            outcome=outcome,
+                            signature="AssertionError at test_main_grad_reuse.py:88 in test_hsdp_losses_match_baseline"
+                            if outcome == "failed"
+                            else "",
+                            message=f"loss mismatch at step 2 <{p}> & more" if bad else "",
+                            duration=0.125,
+                            detect=True,
+                            detected=int(arm == "baseline" and bad),
+                            reports=["free while in use: main_grad block reused"] if arm == "baseline" and bad else [],
+                            replay=f"racecheck run main_grad_reuse --arm {arm} --trial {t} --seed {100 + t} -k '{p}'",
+                        )
+                    )
+                log.append(
+                    TrialRecord(
+                        run_id="golden",
+                        scenario="main_grad_reuse",
+                        arm=arm,
+                        expect=expect,
+                        trial=t,
+                        seed=100 + t,
+                        test=SKIPPED,
+                        params="",
+                        outcome="skipped",
+                        detect=True,
+                    )
+                )
     return out
 
 
@@ -81,9 +103,14 @@ def _normalise(fmt, text: str) -> str:
     return text
 
 
-GOLDEN_NAMES = {report.Format.TERMINAL: "report.txt", report.Format.MARKDOWN: "report.md",
-                report.Format.CSV: "summary.csv", report.Format.JSON: "report.json",
-                report.Format.JUNIT: "report.junit.xml", report.Format.HTML: "report.html"}
+GOLDEN_NAMES = {
+    report.Format.TERMINAL: "report.txt",
+    report.Format.MARKDOWN: "report.md",
+    report.Format.CSV: "summary.csv",
+    report.Format.JSON: "report.json",
+    report.Format.JUNIT: "report.junit.xml",
+    report.Format.HTML: "report.html",
+}
 
 
 @pytest.mark.parametrize("fmt", list(report.Format), ids=lambda f: f.value)
@@ -114,9 +141,21 @@ def test_junit_follows_surefire_structure(rendered):
     assert root.tag == "testsuites"
     suites = root.findall("testsuite")
     assert [s.get("name") for s in suites] == [
-        "main_grad_reuse[baseline]", "main_grad_reuse[fixed]", "main_grad_reuse[record_stream]"]
-    order = ["failure", "rerunFailure", "flakyFailure", "skipped", "error", "rerunError",
-             "flakyError", "system-out", "system-err"]
+        "main_grad_reuse[baseline]",
+        "main_grad_reuse[fixed]",
+        "main_grad_reuse[record_stream]",
+    ]
+    order = [
+        "failure",
+        "rerunFailure",
+        "flakyFailure",
+        "skipped",
+        "error",
+        "rerunError",
+        "flakyError",
+        "system-out",
+        "system-err",
+    ]
     for suite in suites:
         for attr in ("name", "tests", "failures", "errors", "skipped", "time"):
             assert suite.get(attr) is not None, attr
@@ -180,22 +219,23 @@ def test_report_command_formats_and_output(run_dir, tmp_path):
 def test_report_command_github_summary(run_dir, tmp_path):
     step = tmp_path / "step.md"
     step.write_text("# earlier step\n")
-    result = CliRunner().invoke(report_command, [str(run_dir), "--format", "csv",
-                                                 "--github-summary"],
-                                env={"GITHUB_STEP_SUMMARY": str(step)})
+    result = CliRunner().invoke(
+        report_command, [str(run_dir), "--format", "csv", "--github-summary"], env={"GITHUB_STEP_SUMMARY": str(step)}
+    )
     assert result.exit_code == 0 and result.output.startswith("scenario,test,arm")
     text = step.read_text()
     assert text.startswith("# earlier step\n### racecheck: `main_grad_reuse`")
-    result = CliRunner().invoke(report_command, [str(run_dir), "--github-summary"],
-                                env={"GITHUB_STEP_SUMMARY": None})
+    result = CliRunner().invoke(report_command, [str(run_dir), "--github-summary"], env={"GITHUB_STEP_SUMMARY": None})
     assert result.exit_code == 2 and "GITHUB_STEP_SUMMARY" in result.output
 
 
 def test_report_command_usage_errors(tmp_path):
     runner = CliRunner()
-    for args, message in [([str(tmp_path / "missing")], "no such directory"),
-                          ([str(tmp_path)], "no trial log"),
-                          ([str(tmp_path), "--format", "pdf"], "'pdf' is not one of")]:
+    for args, message in [
+        ([str(tmp_path / "missing")], "no such directory"),
+        ([str(tmp_path)], "no trial log"),
+        ([str(tmp_path), "--format", "pdf"], "'pdf' is not one of"),
+    ]:
         result = runner.invoke(report_command, args)
         assert result.exit_code == 2 and message in result.output, result.output
         assert "Traceback" not in result.output
@@ -206,10 +246,22 @@ def test_detector_reports_appear_merged_by_their_first_line(tmp_path):
     with TrialLog(tmp_path / "trials.jsonl") as log:
         for trial in range(3):
             for arm, reports in (("baseline", [text]), ("fixed", [])):
-                log.append(TrialRecord(run_id="r", scenario="main_grad_reuse", arm=arm, expect="",
-                                       trial=trial, seed=trial, test="t.py::test_x", params="",
-                                       outcome="failed" if reports else "passed", detect=True,
-                                       detected=len(reports), reports=reports))
+                log.append(
+                    TrialRecord(
+                        run_id="r",
+                        scenario="main_grad_reuse",
+                        arm=arm,
+                        expect="",
+                        trial=trial,
+                        seed=trial,
+                        test="t.py::test_x",
+                        params="",
+                        outcome="failed" if reports else "passed",
+                        detect=True,
+                        detected=len(reports),
+                        reports=reports,
+                    )
+                )
     records = tally.load_records(tmp_path)
     summary = tally.summarize(records)
     terminal = report.render("terminal", summary=summary, records=records)

@@ -17,16 +17,40 @@ from racecheck.suites.catalogue import Arm, Suite
 
 def _suite(name: str = "s") -> Suite:
     arms = {"a": Arm("a", expect="race"), "b": Arm("b", perturb="off")}
-    return Suite(name=name, path=Path("/x"), summary="", world_size=4, default_perturb="rs_delay",
-                 default_arms=("a", "b"), arms=arms)
+    return Suite(
+        name=name,
+        path=Path("/x"),
+        summary="",
+        world_size=4,
+        default_perturb="rs_delay",
+        default_arms=("a", "b"),
+        arms=arms,
+    )
 
 
 def _config(**kw) -> RunConfig:
-    base = dict(scenarios=(_suite(),), arms=("a", "b"), trials=7, out=Path("/out"), perturb=None, seed=3,
-                isolation="process", order="random", chunk=2, timeout=60.0, backend="sim", detect=True,
-                pytest_args=("-k", "x"), all_arms=True, world_size=2, mesh="2x1", shard=Shard(2, 3),
-                shard_source="RACECHECK_SHARD", revisions={"s/a": "abc"},
-                source={"kind": "catalogue", "dir": "/x", "names": "s"})
+    base = dict(
+        scenarios=(_suite(),),
+        arms=("a", "b"),
+        trials=7,
+        out=Path("/out"),
+        perturb=None,
+        seed=3,
+        isolation="process",
+        order="random",
+        chunk=2,
+        timeout=60.0,
+        backend="sim",
+        detect=True,
+        pytest_args=("-k", "x"),
+        all_arms=True,
+        world_size=2,
+        mesh="2x1",
+        shard=Shard(2, 3),
+        shard_source="RACECHECK_SHARD",
+        revisions={"s/a": "abc"},
+        source={"kind": "catalogue", "dir": "/x", "names": "s"},
+    )
     return RunConfig(**{**base, **kw})
 
 
@@ -42,22 +66,27 @@ def test_the_settings_of_one_invocation_are_given_anew_not_read():
     data = json.loads(json.dumps(_config(max_time=5.0, stop_rules=rules).to_json()))
     assert "max_time" not in data and "stop_rules" not in data and "out" not in data
     back = RunConfig.from_json(data, scenarios=(_suite(),), out=Path("/elsewhere"), trials=20, timeout=9.0)
-    assert (back.trials, back.timeout, back.out, back.max_time, back.stop_rules) == (20, 9.0, Path("/elsewhere"),
-                                                                                     None, ())
+    assert (back.trials, back.timeout, back.out, back.max_time, back.stop_rules) == (
+        20,
+        9.0,
+        Path("/elsewhere"),
+        None,
+        (),
+    )
 
 
 def test_run_json_names_each_suites_arms_profiles_and_world():
     data = _config(arms=None, all_arms=False, world_size=None).to_json()
-    assert data["scenarios"] == {"s": {"arms": ["a", "b"], "perturb": {"a": "sleep@before_reduce_scatter:5ms",
-                                                                       "b": "off"}}}
+    assert data["scenarios"] == {
+        "s": {"arms": ["a", "b"], "perturb": {"a": "sleep@before_reduce_scatter:5ms", "b": "off"}}
+    }
     assert data["worlds"] == {"s": 4} and data["shard"] == "2/3" and data["arms"] is None
 
 
 def test_an_older_run_json_takes_the_defaults_of_what_it_lacks():
     data = {"source": {"kind": "catalogue"}, "arms": None, "trials": 3}
     back = RunConfig.from_json(data, scenarios=(_suite(),), out=Path("/o"))
-    defaults = {f.name: f.default for f in dataclasses.fields(RunConfig)
-                if f.default is not dataclasses.MISSING}
+    defaults = {f.name: f.default for f in dataclasses.fields(RunConfig) if f.default is not dataclasses.MISSING}
     assert (back.seed, back.order, back.shard) == (defaults["seed"], defaults["order"], Shard())
     with pytest.raises(KeyError):
         RunConfig.from_json({"arms": None}, scenarios=(), out=Path("/o"))

@@ -51,8 +51,12 @@ def _one_line(text: str) -> str:
 
 @pytest.mark.slow
 def test_a_rank_failing_at_setup_ends_its_session_and_is_the_recorded_error(tmp_path):
-    root = write_suite(tmp_path / "p", arms={"a": {"env": {"ARM": "a"}}, "b": {"env": {"ARM": "b"}}},
-                       tests={"test_world.py": RANK_FAILS_AT_SETUP}, suite="world_size = 2")
+    root = write_suite(
+        tmp_path / "p",
+        arms={"a": {"env": {"ARM": "a"}}, "b": {"env": {"ARM": "b"}}},
+        tests={"test_world.py": RANK_FAILS_AT_SETUP},
+        suite="world_size = 2",
+    )
     res = racecheck("run", "--arms", "a,b", "--trials", 1, "--out", tmp_path / "out", "-q", cwd=root)
     assert res.code == 0, res
     got = records(tmp_path / "out")
@@ -71,14 +75,17 @@ def test_two_runs_started_together_on_one_folder_one_runs_the_other_exits_3(tmp_
     command = [sys.executable, "-m", "racecheck", "run", "--trials", "1", "-q", "--out"]
     for attempt in range(20):
         out = tmp_path / f"out{attempt}"
-        procs = [subprocess.Popen(command + [str(out)], cwd=root, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True) for _ in range(2)]
+        procs = [
+            subprocess.Popen(command + [str(out)], cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for _ in range(2)
+        ]
         results = [(p.wait(timeout=120), *p.communicate()) for p in procs]
         codes = sorted(code for code, _, _ in results)
         assert codes == [0, 3], (attempt, results)
         loser = next(err for code, _, err in results if code == 3)
-        assert _one_line(loser).startswith(f"racecheck: infrastructure error: {out} is in use by "
-                                           f"another racecheck run (pid ")
+        assert _one_line(loser).startswith(
+            f"racecheck: infrastructure error: {out} is in use by another racecheck run (pid "
+        )
         assert [r.outcome for r in records(out)] == ["passed"]  # the winner's run, whole and alone
 
 
@@ -127,39 +134,47 @@ def test_torn_and_foreign_log_lines_are_reported_removed_and_their_block_runs_ag
 def test_merge_refuses_shards_that_differ_in_what_a_trial_means_and_accepts_arms_as_resolved(tmp_path):
     root = write_suite(tmp_path / "p", arms={"often": {}, "never": {}}, tests={"test_seeded.py": SEEDED_TEST})
     assert racecheck("run", "--trials", 2, "--shard", "1/2", "--out", tmp_path / "a", "-q", cwd=root).code == 0
-    for name, extra in (("timeout", ["--timeout", "77"]), ("isolation", ["--isolation", "process"]),
-                        ("chunk", ["--chunk", "2"])):
+    for name, extra in (
+        ("timeout", ["--timeout", "77"]),
+        ("isolation", ["--isolation", "process"]),
+        ("chunk", ["--chunk", "2"]),
+    ):
         res = racecheck("run", "--trials", 2, "--shard", "2/2", *extra, "--out", tmp_path / name, "-q", cwd=root)
         assert res.code == 0, res
         res = racecheck("merge", tmp_path / "a", tmp_path / name, "--out", tmp_path / f"m-{name}", cwd=root)
         assert res.code == 2 and f"their {name} differs" in _one_line(res.err), res
     # The same arms, once by default and once spelled out, are one experiment.
-    res = racecheck("run", "--trials", 2, "--shard", "2/2", "--arms", "often,never", "--out", tmp_path / "b",
-                    "-q", cwd=root)
+    res = racecheck(
+        "run", "--trials", 2, "--shard", "2/2", "--arms", "often,never", "--out", tmp_path / "b", "-q", cwd=root
+    )
     assert res.code == 0, res
     res = racecheck("merge", tmp_path / "a", tmp_path / "b", "--out", tmp_path / "m", cwd=root)
     assert res.code == 0, res
     # So is the suite's own profile (off), once by default and once given.
-    res = racecheck("run", "--trials", 2, "--shard", "2/2", "--no-perturb", "--out", tmp_path / "d",
-                    "-q", cwd=root)
+    res = racecheck("run", "--trials", 2, "--shard", "2/2", "--no-perturb", "--out", tmp_path / "d", "-q", cwd=root)
     assert res.code == 0, res
     res = racecheck("merge", tmp_path / "a", tmp_path / "d", "--out", tmp_path / "m3", cwd=root)
     assert res.code == 0, res
     # Different arms are not.
-    res = racecheck("run", "--trials", 2, "--shard", "2/2", "--arms", "often", "--out", tmp_path / "c",
-                    "-q", cwd=root)
+    res = racecheck("run", "--trials", 2, "--shard", "2/2", "--arms", "often", "--out", tmp_path / "c", "-q", cwd=root)
     res = racecheck("merge", tmp_path / "a", tmp_path / "c", "--out", tmp_path / "m2", cwd=root)
     assert res.code == 2 and "their scenarios differs" in _one_line(res.err), res
 
 
 def test_the_html_report_takes_a_test_id_that_looks_like_mathtext(tmp_path):
-    root = write_suite(tmp_path / "p", arms={"often": {}}, tests={"test_money.py": """
+    root = write_suite(
+        tmp_path / "p",
+        arms={"often": {}},
+        tests={
+            "test_money.py": """
         import pytest
 
         @pytest.mark.parametrize("price", ["$x^2$", "$_{unclosed", "a$b"])
         def test_price(price, racecheck_seed):
             assert racecheck_seed % 2 == 0
-        """})
+        """
+        },
+    )
     assert racecheck("run", "--trials", 2, "--out", tmp_path / "out", "-q", cwd=root).code == 0
     res = racecheck("report", tmp_path / "out", "--format", "html", "-o", tmp_path / "r.html", cwd=root)
     assert res.code == 0, res
@@ -200,14 +215,15 @@ def _config(*suites, world_size=None):
 
 def test_on_one_gpu_worlds_are_capped_floored_or_skipped_and_named(monkeypatch):
     monkeypatch.setattr(run_checks, "cuda_devices", lambda backend: 1)
-    config = run_checks.fit_worlds(_config(_Suite("wide", 4), _Suite("pair", 2, min_world_size=2),
-                                            _Suite("solo", 1)))
+    config = run_checks.fit_worlds(_config(_Suite("wide", 4), _Suite("pair", 2, min_world_size=2), _Suite("solo", 1)))
     assert [s.name for s in config.scenarios] == ["wide", "solo"]
     assert config.worlds == {"wide": 1}
     assert config.skipped["pair"]["why"] == "needs at least 2 ranks (min_world_size), this machine has 1 GPU"
     assert run_checks.describe_worlds(config) == [
-        "wide: 1 rank on cuda", "solo: 1 rank on cuda",
-        "pair: skipped, needs at least 2 ranks (min_world_size), this machine has 1 GPU"]
+        "wide: 1 rank on cuda",
+        "solo: 1 rank on cuda",
+        "pair: skipped, needs at least 2 ranks (min_world_size), this machine has 1 GPU",
+    ]
     assert run_checks.fit_worlds(_config(_Suite("wide", 4), world_size=4)).worlds == {}  # --world-size wins
     with pytest.raises(Exception, match="has world_size 2, and this machine has 1 GPU: give --world-size 1"):
         run_checks.fit_worlds(_config(_Suite("project", 2, config_file="pyproject.toml")))
@@ -235,10 +251,12 @@ def test_a_left_over_session_is_killed_only_when_its_identity_proves_it(tmp_path
 
     sleeper = subprocess.Popen(["sleep", "60"])
     try:
-        ident = {"pid": sleeper.pid, "started": psutil.Process(sleeper.pid).create_time(),
-                 "cmdline": ["sleep", "60"]}
-        for wrong in ({**ident, "cmdline": ["python", "-m", "pytest"]}, {**ident, "started": 1.0},
-                      {"pid": sleeper.pid, "started": ident["started"]}):  # the pid alone proves nothing
+        ident = {"pid": sleeper.pid, "started": psutil.Process(sleeper.pid).create_time(), "cmdline": ["sleep", "60"]}
+        for wrong in (
+            {**ident, "cmdline": ["python", "-m", "pytest"]},
+            {**ident, "started": 1.0},
+            {"pid": sleeper.pid, "started": ident["started"]},
+        ):  # the pid alone proves nothing
             (tmp_path / "runner.json").write_text(json.dumps({"runner": None, "session": wrong}))
             lock = state.Lock(tmp_path)
             assert lock.acquire() == []

@@ -123,12 +123,16 @@ def records(out: Path) -> list:
 
 # -- tests ----------------------------------------------------------------------------------------
 def test_seeded_failure_probabilities_give_the_expected_counts(tmp_path):
-    root = write_suite(tmp_path / "p", arms={"often": {"expect": "race"}, "never": {"expect": "safe"}},
-                       tests={"test_seeded.py": SEEDED_TEST})
+    root = write_suite(
+        tmp_path / "p",
+        arms={"often": {"expect": "race"}, "never": {"expect": "safe"}},
+        tests={"test_seeded.py": SEEDED_TEST},
+    )
     res = racecheck("run", "--trials", 20, "--seed", 7, "--out", tmp_path / "out", "-q", cwd=root)
     assert res.code == 0, res
     assert summary_counts(tmp_path / "out") == expected_failures(
-        {"often": RATES["often"], "never": 0.0}, range(20), seed=7)
+        {"often": RATES["often"], "never": 0.0}, range(20), seed=7
+    )
     # The arms alternate trial by trial inside the one session (A B A B).
     recs = records(tmp_path / "out")
     assert [(r.trial, r.arm) for r in recs[::2]] == [(t, a) for t in range(20) for a in ("often", "never")]
@@ -141,8 +145,11 @@ def test_seeded_failure_probabilities_give_the_expected_counts(tmp_path):
 
 
 def test_env_arms_run_in_alternating_chunks_and_agree_with_process_isolation(tmp_path):
-    root = write_suite(tmp_path / "p", arms={"often": {"env": {"RATE": "0.6"}}, "never": {"env": {"RATE": "0"}}},
-                       tests={"test_seeded.py": SEEDED_TEST})
+    root = write_suite(
+        tmp_path / "p",
+        arms={"often": {"env": {"RATE": "0.6"}}, "never": {"env": {"RATE": "0"}}},
+        tests={"test_seeded.py": SEEDED_TEST},
+    )
     session = racecheck("run", "--trials", 4, "--chunk", 2, "--out", tmp_path / "s", "-q", cwd=root)
     process = racecheck("run", "--trials", 4, "--isolation", "process", "--out", tmp_path / "p1", "-q", cwd=root)
     assert session.code == process.code == 0, (session, process)
@@ -150,8 +157,16 @@ def test_env_arms_run_in_alternating_chunks_and_agree_with_process_isolation(tmp
     assert summary_counts(tmp_path / "s") == summary_counts(tmp_path / "p1") == expected
     # session: one session per arm per chunk of 2 trials, the arms alternating: 4 sessions.
     order = [(r.trial, r.arm) for r in records(tmp_path / "s")][::2]
-    assert order == [(0, "often"), (1, "often"), (0, "never"), (1, "never"),
-                     (2, "often"), (3, "often"), (2, "never"), (3, "never")]
+    assert order == [
+        (0, "often"),
+        (1, "often"),
+        (0, "never"),
+        (1, "never"),
+        (2, "often"),
+        (3, "often"),
+        (2, "never"),
+        (3, "never"),
+    ]
     assert len(list((tmp_path / "s" / "logs").iterdir())) == 4
     assert len(list((tmp_path / "p1" / "logs").iterdir())) == 8  # process: one per trial and arm
 
@@ -159,8 +174,7 @@ def test_env_arms_run_in_alternating_chunks_and_agree_with_process_isolation(tmp
 def test_random_order_is_a_seeded_permutation_per_trial(tmp_path):
     arms = ("often", "rarely", "never")
     root = write_suite(tmp_path / "p", arms={a: {} for a in arms}, tests={"test_seeded.py": SEEDED_TEST})
-    res = racecheck("run", "--trials", 5, "--order", "random", "--seed", 3, "--out", tmp_path / "out",
-                    "-q", cwd=root)
+    res = racecheck("run", "--trials", 5, "--order", "random", "--seed", 3, "--out", tmp_path / "out", "-q", cwd=root)
     assert res.code == 0, res
     order = [(r.trial, r.arm) for r in records(tmp_path / "out")][::2]
     assert order == [(t, a) for t in range(5) for a in arm_order(arms, t, seed=3, order="random")]
@@ -186,14 +200,20 @@ def test_second():
 def test_a_hanging_test_becomes_timeout_and_the_run_goes_on(tmp_path, monkeypatch, isolation):
     monkeypatch.setenv("MODE", "hang")
     root = write_suite(tmp_path / "p", arms={"bad": {}, "good": {}}, tests={"test_x.py": HANG_OR_DIE})
-    res = racecheck("run", "--trials", 3, "--timeout", 2, "--isolation", isolation,
-                    "--out", tmp_path / "out", "-q", cwd=root)
+    res = racecheck(
+        "run", "--trials", 3, "--timeout", 2, "--isolation", isolation, "--out", tmp_path / "out", "-q", cwd=root
+    )
     assert res.code == 0, res
     outcomes = {(r.trial, r.arm, r.test.split("::")[-1]): r.outcome for r in records(tmp_path / "out")}
     assert outcomes.pop((1, "bad", "test_first")) == "timeout"
     # The hung block loses the tests after the hang; every other trial of both arms ran in full.
-    assert outcomes == {(t, a, n): "passed" for t in range(3) for a in ("bad", "good")
-                        for n in ("test_first", "test_second") if (t, a) != (1, "bad")}
+    assert outcomes == {
+        (t, a, n): "passed"
+        for t in range(3)
+        for a in ("bad", "good")
+        for n in ("test_first", "test_second")
+        if (t, a) != (1, "bad")
+    }
     timeout = next(r for r in records(tmp_path / "out") if r.outcome == "timeout")
     assert timeout.signature.startswith("timeout: no test finished within 2 s") and timeout.replay
     assert summary_counts(tmp_path / "out")[("bad", "*")] == (1, 3)
@@ -213,7 +233,8 @@ def test_a_test_that_kills_its_process_becomes_crash(tmp_path):
     assert len(list((tmp_path / "out" / "logs").iterdir())) == 2
     done = [json.loads(ln) for ln in (tmp_path / "out" / "completed.jsonl").read_text().splitlines()]
     assert sorted((d["trial"], d["arm"], d["outcome"]) for d in done) == sorted(
-        [(t, a, "crash" if (t, a) == (1, "bad") else "passed") for t in range(3) for a in ("bad", "good")])
+        [(t, a, "crash" if (t, a) == (1, "bad") else "passed") for t in range(3) for a in ("bad", "good")]
+    )
 
 
 ALWAYS = """
@@ -229,8 +250,17 @@ def test_two():
 
 def test_stop_rules_end_the_run_at_a_trial_boundary(tmp_path):
     root = write_suite(tmp_path / "p", arms={"bad": {}, "good": {}}, tests={"test_x.py": ALWAYS})
-    res = racecheck("run", "--trials", 200, "--stop-when", "bad:failures>=2,good:clean>=3",
-                    "--out", tmp_path / "out", "-q", cwd=root)
+    res = racecheck(
+        "run",
+        "--trials",
+        200,
+        "--stop-when",
+        "bad:failures>=2,good:clean>=3",
+        "--out",
+        tmp_path / "out",
+        "-q",
+        cwd=root,
+    )
     assert res.code == 0, res
     assert "stopped early: the stop rules held" in res.out
     counts = summary_counts(tmp_path / "out")
@@ -273,6 +303,8 @@ def test_a_two_rank_suite_under_torchrun_merges_the_ranks_into_one_outcome(tmp_p
     assert res.code == 0, res
     recs = records(tmp_path / "out")
     assert [(r.trial, r.test.split("::")[-1], r.outcome) for r in recs] == [
-        (t, n, "failed" if n == "test_ranks" and t % 2 else "passed") for t in range(4)
-        for n in ("test_ranks", "test_fine")]
+        (t, n, "failed" if n == "test_ranks" and t % 2 else "passed")
+        for t in range(4)
+        for n in ("test_ranks", "test_fine")
+    ]
     assert {r.message for r in recs if r.outcome == "failed"} == {"rank 1 disagrees"}

@@ -27,19 +27,25 @@ def _fast_sessions(monkeypatch):
 
 
 def git(*args, cwd):
-    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.com", *args], cwd=cwd,
-                   check=True, capture_output=True)
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", *args], cwd=cwd, check=True, capture_output=True
+    )
 
 
 @pytest.fixture
 def repo(tmp_path):
     """Commit 1 has a buggy add(); commit 2 (HEAD) fixes it. The suite lives in a subfolder."""
     root = tmp_path / "repo"
-    project = write_suite(root / "proj", tests={"test_calc.py": TEST_CALC},
-                          arms={"old": {"git": "HEAD~1", "expect": "race"},
-                                "new": {"git": "HEAD", "expect": "safe"},
-                                "bogus": {"git": "no-such-branch"}},
-                          suite='default_arms = ["old", "new"]')
+    project = write_suite(
+        root / "proj",
+        tests={"test_calc.py": TEST_CALC},
+        arms={
+            "old": {"git": "HEAD~1", "expect": "race"},
+            "new": {"git": "HEAD", "expect": "safe"},
+            "bogus": {"git": "no-such-branch"},
+        },
+        suite='default_arms = ["old", "new"]',
+    )
     git("init", "-q", cwd=root)
     (project / "calc.py").write_text("def add(a, b):\n    return a - b\n")
     git("add", ".", cwd=root)

@@ -50,9 +50,12 @@ def _wait_gone(pid, limit=20.0):
 def test_sigkill_in_the_middle_then_resume_gives_the_uninterrupted_counts(tmp_path):
     root = write_suite(tmp_path / "p", arms={"often": {}, "never": {}}, tests={"test_seeded.py": SLOW_SEEDED})
     out = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, "-m", "racecheck", "run", "--trials", "8", "--seed", "11",
-                             "--out", str(out), "-q"], cwd=root, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "racecheck", "run", "--trials", "8", "--seed", "11", "--out", str(out), "-q"],
+        cwd=root,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     _wait_for_records(out / "trials.jsonl", 10, proc)  # inside trial 1 (6 tests per trial)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
@@ -69,7 +72,9 @@ def test_sigkill_in_the_middle_then_resume_gives_the_uninterrupted_counts(tmp_pa
     assert summary_counts(out) == summary_counts(tmp_path / "full")
     assert summary_counts(out)[("often", "*")] == expected_failures({"often": 0.6}, range(8), seed=11)[("often", "*")]
     assert len(json.loads((out / "run.json").read_text())["attempts"]) == 2
-    done = {(json.loads(ln)["arm"], json.loads(ln)["trial"]) for ln in (out / "completed.jsonl").read_text().splitlines()}
+    done = {
+        (json.loads(ln)["arm"], json.loads(ln)["trial"]) for ln in (out / "completed.jsonl").read_text().splitlines()
+    }
     assert done == {(a, t) for a in ("often", "never") for t in range(8)}
 
 
@@ -77,8 +82,13 @@ def test_sigkill_in_the_middle_then_resume_gives_the_uninterrupted_counts(tmp_pa
 def test_ctrl_c_stops_the_session_keeps_the_outcomes_and_says_how_to_resume(tmp_path, sig):
     root = write_suite(tmp_path / "p", arms={"often": {}, "never": {}}, tests={"test_seeded.py": SLOW_SEEDED})
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "racecheck", "run", "--trials", "50", "--out", str(out), "-q"],
-                            cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "racecheck", "run", "--trials", "50", "--out", str(out), "-q"],
+        cwd=root,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     _wait_for_records(out / "trials.jsonl", 4, proc)
     session = json.loads((out / "runner.json").read_text())["session"]["pid"]
     proc.send_signal(sig)
@@ -115,8 +125,10 @@ def test_resume_continues_to_a_larger_trial_count_and_refuses_new_settings(tmp_p
     assert summary_counts(out) == expected_failures({"often": 0.6, "never": 0.0}, range(6))
     assert [r.trial for r in records(out)][-1] == 5 and len(records(out)) == 24  # nothing rerun
     res = racecheck("run", "--resume", out, "--seed", 3, cwd=root)
-    assert res.code == 2 and res.err.strip() == ("racecheck: error: --seed cannot be given with --resume: the "
-                                                 "run's settings come from its run.json (see 'racecheck run --help')")
+    assert res.code == 2 and res.err.strip() == (
+        "racecheck: error: --seed cannot be given with --resume: the "
+        "run's settings come from its run.json (see 'racecheck run --help')"
+    )
     res = racecheck("run", "--arms", "often", "--out", out, cwd=root)
     assert res.code == 2 and "already holds a run" in res.err
 
@@ -132,8 +144,11 @@ def test_two_shards_merged_equal_one_unsharded_run(tmp_path):
     assert res.code == 0, res
     assert "28 records from 2 runs merged" in res.out  # 7 trials x 2 arms x 2 tests
     assert racecheck("run", "--trials", 7, "--out", tmp_path / "whole", "-q", cwd=root).code == 0
-    assert summary_counts(tmp_path / "merged") == summary_counts(tmp_path / "whole") == \
-        expected_failures({"often": 0.6, "rarely": 0.2}, range(7))
+    assert (
+        summary_counts(tmp_path / "merged")
+        == summary_counts(tmp_path / "whole")
+        == expected_failures({"often": 0.6, "rarely": 0.2}, range(7))
+    )
     # The merged folder describes the whole run: resuming it has nothing left to do.
     assert json.loads((tmp_path / "merged" / "run.json").read_text())["shard"] == "1/1"
     res = racecheck("run", "--resume", tmp_path / "merged", "-q", cwd=root)

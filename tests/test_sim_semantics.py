@@ -278,8 +278,7 @@ def _gloo_worker(rank: int, world: int, port: int) -> None:
     """One rank: collectives issued on two side streams whose worker threads reach gloo in a
     different order on each rank; correct results need one gloo group per issuing stream."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
     rt = SimRuntime()
     try:
         group = rt.new_group(range(world))
@@ -297,7 +296,7 @@ def _gloo_worker(rank: int, world: int, port: int) -> None:
             rt.all_reduce(averaged, group=group, op=ReduceOp.AVG)
         rt.synchronize()
         assert torch.equal(gathered, torch.tensor([1.0] * 4 + [2.0] * 4))
-        assert torch.equal(scattered, torch.arange(8.0)[4 * rank:4 * rank + 4] + 5)
+        assert torch.equal(scattered, torch.arange(8.0)[4 * rank : 4 * rank + 4] + 5)
         assert torch.equal(summed, torch.full((4,), 3.0))
         assert torch.equal(averaged, torch.full((4,), 1.5))
     finally:

@@ -19,6 +19,7 @@ FAST = settings(max_examples=60, deadline=None)
 
 # ------------------------------------------------------------------------------------ Wilson
 
+
 @pytest.mark.parametrize("confidence", [0.8, 0.9, 0.95, 0.99])
 def test_wilson_matches_scipy(confidence):
     for n in range(1, 31):
@@ -71,6 +72,7 @@ def test_wilson_narrows_with_n(k, extra, scale):
 
 # ------------------------------------------------------------------------------------ Fisher
 
+
 def _fisher_by_hand(a, n1, c, n2, alternative):
     """Enumerate every table with the observed margins through hypergeom directly."""
     m = a + c
@@ -91,8 +93,7 @@ def test_fisher_matches_hand_enumeration(alternative):
 
 def test_fisher_known_value():
     # 10/10 against 0/10: one table as extreme per side, 1 / C(20, 10) each.
-    assert stats.fisher_pvalue(10, 10, 0, 10, alternative="greater") == pytest.approx(
-        1 / math.comb(20, 10))
+    assert stats.fisher_pvalue(10, 10, 0, 10, alternative="greater") == pytest.approx(1 / math.comb(20, 10))
     assert stats.fisher_pvalue(10, 10, 0, 10) == pytest.approx(2 / math.comb(20, 10))
     with pytest.raises(ValueError):
         stats.fisher_pvalue(1, 2, 0, 2, alternative="less-ish")
@@ -120,12 +121,12 @@ def test_power_matches_brute_force():
 
 # ----------------------------------------------------------------------------------- wording
 
+
 def test_describe_rate_wording():
     assert stats.describe_rate(0, 10) == "no failure in 10 trials: rate below 28% at 95%"
     assert stats.describe_rate(7, 10) == "7 of 10 trials failed (70%, 95% CI 40%-89%)"
     assert stats.describe_rate(0, 1) == "no failure in 1 trial: rate below 80% at 95%"
-    assert stats.describe_rate(0, 10, confidence=0.9) == (
-        "no failure in 10 trials: rate below 22% at 90%")
+    assert stats.describe_rate(0, 10, confidence=0.9) == ("no failure in 10 trials: rate below 22% at 90%")
     assert stats.describe_rate_short(10, 10) == "10/10 failed (100%, 95% CI 72%-100%)"
     assert stats.describe_rate_short(0, 10) == "0/10 (rate below 28% at 95%)"
     assert stats.describe_rate(0, 0) == "no trials"
@@ -150,6 +151,7 @@ def test_below_claim_is_true(n):
 
 
 # ---------------------------------------------------------------------------------- planning
+
 
 def test_plan_known_values():
     assert stats.trials_to_bound(0.3) == 9
@@ -187,8 +189,9 @@ def test_more_trials_lower_side_and_unreachable():
 
 
 @settings(max_examples=15, deadline=None)
-@given(pb=st.floats(0.6, 1.0), pf=st.floats(0.0, 0.2), alpha=st.sampled_from([0.01, 0.05, 0.1]),
-       power=st.floats(0.5, 0.95))
+@given(
+    pb=st.floats(0.6, 1.0), pf=st.floats(0.0, 0.2), alpha=st.sampled_from([0.01, 0.05, 0.1]), power=st.floats(0.5, 0.95)
+)
 def test_trials_to_separate_is_the_fewest(pb, pf, alpha, power):
     n = stats.trials_to_separate(pb, pf, alpha=alpha, power=power)
     assert stats.fisher_power(n, pb, pf, alpha=alpha) >= power

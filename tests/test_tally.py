@@ -17,9 +17,18 @@ PARAMS = ("1-True", "1-False", "3-True", "3-False")
 
 
 def record(arm, trial, params, outcome, *, expect="", **extra):
-    return TrialRecord(run_id="run-1", scenario=extra.pop("scenario", SCENARIO), arm=arm,
-                       expect=expect, trial=trial, seed=1000 + trial, test=TEST.format(params),
-                       params=params, outcome=outcome, **extra)
+    return TrialRecord(
+        run_id="run-1",
+        scenario=extra.pop("scenario", SCENARIO),
+        arm=arm,
+        expect=expect,
+        trial=trial,
+        seed=1000 + trial,
+        test=TEST.format(params),
+        params=params,
+        outcome=outcome,
+        **extra,
+    )
 
 
 def write(out, records):
@@ -84,8 +93,12 @@ def test_summary_columns_and_counts(two_arms):
 
 
 def test_sorting_arm_first_appearance_star_first(tmp_path):
-    recs = [record(arm, 0, p, "passed", scenario=s)
-            for s in ("zeta", "alpha") for arm in ("zz_fixed", "aa_baseline") for p in PARAMS[::-1]]
+    recs = [
+        record(arm, 0, p, "passed", scenario=s)
+        for s in ("zeta", "alpha")
+        for arm in ("zz_fixed", "aa_baseline")
+        for p in PARAMS[::-1]
+    ]
     summary = tally.summarize(tally.load_records(write(tmp_path, recs)))
     assert list(summary.scenario.drop_duplicates()) == ["alpha", "zeta"]
     first = summary[summary.scenario == "alpha"]
@@ -104,10 +117,16 @@ def test_resumed_run_keeps_the_last_record(tmp_path):
 
 
 def test_trial_outcome_in_star_row(tmp_path):
-    recs = [record("a", 0, "1-True", "passed"), record("a", 0, "1-False", "skipped"),
-            record("a", 1, "1-True", "failed"), record("a", 1, "1-False", "crash"),
-            record("a", 2, "1-True", "skipped"), record("a", 2, "1-False", "skipped"),
-            record("a", 3, "1-True", "timeout"), record("a", 3, "1-False", "error")]
+    recs = [
+        record("a", 0, "1-True", "passed"),
+        record("a", 0, "1-False", "skipped"),
+        record("a", 1, "1-True", "failed"),
+        record("a", 1, "1-False", "crash"),
+        record("a", 2, "1-True", "skipped"),
+        record("a", 2, "1-False", "skipped"),
+        record("a", 3, "1-True", "timeout"),
+        record("a", 3, "1-False", "error"),
+    ]
     summary = tally.summarize(tally.load_records(write(tmp_path, recs)))
     star = row(summary, "a", scenario=SCENARIO)
     counts = {c: int(star[c]) for c in tally.OUTCOME_COLUMNS}
@@ -131,8 +150,17 @@ def test_detected_counts_trials_with_a_report(tmp_path):
     for t in range(4):
         for p in PARAMS[:2]:
             hit = t < 2 and p == "1-True" or t == 0
-            recs.append(record("baseline", t, p, "failed" if hit else "passed", detect=True,
-                               detected=int(hit), reports=["free while in use"] if hit else []))
+            recs.append(
+                record(
+                    "baseline",
+                    t,
+                    p,
+                    "failed" if hit else "passed",
+                    detect=True,
+                    detected=int(hit),
+                    reports=["free while in use"] if hit else [],
+                )
+            )
     summary = tally.summarize(tally.load_records(write(tmp_path, recs)))
     assert summary.columns[-1] == "detected"
     assert row(summary, "baseline").detected == 2
@@ -141,8 +169,7 @@ def test_detected_counts_trials_with_a_report(tmp_path):
 
 
 def test_expect_comes_from_the_first_non_empty_value(tmp_path):
-    recs = [record("baseline", 0, "1-True", "failed"),
-            record("baseline", 1, "1-True", "failed", expect="race")]
+    recs = [record("baseline", 0, "1-True", "failed"), record("baseline", 1, "1-True", "failed", expect="race")]
     summary = tally.summarize(tally.load_records(write(tmp_path, recs)))
     assert set(summary.expect) == {"race"}
 
@@ -156,8 +183,9 @@ def test_write_summary_roundtrip(two_arms):
 
 
 def test_write_summary_adds_the_skipped_suites(two_arms):
-    (two_arms / "run.json").write_text(json.dumps({"skipped": {"big": {
-        "arms": ["a"], "expect": {"a": "race"}, "why": "needs at least 8 ranks"}}}))
+    (two_arms / "run.json").write_text(
+        json.dumps({"skipped": {"big": {"arms": ["a"], "expect": {"a": "race"}, "why": "needs at least 8 ranks"}}})
+    )
     summary = tally.write_summary(two_arms)
     row = summary[summary.scenario == "big"].iloc[0]
     assert (row.test, row.arm, row.trials, row.note) == ("*", "a", 0, "skipped: needs at least 8 ranks")
@@ -173,11 +201,13 @@ def test_signature_counts_only_matching_failures(tmp_path):
     """An unrelated failure (another exception, elsewhere) is not counted as the race."""
     race = dict(signature="AssertionError at scenarios/x.py:77 in test_hsdp", message="update off by 60%")
     other = dict(signature="ConnectionError at tests/net.py:12 in fetch", message="connection reset")
-    recs = [record("fixed", 0, "1-True", "failed", expect="safe", **other),
-            record("fixed", 1, "1-True", "passed", expect="safe"),
-            record("baseline", 0, "1-True", "failed", expect="race", **race),
-            record("baseline", 0, "1-False", "failed", expect="race", **other),
-            record("baseline", 1, "1-True", "failed", expect="race", **other)]
+    recs = [
+        record("fixed", 0, "1-True", "failed", expect="safe", **other),
+        record("fixed", 1, "1-True", "passed", expect="safe"),
+        record("baseline", 0, "1-True", "failed", expect="race", **race),
+        record("baseline", 0, "1-False", "failed", expect="race", **other),
+        record("baseline", 1, "1-True", "failed", expect="race", **other),
+    ]
     out = write(tmp_path, recs)
     plain = tally.summarize(tally.load_records(out))
     assert "other_failures" not in plain.columns

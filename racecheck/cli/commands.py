@@ -47,28 +47,37 @@ def _load(ctx, out_dir: Path, signature: str | None = None):
 
 
 _signature_option = click.option(
-    "--signature", default=None, metavar="REGEX",
+    "--signature",
+    default=None,
+    metavar="REGEX",
     help="Count only failures whose signature or message matches REGEX (e.g. 'AssertionError.*"
-         "test_hsdp'); other failures are not evidence of the race and are reported apart.")
+    "test_hsdp'); other failures are not evidence of the race and are reported apart.",
+)
 
 
 @click.command("report")
 @click.argument("out_dir", metavar="OUT", type=click.Path(path_type=Path))
-@click.option("--format", "fmt", type=click.Choice([f.value for f in Format]), default="terminal",
-              show_default=True, help="What to render.")
-@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write to FILE instead of stdout.")
-@click.option("--github-summary", is_flag=True,
-              help="Also append the Markdown report to $GITHUB_STEP_SUMMARY (kept under 1 MiB).")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice([f.value for f in Format]),
+    default="terminal",
+    show_default=True,
+    help="What to render.",
+)
+@click.option(
+    "--output", "-o", type=click.Path(dir_okay=False, path_type=Path), help="Write to FILE instead of stdout."
+)
+@click.option(
+    "--github-summary", is_flag=True, help="Also append the Markdown report to $GITHUB_STEP_SUMMARY (kept under 1 MiB)."
+)
 @_signature_option
 @click.pass_context
-def report_command(ctx, out_dir: Path, fmt: str, output: Path | None, github_summary: bool,
-                   signature: str | None):
+def report_command(ctx, out_dir: Path, fmt: str, output: Path | None, github_summary: bool, signature: str | None):
     """Render the trials in OUT (its trials.jsonl): a table, Markdown, CSV, JSON, JUnit or HTML."""
     summary_file = os.environ.get("GITHUB_STEP_SUMMARY") if github_summary else None
     if github_summary and not summary_file:
-        raise click.UsageError("--github-summary needs $GITHUB_STEP_SUMMARY (GitHub Actions sets "
-                               "it)", ctx)
+        raise click.UsageError("--github-summary needs $GITHUB_STEP_SUMMARY (GitHub Actions sets it)", ctx)
     from racecheck.results import report
 
     records, summary = _load(ctx, out_dir, signature)
@@ -79,8 +88,9 @@ def report_command(ctx, out_dir: Path, fmt: str, output: Path | None, github_sum
         try:
             output.write_text(text, encoding="utf-8")
         except OSError as exc:
-            raise click.BadParameter(f"cannot write {output}: {exc.strerror or exc}", ctx,
-                                     param_hint="--output") from None
+            raise click.BadParameter(
+                f"cannot write {output}: {exc.strerror or exc}", ctx, param_hint="--output"
+            ) from None
     if summary_file:
         # The step summary's 1 MiB limit covers what earlier steps already wrote there.
         used = Path(summary_file).stat().st_size if Path(summary_file).exists() else 0
@@ -93,16 +103,30 @@ def report_command(ctx, out_dir: Path, fmt: str, output: Path | None, github_sum
 @click.argument("out_dir", metavar="OUT", type=click.Path(path_type=Path))
 @click.option("--fixed", required=True, metavar="ARM", help="The arm that must not fail.")
 @click.option("--baseline", required=True, metavar="ARM", help="The arm that must still fail.")
-@click.option("--max-rate", type=float, default=0.0, show_default=True, callback=check_rate,
-              help="Highest failure rate allowed for the fixed arm (its upper bound with "
-                   "--confidence).")
-@click.option("--min-rate", type=float, default=None, callback=check_rate,
-              help="Lowest failure rate required of the baseline (its lower bound with "
-                   "--confidence). Default: at least one failing trial.")
-@click.option("--confidence", type=float, default=None, callback=check_rate,
-              help="Judge Wilson bounds at this confidence (e.g. 0.95) instead of observed rates.")
-@click.option("--scenario", default=None, help="Gate one scenario (default: every scenario that "
-                                               "ran both arms).")
+@click.option(
+    "--max-rate",
+    type=float,
+    default=0.0,
+    show_default=True,
+    callback=check_rate,
+    help="Highest failure rate allowed for the fixed arm (its upper bound with --confidence).",
+)
+@click.option(
+    "--min-rate",
+    type=float,
+    default=None,
+    callback=check_rate,
+    help="Lowest failure rate required of the baseline (its lower bound with "
+    "--confidence). Default: at least one failing trial.",
+)
+@click.option(
+    "--confidence",
+    type=float,
+    default=None,
+    callback=check_rate,
+    help="Judge Wilson bounds at this confidence (e.g. 0.95) instead of observed rates.",
+)
+@click.option("--scenario", default=None, help="Gate one scenario (default: every scenario that ran both arms).")
 @_signature_option
 @click.pass_context
 def gate_command(ctx, out_dir, fixed, baseline, max_rate, min_rate, confidence, scenario, signature):
@@ -116,11 +140,17 @@ def gate_command(ctx, out_dir, fixed, baseline, max_rate, min_rate, confidence, 
     arms = list(dict.fromkeys(summary["arm"]))
     for hint, arm in (("--fixed", fixed), ("--baseline", baseline)):
         if arm not in arms:
-            raise click.BadParameter(f"unknown arm {arm!r}; arms in {out_dir}: {', '.join(arms)}",
-                                     ctx, param_hint=hint)
+            raise click.BadParameter(f"unknown arm {arm!r}; arms in {out_dir}: {', '.join(arms)}", ctx, param_hint=hint)
     try:
-        result = evaluate_gate(summary, fixed=fixed, baseline=baseline, max_rate=max_rate,
-                               min_rate=min_rate, confidence=confidence, scenario=scenario)
+        result = evaluate_gate(
+            summary,
+            fixed=fixed,
+            baseline=baseline,
+            max_rate=max_rate,
+            min_rate=min_rate,
+            confidence=confidence,
+            scenario=scenario,
+        )
     except ValueError as exc:
         raise click.BadParameter(str(exc), ctx) from None
     click.echo(result.printout())
@@ -128,18 +158,47 @@ def gate_command(ctx, out_dir, fixed, baseline, max_rate, min_rate, confidence, 
 
 
 @click.command("plan")
-@click.option("--bound", type=float, callback=check_rate,
-              help="Plan to bound a clean arm's failure rate at or below this rate.")
-@click.option("--confidence", type=float, default=0.95, show_default=True, callback=check_rate,
-              help="Confidence of the Wilson bound (with --bound).")
-@click.option("--baseline-rate", type=float, callback=check_rate,
-              help="Expected failure rate of the baseline arm (to plan a separation).")
-@click.option("--fixed-rate", type=float, default=0.0, show_default=True, callback=check_rate,
-              help="Expected failure rate of the fixed arm.")
-@click.option("--alpha", type=float, default=0.05, show_default=True, callback=check_rate,
-              help="Significance level of the one-sided Fisher exact test.")
-@click.option("--power", type=float, default=0.9, show_default=True, callback=check_rate,
-              help="Required probability that the test separates the arms.")
+@click.option(
+    "--bound", type=float, callback=check_rate, help="Plan to bound a clean arm's failure rate at or below this rate."
+)
+@click.option(
+    "--confidence",
+    type=float,
+    default=0.95,
+    show_default=True,
+    callback=check_rate,
+    help="Confidence of the Wilson bound (with --bound).",
+)
+@click.option(
+    "--baseline-rate",
+    type=float,
+    callback=check_rate,
+    help="Expected failure rate of the baseline arm (to plan a separation).",
+)
+@click.option(
+    "--fixed-rate",
+    type=float,
+    default=0.0,
+    show_default=True,
+    callback=check_rate,
+    help="Expected failure rate of the fixed arm.",
+)
+@click.option(
+    "--alpha",
+    type=float,
+    default=0.05,
+    show_default=True,
+    callback=check_rate,
+    help="Significance level of the one-sided Fisher exact test.",
+)
+@click.option(
+    "--power",
+    type=float,
+    default=0.9,
+    show_default=True,
+    callback=check_rate,
+    help="Required probability that the test separates the arms.",
+)
 @click.pass_context
 def plan_command(ctx, bound, confidence, baseline_rate, fixed_rate, alpha, power):
     """How many trials to run: to bound a clean arm (--bound), or to separate two arms
@@ -151,25 +210,34 @@ def plan_command(ctx, bound, confidence, baseline_rate, fixed_rate, alpha, power
     try:
         if bound is not None:
             n = stats.trials_to_bound(bound, confidence=confidence)
-            click.echo(f"{n} trials without a failure bound the failure rate at or below "
-                       f"{stats.format_pct(bound)} at {confidence * 100:g}% (Wilson upper bound; "
-                       f"{stats.describe_rate(0, n, confidence=confidence)})")
+            click.echo(
+                f"{n} trials without a failure bound the failure rate at or below "
+                f"{stats.format_pct(bound)} at {confidence * 100:g}% (Wilson upper bound; "
+                f"{stats.describe_rate(0, n, confidence=confidence)})"
+            )
         else:
             n = stats.trials_to_separate(baseline_rate, fixed_rate, alpha=alpha, power=power)
             got = stats.fisher_power(n, baseline_rate, fixed_rate, alpha=alpha)
-            click.echo(f"{n} trials per arm: a baseline failing at "
-                       f"{stats.format_pct(baseline_rate)} is told from a fix failing at "
-                       f"{stats.format_pct(fixed_rate)} by a one-sided "
-                       f"Fisher exact test at alpha {alpha:g} with power {got:.3f} "
-                       f"(>= {power:g})")
+            click.echo(
+                f"{n} trials per arm: a baseline failing at "
+                f"{stats.format_pct(baseline_rate)} is told from a fix failing at "
+                f"{stats.format_pct(fixed_rate)} by a one-sided "
+                f"Fisher exact test at alpha {alpha:g} with power {got:.3f} "
+                f"(>= {power:g})"
+            )
     except ValueError as exc:
         raise click.UsageError(str(exc), ctx) from None
 
 
 @click.command("merge")
 @click.argument("inputs", nargs=-1, required=True)
-@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help="The folder to write the merged run into.")
+@click.option(
+    "--out",
+    "out_dir",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="The folder to write the merged run into.",
+)
 def merge_command(inputs, out_dir):
     """Join run folders (shards from --shard i/N, other machines, CI jobs) into one run in OUT.
 
@@ -182,14 +250,20 @@ def merge_command(inputs, out_dir):
         n = merge(inputs, out_dir)
     except MergeError as exc:
         raise click.UsageError(str(exc)) from None
-    summarize_run(out_dir, footer=f"{n} records from {len(inputs)} runs merged into {out_dir} "
-                               f"(trials.jsonl, summary.csv)")
+    summarize_run(
+        out_dir, footer=f"{n} records from {len(inputs)} runs merged into {out_dir} (trials.jsonl, summary.csv)"
+    )
 
 
 @click.command("list")
 @click.option("--scenarios", "scenarios_dir", default=None, help="The catalogue folder (default: ./scenarios).")
-@click.option("--config", "config_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Also list the suite of this config (default: ./pyproject.toml's, if any).")
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Also list the suite of this config (default: ./pyproject.toml's, if any).",
+)
 def list_command(scenarios_dir, config_file):
     """The catalogue's scenarios (and the project's own suite): arms, expectations, profiles."""
     from racecheck.suites.catalogue import CatalogueError, find_catalogue, load_catalogue

@@ -21,16 +21,20 @@ def node_spec(ctx, opts):
     from racecheck.runner.nodes import NodeSpec, parse_conf, parse_endpoint
 
     if opts["nnodes"] == 1:
-        given = [n for n in ("node_rank", "rdzv_endpoint", "rdzv_id", "rdzv_conf")
-                 if ctx.get_parameter_source(n) is ParameterSource.COMMANDLINE]
+        given = [
+            n
+            for n in ("node_rank", "rdzv_endpoint", "rdzv_id", "rdzv_conf")
+            if ctx.get_parameter_source(n) is ParameterSource.COMMANDLINE
+        ]
         if given:
             raise click.UsageError(f"--{given[0].replace('_', '-')} needs --nnodes above 1")
         return None
     if not opts["rdzv_endpoint"]:
         raise click.UsageError("--nnodes above 1 needs --rdzv-endpoint HOST:PORT (node 0's address)")
     if opts["node_rank"] >= opts["nnodes"]:
-        raise click.BadParameter(f"{opts['node_rank']} is not below --nnodes {opts['nnodes']}",
-                                 param_hint="--node-rank")
+        raise click.BadParameter(
+            f"{opts['node_rank']} is not below --nnodes {opts['nnodes']}", param_hint="--node-rank"
+        )
     try:
         host, port = parse_endpoint(opts["rdzv_endpoint"])
     except ValueError as exc:
@@ -39,8 +43,14 @@ def node_spec(ctx, opts):
         conf = parse_conf(opts["rdzv_conf"])
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--rdzv-conf") from None
-    spec = NodeSpec(nnodes=opts["nnodes"], node_rank=opts["node_rank"], host=host, port=port,
-                    rdzv_id=opts["rdzv_id"], rdzv_conf=conf)
+    spec = NodeSpec(
+        nnodes=opts["nnodes"],
+        node_rank=opts["node_rank"],
+        host=host,
+        port=port,
+        rdzv_id=opts["rdzv_id"],
+        rdzv_conf=conf,
+    )
     if not spec.is_writer:
         where = f"nodes/node-{spec.node_rank}"
         if opts["resume_dir"] is not None:
@@ -57,8 +67,10 @@ def check_nodes(config, nodes) -> None:
     for s in config.scenarios:
         world = config.world_for(s)
         if world % nodes.nnodes:
-            raise click.BadParameter(f"{s.name} runs {world} ranks, which {nodes.nnodes} nodes cannot share "
-                                     f"evenly (--world-size)", param_hint="--nnodes")
+            raise click.BadParameter(
+                f"{s.name} runs {world} ranks, which {nodes.nnodes} nodes cannot share evenly (--world-size)",
+                param_hint="--nnodes",
+            )
 
 
 def writer_for(nodes, config):
@@ -110,5 +122,7 @@ def follow(ctx, nodes, config) -> None:
         ctx.exit(ExitCode.INTERRUPTED)
     except NodeError as exc:
         raise InfrastructureError(f"node {nodes.node_rank}: {exc}") from None
-    click.echo(f"node {nodes.node_rank}: ran its part of {follower.sessions} session(s) of node 0's run; "
-               f"its logs are in {config.out}")
+    click.echo(
+        f"node {nodes.node_rank}: ran its part of {follower.sessions} session(s) of node 0's run; "
+        f"its logs are in {config.out}"
+    )

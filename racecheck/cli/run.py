@@ -64,76 +64,204 @@ def _parse_stop(ctx, param, value):
 
 
 @click.command("run")
-@click.option("--scenario", "scenario_names", default=None,
-              help="Catalogue scenario(s), comma separated, or 'all' (then every arm of each). "
-                   "Default: the suite of ./pyproject.toml's [tool.racecheck], else main_grad_reuse.")
-@click.option("--config", "config_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Run the suite and arms of this TOML file ([tool.racecheck] or top-level keys).")
-@click.option("--arms", default=None,
-              help="Arms to run, comma separated, or 'all' (default: the suite's; every arm with --scenario all).")
-@click.option("--trials", default=None, callback=_parse_trials, metavar="N|auto",
-              help="Trials per arm [default: 10; on --resume, the run's]; 'auto' = enough to bound a "
-                   "clean arm and separate the arms (racecheck plan).")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Output folder for trials.jsonl and summary.csv (default: racecheck-out/run-TIME).")
-@click.option("--resume", "resume_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Continue the run in this folder up to --trials (its settings come from run.json).")
-@click.option("--perturb", default=None, help="Perturbation profile or rules (default: the suite's; "
-                                              "an arm's own profile wins).")
+@click.option(
+    "--scenario",
+    "scenario_names",
+    default=None,
+    help="Catalogue scenario(s), comma separated, or 'all' (then every arm of each). "
+    "Default: the suite of ./pyproject.toml's [tool.racecheck], else main_grad_reuse.",
+)
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Run the suite and arms of this TOML file ([tool.racecheck] or top-level keys).",
+)
+@click.option(
+    "--arms",
+    default=None,
+    help="Arms to run, comma separated, or 'all' (default: the suite's; every arm with --scenario all).",
+)
+@click.option(
+    "--trials",
+    default=None,
+    callback=_parse_trials,
+    metavar="N|auto",
+    help="Trials per arm [default: 10; on --resume, the run's]; 'auto' = enough to bound a "
+    "clean arm and separate the arms (racecheck plan).",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Output folder for trials.jsonl and summary.csv (default: racecheck-out/run-TIME).",
+)
+@click.option(
+    "--resume",
+    "resume_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Continue the run in this folder up to --trials (its settings come from run.json).",
+)
+@click.option(
+    "--perturb", default=None, help="Perturbation profile or rules (default: the suite's; an arm's own profile wins)."
+)
 @click.option("--no-perturb", is_flag=True, help="Run without perturbation: the natural failure rate.")
-@click.option("--delay-ms", type=click.FloatRange(min=0), default=None,
-              help="Resize every sleep of the profile to this many milliseconds.")
+@click.option(
+    "--delay-ms",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="Resize every sleep of the profile to this many milliseconds.",
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="Base seed; trial t uses seed+t.")
-@click.option("--isolation", type=click.Choice(["session", "process"]), default="session", show_default=True,
-              help="session: many trials per process world (fast, trials share state); "
-                   "process: a fresh world per trial (independent, pays start-up every trial).")
-@click.option("--order", type=click.Choice(["alternate", "random"]), default="alternate", show_default=True,
-              help="Arms inside each trial: in the given order (A B A B) or a seeded permutation.")
-@click.option("--chunk", type=click.IntRange(min=1), default=5, show_default=True,
-              help="session isolation, arms that need their own process (env, pytest args, git): "
-                   "trials per session; the arms' sessions alternate chunk by chunk.")
-@click.option("--shard", default=None, callback=_parse_shard, metavar="i/N|auto",
-              help="Run slice i of N of the trials (merge the slices with 'racecheck merge'); 'auto': "
-                   "from the job's environment (RACECHECK_SHARD=i/N, or a Slurm array's task).")
-@click.option("--timeout", type=click.FloatRange(min=1), default=300, show_default=True,
-              help="Seconds without a test starting or finishing before the trial counts as hung "
-                   "and its process tree is killed; the run goes on (start-up gets at least 120 s).")
-@click.option("--max-time", type=click.FloatRange(min=1), default=None, metavar="SECONDS",
-              help="Stop at the next trial boundary after this long.")
-@click.option("--stop-when", "stop_rules", default=None, callback=_parse_stop, metavar="RULES",
-              help="Stop a suite once all rules hold, e.g. 'baseline:failures>=3,fixed:clean>=20'.")
-@click.option("--backend", type=click.Choice(["auto", "sim", "cuda"]), default="auto", show_default=True,
-              help="Stream runtime: the CPU emulation, CUDA, or CUDA when a GPU is present.")
-@click.option("--world-size", type=click.IntRange(min=1), default=None,
-              help="Ranks per session (default: the suite's world_size).")
-@click.option("--mesh", default=None, callback=_parse_mesh, metavar="SHARDxREPLICATE",
-              help="The HSDP mesh of the scenarios that take theirs from the run (main_grad_reuse), "
-                   "e.g. 4x2; its size must be the world size (default: 2 x world/2 for an even "
-                   "world above 2, else every rank a shard).")
-@click.option("--nnodes", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Nodes the world spans; every node runs this same command (see docs/cluster.md).")
-@click.option("--node-rank", type=click.IntRange(min=0), default=0, show_default=True,
-              help="This node's rank; node 0 writes the run folder and hosts the rendezvous.")
-@click.option("--rdzv-endpoint", default=None, metavar="HOST:PORT",
-              help="With --nnodes: node 0's address for torchrun's c10d rendezvous.")
-@click.option("--rdzv-backend", type=click.Choice(["c10d"]), default="c10d", show_default=True,
-              help="torchrun's rendezvous backend (racecheck's node 0 hosts its store).")
-@click.option("--rdzv-id", default="racecheck", show_default=True,
-              help="torchrun's rendezvous id (the same on every node); each session adds its own suffix.")
-@click.option("--rdzv-conf", default="", metavar="K=V,...",
-              help="torchrun's rendezvous settings, passed through (join_timeout, keep_alive_interval, ...).")
+@click.option(
+    "--isolation",
+    type=click.Choice(["session", "process"]),
+    default="session",
+    show_default=True,
+    help="session: many trials per process world (fast, trials share state); "
+    "process: a fresh world per trial (independent, pays start-up every trial).",
+)
+@click.option(
+    "--order",
+    type=click.Choice(["alternate", "random"]),
+    default="alternate",
+    show_default=True,
+    help="Arms inside each trial: in the given order (A B A B) or a seeded permutation.",
+)
+@click.option(
+    "--chunk",
+    type=click.IntRange(min=1),
+    default=5,
+    show_default=True,
+    help="session isolation, arms that need their own process (env, pytest args, git): "
+    "trials per session; the arms' sessions alternate chunk by chunk.",
+)
+@click.option(
+    "--shard",
+    default=None,
+    callback=_parse_shard,
+    metavar="i/N|auto",
+    help="Run slice i of N of the trials (merge the slices with 'racecheck merge'); 'auto': "
+    "from the job's environment (RACECHECK_SHARD=i/N, or a Slurm array's task).",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=1),
+    default=300,
+    show_default=True,
+    help="Seconds without a test starting or finishing before the trial counts as hung "
+    "and its process tree is killed; the run goes on (start-up gets at least 120 s).",
+)
+@click.option(
+    "--max-time",
+    type=click.FloatRange(min=1),
+    default=None,
+    metavar="SECONDS",
+    help="Stop at the next trial boundary after this long.",
+)
+@click.option(
+    "--stop-when",
+    "stop_rules",
+    default=None,
+    callback=_parse_stop,
+    metavar="RULES",
+    help="Stop a suite once all rules hold, e.g. 'baseline:failures>=3,fixed:clean>=20'.",
+)
+@click.option(
+    "--backend",
+    type=click.Choice(["auto", "sim", "cuda"]),
+    default="auto",
+    show_default=True,
+    help="Stream runtime: the CPU emulation, CUDA, or CUDA when a GPU is present.",
+)
+@click.option(
+    "--world-size",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Ranks per session (default: the suite's world_size).",
+)
+@click.option(
+    "--mesh",
+    default=None,
+    callback=_parse_mesh,
+    metavar="SHARDxREPLICATE",
+    help="The HSDP mesh of the scenarios that take theirs from the run (main_grad_reuse), "
+    "e.g. 4x2; its size must be the world size (default: 2 x world/2 for an even "
+    "world above 2, else every rank a shard).",
+)
+@click.option(
+    "--nnodes",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Nodes the world spans; every node runs this same command (see docs/cluster.md).",
+)
+@click.option(
+    "--node-rank",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="This node's rank; node 0 writes the run folder and hosts the rendezvous.",
+)
+@click.option(
+    "--rdzv-endpoint",
+    default=None,
+    metavar="HOST:PORT",
+    help="With --nnodes: node 0's address for torchrun's c10d rendezvous.",
+)
+@click.option(
+    "--rdzv-backend",
+    type=click.Choice(["c10d"]),
+    default="c10d",
+    show_default=True,
+    help="torchrun's rendezvous backend (racecheck's node 0 hosts its store).",
+)
+@click.option(
+    "--rdzv-id",
+    default="racecheck",
+    show_default=True,
+    help="torchrun's rendezvous id (the same on every node); each session adds its own suffix.",
+)
+@click.option(
+    "--rdzv-conf",
+    default="",
+    metavar="K=V,...",
+    help="torchrun's rendezvous settings, passed through (join_timeout, keep_alive_interval, ...).",
+)
 @click.option("--detect", is_flag=True, help="Run the happens-before detector in every trial.")
 @click.option("--scenarios", "scenarios_dir", default=None, help="The catalogue folder (default: ./scenarios).")
-@click.option("--gate", is_flag=True, help="After the run, apply the gate (see 'racecheck gate') and "
-                                           "exit with its code: 0 pass, 1 fail, 4 undecided.")
+@click.option(
+    "--gate",
+    is_flag=True,
+    help="After the run, apply the gate (see 'racecheck gate') and exit with its code: 0 pass, 1 fail, 4 undecided.",
+)
 @click.option("--fixed", default=None, metavar="ARM", help="With --gate: the arm that must not fail.")
 @click.option("--baseline", default=None, metavar="ARM", help="With --gate: the arm that must still fail.")
-@click.option("--max-rate", type=float, default=0.0, show_default=True, callback=check_rate,
-              help="With --gate: highest failure rate allowed for the fixed arm.")
-@click.option("--min-rate", type=float, default=None, callback=check_rate,
-              help="With --gate: lowest failure rate required of the baseline.")
-@click.option("--confidence", type=float, default=None, callback=check_rate,
-              help="With --gate: judge Wilson bounds at this confidence.")
+@click.option(
+    "--max-rate",
+    type=float,
+    default=0.0,
+    show_default=True,
+    callback=check_rate,
+    help="With --gate: highest failure rate allowed for the fixed arm.",
+)
+@click.option(
+    "--min-rate",
+    type=float,
+    default=None,
+    callback=check_rate,
+    help="With --gate: lowest failure rate required of the baseline.",
+)
+@click.option(
+    "--confidence",
+    type=float,
+    default=None,
+    callback=check_rate,
+    help="With --gate: judge Wilson bounds at this confidence.",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.argument("pytest_args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
@@ -169,15 +297,21 @@ def run_command(ctx, **opts):
             result = runner.run()
     except KeyboardInterrupt:
         summarize_run(config.out)
-        click.echo(f"racecheck: interrupted; finished trials are in {config.out}; continue with "
-                   f"'racecheck run --resume {config.out}'", err=True)
+        click.echo(
+            f"racecheck: interrupted; finished trials are in {config.out}; continue with "
+            f"'racecheck run --resume {config.out}'",
+            err=True,
+        )
         ctx.exit(ExitCode.INTERRUPTED)
     if result.stopped == "node lost":
         summarize_run(config.out)
-        raise InfrastructureError(f"{writer.lost}; the run stopped; finished trials are in {config.out}; "
-                                  f"continue with 'racecheck run --resume {config.out}' on every node")
-    have_records = summarize_run(config.out, footer=f"{config.out}/summary.csv and trials.jsonl written "
-                                                 f"({time.monotonic() - started:.1f} s)")
+        raise InfrastructureError(
+            f"{writer.lost}; the run stopped; finished trials are in {config.out}; "
+            f"continue with 'racecheck run --resume {config.out}' on every node"
+        )
+    have_records = summarize_run(
+        config.out, footer=f"{config.out}/summary.csv and trials.jsonl written ({time.monotonic() - started:.1f} s)"
+    )
     _perturbation_notes(config.out)
     if result.stopped:
         why = "--max-time was reached" if result.stopped == "max-time" else "the stop rules held"

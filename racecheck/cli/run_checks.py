@@ -29,20 +29,26 @@ def fit_worlds(config):
         if s.world_size <= gpus:
             continue
         if s.config_file is not None:
-            raise click.UsageError(f"{s.name} has world_size {s.world_size}, and this machine has {gpus} "
-                                   f"GPU{'s' * (gpus != 1)}: give --world-size {gpus} if the suite runs on "
-                                   f"fewer ranks, or --backend sim for a suite that does not use CUDA")
+            raise click.UsageError(
+                f"{s.name} has world_size {s.world_size}, and this machine has {gpus} "
+                f"GPU{'s' * (gpus != 1)}: give --world-size {gpus} if the suite runs on "
+                f"fewer ranks, or --backend sim for a suite that does not use CUDA"
+            )
         if gpus < s.min_world_size:
-            skipped[s.name] = {"arms": list(config.arms_for(s)),
-                               "expect": {a: s.arm(a).expect for a in config.arms_for(s)},
-                               "why": f"needs at least {s.min_world_size} ranks (min_world_size), "
-                                      f"this machine has {gpus} GPU{'s' * (gpus != 1)}"}
+            skipped[s.name] = {
+                "arms": list(config.arms_for(s)),
+                "expect": {a: s.arm(a).expect for a in config.arms_for(s)},
+                "why": f"needs at least {s.min_world_size} ranks (min_world_size), "
+                f"this machine has {gpus} GPU{'s' * (gpus != 1)}",
+            }
         else:
             worlds[s.name] = gpus
     kept = tuple(s for s in config.scenarios if s.name not in skipped)
     if not kept:
-        raise click.UsageError("no suite of the run fits this machine: " +
-                               "; ".join(f"{name} {info['why']}" for name, info in skipped.items()))
+        raise click.UsageError(
+            "no suite of the run fits this machine: "
+            + "; ".join(f"{name} {info['why']}" for name, info in skipped.items())
+        )
     return dataclasses.replace(config, scenarios=kept, worlds=worlds, skipped=skipped)
 
 
@@ -78,28 +84,33 @@ def check_run(config) -> None:
     --backend cuda has a GPU."""
     for s in config.scenarios:
         if config.world_for(s) < s.min_world_size:
-            raise click.BadParameter(f"{s.name} needs at least {s.min_world_size} ranks (its min_world_size), "
-                                     f"got {config.world_for(s)}", param_hint="--world-size")
+            raise click.BadParameter(
+                f"{s.name} needs at least {s.min_world_size} ranks (its min_world_size), got {config.world_for(s)}",
+                param_hint="--world-size",
+            )
     if config.mesh:
         from racecheck.mesh_config import MeshConfig
 
         ranks = MeshConfig.parse(config.mesh).world_size
         for s in config.scenarios:
             if ranks != config.world_for(s):
-                raise click.BadParameter(f"mesh {config.mesh} has {ranks} ranks, "
-                                         f"{s.name} runs on {config.world_for(s)}", param_hint="--mesh")
+                raise click.BadParameter(
+                    f"mesh {config.mesh} has {ranks} ranks, {s.name} runs on {config.world_for(s)}", param_hint="--mesh"
+                )
     arms = {a for s in config.scenarios for a in config.arms_for(s)}
     for rule in config.stop_rules:
         if rule.arm not in arms:
-            raise click.BadParameter(f"rule {str(rule)!r} names arm {rule.arm!r}, which the run does not "
-                                     f"have (arms: {', '.join(sorted(arms))})", param_hint="--stop-when")
+            raise click.BadParameter(
+                f"rule {str(rule)!r} names arm {rule.arm!r}, which the run does not "
+                f"have (arms: {', '.join(sorted(arms))})",
+                param_hint="--stop-when",
+            )
     check_perturbation(config)
     if config.backend == "cuda":
         import torch
 
         if not torch.cuda.is_available():
-            raise click.BadParameter("cuda: no CUDA device is available on this machine",
-                                     param_hint="--backend")
+            raise click.BadParameter("cuda: no CUDA device is available on this machine", param_hint="--backend")
 
 
 def check_perturbation(config) -> None:
@@ -115,9 +126,12 @@ def check_perturbation(config) -> None:
         if s.config_file is None:
             for p in profiles:
                 if p.systematic is not None or any(r.point in HANDOFF_POINTS for r in p.rules):
-                    raise click.BadParameter(f"{p.to_spec()}: the systematic schedule and the hand-off points "
-                                             f"({', '.join(HANDOFF_POINTS)}) act in patch mode, on a project's "
-                                             f"own suite; {s.name} runs on racecheck's runtime", param_hint="--perturb")
+                    raise click.BadParameter(
+                        f"{p.to_spec()}: the systematic schedule and the hand-off points "
+                        f"({', '.join(HANDOFF_POINTS)}) act in patch mode, on a project's "
+                        f"own suite; {s.name} runs on racecheck's runtime",
+                        param_hint="--perturb",
+                    )
             continue
         from racecheck.perturb.patch import PatchMode
         from racecheck.perturb.patch_actions import PatchUnavailable, actions_factory

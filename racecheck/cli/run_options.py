@@ -16,9 +16,26 @@ import click
 from racecheck.cli import run_checks
 
 # Options that define the experiment: on --resume they come from OUT/run.json.
-_DEFINING = ("scenario_names", "config_file", "arms", "out_dir", "perturb", "no_perturb", "delay_ms",
-             "seed", "isolation", "order", "chunk", "backend", "world_size", "mesh", "detect",
-             "scenarios_dir", "shard", "pytest_args")
+_DEFINING = (
+    "scenario_names",
+    "config_file",
+    "arms",
+    "out_dir",
+    "perturb",
+    "no_perturb",
+    "delay_ms",
+    "seed",
+    "isolation",
+    "order",
+    "chunk",
+    "backend",
+    "world_size",
+    "mesh",
+    "detect",
+    "scenarios_dir",
+    "shard",
+    "pytest_args",
+)
 
 
 def suites_from_options(opts) -> tuple[list, dict]:
@@ -63,21 +80,36 @@ def fresh_config(ctx, opts):
     spec = perturb_spec(opts, suites)
     shard, shard_source = job_shard(opts["shard"])
     out_dir = opts["out_dir"] or Path("racecheck-out") / time.strftime("run-%Y%m%d-%H%M%S")
-    config = RunConfig(scenarios=tuple(suites), arms=arm_list, trials=trials_value(opts["trials"], 10),
-                       out=out_dir, perturb=spec, seed=opts["seed"], isolation=opts["isolation"],
-                       order=opts["order"], chunk=opts["chunk"], timeout=opts["timeout"],
-                       backend=opts["backend"], detect=opts["detect"], pytest_args=tuple(opts["pytest_args"]),
-                       all_arms=all_arms, world_size=opts["world_size"], mesh=opts["mesh"], shard=shard,
-                       shard_source=shard_source,
-                       max_time=opts["max_time"], stop_rules=opts["stop_rules"], source=source)
+    config = RunConfig(
+        scenarios=tuple(suites),
+        arms=arm_list,
+        trials=trials_value(opts["trials"], 10),
+        out=out_dir,
+        perturb=spec,
+        seed=opts["seed"],
+        isolation=opts["isolation"],
+        order=opts["order"],
+        chunk=opts["chunk"],
+        timeout=opts["timeout"],
+        backend=opts["backend"],
+        detect=opts["detect"],
+        pytest_args=tuple(opts["pytest_args"]),
+        all_arms=all_arms,
+        world_size=opts["world_size"],
+        mesh=opts["mesh"],
+        shard=shard,
+        shard_source=shard_source,
+        max_time=opts["max_time"],
+        stop_rules=opts["stop_rules"],
+        source=source,
+    )
     config = run_checks.fit_worlds(config)
     run_checks.check_run(config)
     config = with_revisions(config)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise click.BadParameter(f"cannot create {out_dir}: {exc.strerror or exc}",
-                                 param_hint="--out") from None
+        raise click.BadParameter(f"cannot create {out_dir}: {exc.strerror or exc}", param_hint="--out") from None
     return config
 
 
@@ -103,6 +135,7 @@ def perturb_spec(opts, suites) -> str | None:
     if spec is None and opts["delay_ms"] is None:
         return None
     from racecheck.perturb.profiles import parse_profile  # imports torch (racecheck.perturb's package)
+
     try:
         specs = {s.name: parse_profile(spec if spec is not None else s.default_perturb) for s in suites}
     except ValueError as exc:
@@ -121,10 +154,13 @@ def trials_value(value, default: int) -> int:
         from racecheck.results import stats
 
         n = stats.trials_for_auto()
-        click.echo(f"--trials auto: {n} trials per arm (bounds a clean arm at or below "
-                   f"{stats.AUTO_BOUND:.0%} at {stats.AUTO_CONFIDENCE:.0%}, and separates a "
-                   f"{stats.AUTO_BASELINE_RATE:.0%} baseline from a clean fix at alpha "
-                   f"{stats.AUTO_ALPHA:g} with power {stats.AUTO_POWER:g})", err=True)
+        click.echo(
+            f"--trials auto: {n} trials per arm (bounds a clean arm at or below "
+            f"{stats.AUTO_BOUND:.0%} at {stats.AUTO_CONFIDENCE:.0%}, and separates a "
+            f"{stats.AUTO_BASELINE_RATE:.0%} baseline from a clean fix at alpha "
+            f"{stats.AUTO_ALPHA:g} with power {stats.AUTO_POWER:g})",
+            err=True,
+        )
         return n
     return value
 
@@ -161,17 +197,21 @@ def resumed_config(ctx, opts):
     given = [name for name in _DEFINING if ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE]
     if given:
         option = "PYTEST_ARGS" if given[0] == "pytest_args" else "--" + given[0].replace("_", "-")
-        raise click.UsageError(f"{option} cannot be given with --resume: the run's settings come from "
-                               f"its run.json")
+        raise click.UsageError(f"{option} cannot be given with --resume: the run's settings come from its run.json")
     out = opts["resume_dir"]
     timeout_given = ctx.get_parameter_source("timeout") is ParameterSource.COMMANDLINE
     try:
         run = state.read_run(out)
         suites = load_suites(run["source"])
         config = RunConfig.from_json(
-            run, scenarios=tuple(suites), out=out, trials=trials_value(opts["trials"], int(run["trials"])),
-            max_time=opts["max_time"], stop_rules=opts["stop_rules"],
-            **({"timeout": opts["timeout"]} if timeout_given else {}))
+            run,
+            scenarios=tuple(suites),
+            out=out,
+            trials=trials_value(opts["trials"], int(run["trials"])),
+            max_time=opts["max_time"],
+            stop_rules=opts["stop_rules"],
+            **({"timeout": opts["timeout"]} if timeout_given else {}),
+        )
         config = run_checks.fit_worlds(config)
     except CatalogueError as exc:
         raise click.UsageError(f"cannot resume {out}: {exc}") from None
@@ -214,4 +254,3 @@ def apply_gate(out_dir: Path, gate: dict) -> int:
     click.echo("")
     click.echo(result.printout())
     return int(result.exit_code)
-

@@ -132,8 +132,7 @@ def returned_tensors(out) -> list:
 
 
 _plans: dict = {}
-_UNINITIALIZED = frozenset({"empty", "empty_like", "empty_strided", "empty_permuted", "new_empty",
-                            "new_empty_strided"})
+_UNINITIALIZED = frozenset({"empty", "empty_like", "empty_strided", "empty_permuted", "new_empty", "new_empty_strided"})
 
 
 def plan_for(func) -> OpPlan:
@@ -165,8 +164,7 @@ def _compile(func) -> OpPlan:
         is_write = alias is not None and alias.is_write
         metadata_only = factory or (alias is not None and not alias.is_write)
         if is_write or not metadata_only:
-            args.append((pos if not arg.kwarg_only else 1 << 30, arg.name, is_write,
-                         str(arg.type).startswith("List[")))
+            args.append((pos if not arg.kwarg_only else 1 << 30, arg.name, is_write, str(arg.type).startswith("List[")))
     returns = [r for r in schema.returns if _is_tensor_type(r.type)]
     writes_returns = not factory and any(r.alias_info is None or r.alias_info.is_write for r in returns)
     if schema.name.split("::")[-1] in _UNINITIALIZED:

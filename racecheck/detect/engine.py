@@ -75,8 +75,7 @@ class AllocState(enum.Enum):
 class Allocation:
     """One generation of a block: from its allocation to its free."""
 
-    __slots__ = ("serial", "ptr", "nbytes", "end", "stream", "stack", "state", "free_stack", "holds",
-                 "recorded")
+    __slots__ = ("serial", "ptr", "nbytes", "end", "stream", "stack", "state", "free_stack", "holds", "recorded")
 
     def __init__(self, serial: int, ptr: int, nbytes: int, stream: Domain | None, stack: object) -> None:
         self.serial = serial
@@ -97,9 +96,11 @@ def _kept_at_reuse(acc: Access, d: Domain, clock: Clock, host: Clock, racing: di
     preferred) and dropped."""
     dom, epoch = acc.domain, acc.epoch
     gen = acc.alloc
-    if (host.get(dom, 0) >= epoch
-            or (gen.stream is not None and gen.stream is not d)
-            or (gen.holds and any(h.get(dom, 0) >= epoch for h in gen.holds))):
+    if (
+        host.get(dom, 0) >= epoch
+        or (gen.stream is not None and gen.stream is not d)
+        or (gen.holds and any(h.get(dom, 0) >= epoch for h in gen.holds))
+    ):
         return False  # complete
     if dom is d or clock.get(dom, 0) >= epoch:
         return True  # ordered before the allocation, not known complete
@@ -338,8 +339,18 @@ class HappensBefore:
                 self._report(RaceKind.REUSE, acc, later)
 
     # -- accesses --------------------------------------------------------------------------
-    def access(self, stream, ptr: int, nbytes: int, *, write: bool, op: str, stack=(),
-               alloc: Allocation | None = None, record: bool = True) -> None:
+    def access(
+        self,
+        stream,
+        ptr: int,
+        nbytes: int,
+        *,
+        write: bool,
+        op: str,
+        stack=(),
+        alloc: Allocation | None = None,
+        record: bool = True,
+    ) -> None:
         """Work on `stream` reads or writes [ptr, ptr + nbytes). Only memory inside a live
         allocation is tracked: other memory has no lifetime the detector could reason about.
         With `record=False` a read is checked against earlier writes but not remembered."""
@@ -390,8 +401,18 @@ class HappensBefore:
                     reads[d] = acc
             self.accesses += len(items)
 
-    def _access(self, d: Domain, clock: Clock, ptr: int, nbytes: int, write: bool, op: str, stack: object,
-                alloc: Allocation, record: bool) -> None:
+    def _access(
+        self,
+        d: Domain,
+        clock: Clock,
+        ptr: int,
+        nbytes: int,
+        write: bool,
+        op: str,
+        stack: object,
+        alloc: Allocation,
+        record: bool,
+    ) -> None:
         end = ptr + nbytes
         if end > alloc.end:
             end = alloc.end
@@ -427,8 +448,16 @@ class HappensBefore:
 
     # -- reports ---------------------------------------------------------------------------
     def _report(self, kind: RaceKind, earlier: Access, later: Access) -> None:
-        key = (kind, earlier.domain.name, earlier.op, earlier.is_write, stack_key(earlier.stack),
-               later.domain.name, later.op, stack_key(later.stack))
+        key = (
+            kind,
+            earlier.domain.name,
+            earlier.op,
+            earlier.is_write,
+            stack_key(earlier.stack),
+            later.domain.name,
+            later.op,
+            stack_key(later.stack),
+        )
         found = self._reports.get(key)
         if found is not None:
             found.count += 1

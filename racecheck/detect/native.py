@@ -36,8 +36,10 @@ def _built_from_these_sources() -> bool:
         SOURCE_SHA256 = importlib.import_module("racecheck.detect._native_build").SOURCE_SHA256
     except ImportError:
         return False
-    return all(_compiled(name) and hashlib.sha256((_HERE / f"{name}.py").read_bytes()).hexdigest()
-               == SOURCE_SHA256.get(name) for name in _MODULES)
+    return all(
+        _compiled(name) and hashlib.sha256((_HERE / f"{name}.py").read_bytes()).hexdigest() == SOURCE_SHA256.get(name)
+        for name in _MODULES
+    )
 
 
 def _load_python_modules() -> None:
@@ -60,9 +62,12 @@ def _select() -> str:
         _load_python_modules()
         return "python"
     if not _built_from_these_sources():  # an edited source, or a build that stopped half-way
-        warnings.warn("racecheck: the compiled detector engine was not built from "
-                      "racecheck/detect/engine.py and shadow.py as they are now; running those "
-                      "sources in Python (reinstall racecheck to compile them)", stacklevel=2)
+        warnings.warn(
+            "racecheck: the compiled detector engine was not built from "
+            "racecheck/detect/engine.py and shadow.py as they are now; running those "
+            "sources in Python (reinstall racecheck to compile them)",
+            stacklevel=2,
+        )
         _load_python_modules()
         return "python"
     return "compiled"

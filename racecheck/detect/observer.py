@@ -38,11 +38,11 @@ from racecheck.device.base import Runtime, RuntimeObserver
 class RaceDetector(RuntimeObserver):
     """Reports free-while-in-use and unsynchronized cross-stream accesses in one run.
 
-        detector = RaceDetector()
-        with detector.attached(runtime):
-            ...  # code under test
-        for report in detector.reports():
-            print(report.text())
+    detector = RaceDetector()
+    with detector.attached(runtime):
+        ...  # code under test
+    for report in detector.reports():
+        print(report.text())
     """
 
     def __init__(self, *, host_ops: bool = True, stacks_on: bool = True) -> None:
@@ -187,8 +187,7 @@ class RaceDetector(RuntimeObserver):
             alloc = engine.allocation_at(ptr) if pinned else None
             if alloc is not None and alloc.ptr in pinned:
                 # [Note: pinned host buffers]: the host itself touches host memory, at once.
-                engine.access(self._host_ops, ptr, nbytes, write=is_write, op=plan.name, stack=stack,
-                              record=is_write)
+                engine.access(self._host_ops, ptr, nbytes, write=is_write, op=plan.name, stack=stack, record=is_write)
                 on_host = True
                 continue
             # [Note: host-side reads] below: a read is checked, not remembered.

@@ -55,20 +55,28 @@ class RaceReport:
         verb = "writing" if e.is_write else "reading"
         if self.kind is RaceKind.REUSE:
             owner = self.buffer.stream.name if self.buffer.stream is not None else "an unknown stream"
-            return (f"free-while-in-use: a {size} buffer allocated on stream {_q(owner)} was freed while "
-                    f"stream {t} could still be {verb} it ({e.op}), and a new allocation on stream {s} "
-                    f"reused its memory without being ordered after that access.")
+            return (
+                f"free-while-in-use: a {size} buffer allocated on stream {_q(owner)} was freed while "
+                f"stream {t} could still be {verb} it ({e.op}), and a new allocation on stream {s} "
+                f"reused its memory without being ordered after that access."
+            )
         what = f"a {size} buffer"
         if self.reused:
             what += " (bytes of an earlier buffer that was freed and reused in between)"
         if self.kind is RaceKind.READ_AFTER_WRITE:
-            return (f"read-after-write: stream {s} reads ({later.op}) bytes of {what} that stream {t} "
-                    f"wrote ({e.op}) without being ordered after that write.")
+            return (
+                f"read-after-write: stream {s} reads ({later.op}) bytes of {what} that stream {t} "
+                f"wrote ({e.op}) without being ordered after that write."
+            )
         if self.kind is RaceKind.WRITE_AFTER_READ:
-            return (f"write-after-read: stream {s} writes ({later.op}) bytes of {what} that stream {t} "
-                    f"reads ({e.op}) without being ordered after that read.")
-        return (f"write-after-write: streams {t} ({e.op}) and {s} ({later.op}) write the same bytes of "
-                f"{what} with no ordering between them.")
+            return (
+                f"write-after-read: stream {s} writes ({later.op}) bytes of {what} that stream {t} "
+                f"reads ({e.op}) without being ordered after that read."
+            )
+        return (
+            f"write-after-write: streams {t} ({e.op}) and {s} ({later.op}) write the same bytes of "
+            f"{what} with no ordering between them."
+        )
 
     def consequence(self) -> str:
         e, later = self.earlier, self.later
@@ -85,8 +93,10 @@ class RaceReport:
         else:
             text = "Which write lands last depends on timing."
         if e.domain.inline:
-            text += (f" (The CPU emulation runs {t} inline on the host, so this cannot fail by timing "
-                     f"there; on a GPU it can.)")
+            text += (
+                f" (The CPU emulation runs {t} inline on the host, so this cannot fail by timing "
+                f"there; on a GPU it can.)"
+            )
         return text
 
     def fixes(self) -> list[str]:
@@ -95,9 +105,11 @@ class RaceReport:
         out = []
         if self.kind is not RaceKind.REUSE:
             done = "write" if e.is_write else "read"
-            out.append(f"make {_q(s)} wait for {_q(t)} before this access: `{s}.wait_stream({t})`, or "
-                       f"`{s}.wait_event(ev)` with `ev` recorded on {_q(t)} after its {done} ({e.op}); "
-                       f"or issue both on one stream")
+            out.append(
+                f"make {_q(s)} wait for {_q(t)} before this access: `{s}.wait_stream({t})`, or "
+                f"`{s}.wait_event(ev)` with `ev` recorded on {_q(t)} after its {done} ({e.op}); "
+                f"or issue both on one stream"
+            )
         if self.reused:
             owner = self.buffer.stream.name if self.buffer.stream is not None else "its allocation stream"
             out += [
@@ -114,21 +126,26 @@ class RaceReport:
 
     def summary(self) -> str:
         """One line: the sentence's head with the two innermost user frames."""
-        return (f"{self.kind.value} between {_q(self.earlier.domain.name)} ({self.earlier.op} at "
-                f"{innermost(self.earlier.stack)}) and {_q(self.later.domain.name)} ({self.later.op} at "
-                f"{innermost(self.later.stack)})")
+        return (
+            f"{self.kind.value} between {_q(self.earlier.domain.name)} ({self.earlier.op} at "
+            f"{innermost(self.earlier.stack)}) and {_q(self.later.domain.name)} ({self.later.op} at "
+            f"{innermost(self.later.stack)})"
+        )
 
     def text(self) -> str:
         e, later, buf = self.earlier, self.later, self.buffer
         owner = buf.stream.name if buf.stream is not None else "unknown"
-        lines = [f"racecheck detected a race: {self.sentence()}", f"  {self.consequence()}",
-                 f"  streams: earlier {'write' if e.is_write else 'read'} on {_q(e.domain.name)}, "
-                 f"later {'allocation' if self.kind is RaceKind.REUSE else ('write' if later.is_write else 'read')} "
-                 f"on {_q(later.domain.name)}; the buffer was allocated on {_q(owner)}"]
-        sections = [(f"allocation of the buffer (block {buf.serial}, {_size(buf.nbytes)}, on {_q(owner)})",
-                     buf.stack),
-                    (f"racing access: {e.op} ({'write' if e.is_write else 'read'}) on {_q(e.domain.name)}",
-                     e.stack)]
+        lines = [
+            f"racecheck detected a race: {self.sentence()}",
+            f"  {self.consequence()}",
+            f"  streams: earlier {'write' if e.is_write else 'read'} on {_q(e.domain.name)}, "
+            f"later {'allocation' if self.kind is RaceKind.REUSE else ('write' if later.is_write else 'read')} "
+            f"on {_q(later.domain.name)}; the buffer was allocated on {_q(owner)}",
+        ]
+        sections = [
+            (f"allocation of the buffer (block {buf.serial}, {_size(buf.nbytes)}, on {_q(owner)})", buf.stack),
+            (f"racing access: {e.op} ({'write' if e.is_write else 'read'}) on {_q(e.domain.name)}", e.stack),
+        ]
         if self.reused:
             if buf.free_stack is not None:
                 sections.append(("free of the buffer (its last reference dropped on the host)", buf.free_stack))
@@ -136,16 +153,27 @@ class RaceReport:
                 sections.append(("free of the buffer", None))
             new = later.alloc
             if new is not None and new is not buf:
-                sections.append((f"reusing allocation (block {new.serial}, {_size(new.nbytes)}, on "
-                                 f"{_q(later.domain.name if self.kind is RaceKind.REUSE else _name(new))})",
-                                 new.stack))
+                sections.append(
+                    (
+                        f"reusing allocation (block {new.serial}, {_size(new.nbytes)}, on "
+                        f"{_q(later.domain.name if self.kind is RaceKind.REUSE else _name(new))})",
+                        new.stack,
+                    )
+                )
         if self.kind is not RaceKind.REUSE:
-            sections.append((f"later access: {later.op} ({'write' if later.is_write else 'read'}) on "
-                             f"{_q(later.domain.name)}", later.stack))
+            sections.append(
+                (
+                    f"later access: {later.op} ({'write' if later.is_write else 'read'}) on {_q(later.domain.name)}",
+                    later.stack,
+                )
+            )
         for title, stack in sections:
             lines.append(f"  {title}:")
-            lines.append(format_stack(stack, indent="      ") if stack is not None
-                         else "      (not seen: the free happened outside the detector's view)")
+            lines.append(
+                format_stack(stack, indent="      ")
+                if stack is not None
+                else "      (not seen: the free happened outside the detector's view)"
+            )
         lines.append("  fix options:")
         lines += [f"    {i}. {fix}" for i, fix in enumerate(self.fixes(), 1)]
         if self.count > 1:

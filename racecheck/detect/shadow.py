@@ -34,8 +34,9 @@ class Access:
 class Cell:
     __slots__ = ("start", "end", "write", "reads")
 
-    def __init__(self, start: int, end: int, write: Access | None = None,
-                 reads: dict[Domain, Access] | None = None) -> None:
+    def __init__(
+        self, start: int, end: int, write: Access | None = None, reads: dict[Domain, Access] | None = None
+    ) -> None:
         self.start = start
         self.end = end
         self.write = write

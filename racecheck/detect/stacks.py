@@ -143,8 +143,9 @@ def _display_path(filename: str) -> str:
     return filename if rel.startswith(".." + os.sep + "..") else rel
 
 
-def format_stack(stack, *, indent: str = "    ",
-                 empty: str = "(no Python frames: issued from C++, e.g. by autograd's backward)") -> str:
+def format_stack(
+    stack, *, indent: str = "    ", empty: str = "(no Python frames: issued from C++, e.g. by autograd's backward)"
+) -> str:
     """Outermost call first, as Python's tracebacks print it."""
     user = frames(stack)
     if not user:

@@ -72,9 +72,14 @@ class _InFlight:
 
 
 class TorchRaceTracker:
-    def __init__(self, *, device_type: str = "cuda", stacks_on: bool = True,
-                 current_stream: Callable[[], int] | None = None,
-                 stream_handle: Callable[[object], int] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        device_type: str = "cuda",
+        stacks_on: bool = True,
+        current_stream: Callable[[], int] | None = None,
+        stream_handle: Callable[[object], int] | None = None,
+    ) -> None:
         """`device_type`, `current_stream` and `stream_handle` exist for tests on the CPU, which
         drive the trace handler by hand; on CUDA leave them alone."""
         self.engine = HappensBefore()
@@ -254,8 +259,13 @@ class TorchRaceTracker:
 
     def _charge(self, flight: _InFlight, out) -> None:
         flight.charged = True
-        self._op(flight.plan, flight.args, flight.kwargs, out,
-                 stream=flight.stream if flight.stream is not None else flight.issuer)
+        self._op(
+            flight.plan,
+            flight.args,
+            flight.kwargs,
+            out,
+            stream=flight.stream if flight.stream is not None else flight.issuer,
+        )
         self.stats["collectives"] += 1
 
     def _guard(self, fn, *args) -> None:
@@ -367,5 +377,6 @@ def _cuda_current_stream_fn() -> Callable[[], int]:
 def _cuda_stream_handle(stream) -> int:
     if isinstance(stream, torch.cuda.Stream):
         return stream.cuda_stream
-    return torch.cuda.Stream(stream_id=stream.stream_id, device_index=stream.device_index,
-                             device_type=stream.device_type).cuda_stream
+    return torch.cuda.Stream(
+        stream_id=stream.stream_id, device_index=stream.device_index, device_type=stream.device_type
+    ).cuda_stream

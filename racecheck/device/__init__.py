@@ -26,6 +26,7 @@ def __getattr__(name: str):
         return getattr(base, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
+
 BACKENDS = ("sim", "cuda")
 
 _runtime: Runtime | None = None
@@ -72,5 +73,18 @@ def shutdown_runtime() -> None:
         _runtime = None
 
 
-__all__ = ["BACKENDS", "CommGroup", "Event", "MemRange", "Point", "ReduceOp", "Runtime", "RuntimeObserver",
-           "Stream", "get_runtime", "init_runtime", "resolve_backend", "shutdown_runtime"]
+__all__ = [
+    "BACKENDS",
+    "CommGroup",
+    "Event",
+    "MemRange",
+    "Point",
+    "ReduceOp",
+    "Runtime",
+    "RuntimeObserver",
+    "Stream",
+    "get_runtime",
+    "init_runtime",
+    "resolve_backend",
+    "shutdown_runtime",
+]

@@ -214,13 +214,13 @@ class Runtime(abc.ABC):
         return tensor
 
     @abc.abstractmethod
-    def _allocate(self, shape: tuple[int, ...], dtype: torch.dtype,
-                  stream: Stream) -> tuple[torch.Tensor, NewBlock | None]:
+    def _allocate(
+        self, shape: tuple[int, ...], dtype: torch.dtype, stream: Stream
+    ) -> tuple[torch.Tensor, NewBlock | None]:
         """Backend hook of `empty`: a buffer tagged with `stream`, and its block (None where no
         block stands behind it, as for an empty CUDA tensor)."""
 
-    def _block_freed(self, *, block: int, stream: Stream, ptr: int, nbytes: int,
-                     deferred_to: Sequence[Stream]) -> None:
+    def _block_freed(self, *, block: int, stream: Stream, ptr: int, nbytes: int, deferred_to: Sequence[Stream]) -> None:
         """Called by the backend when a block's last reference died (from any thread)."""
         self._notify("on_free", block=block, stream=stream, ptr=ptr, nbytes=nbytes, deferred_to=deferred_to)
 
@@ -268,18 +268,30 @@ class Runtime(abc.ABC):
         raise NotImplementedError(f"the {self.backend} runtime cannot poison raw memory")
 
     # -- work -------------------------------------------------------------------------------
-    def launch(self, name: str, fn: Callable[..., None], *, reads: Sequence[torch.Tensor] = (),
-               writes: Sequence[torch.Tensor] = ()) -> None:
+    def launch(
+        self,
+        name: str,
+        fn: Callable[..., None],
+        *,
+        reads: Sequence[torch.Tensor] = (),
+        writes: Sequence[torch.Tensor] = (),
+    ) -> None:
         """Enqueue `fn(*writes, *reads)` on the current stream. `fn` receives raw views of the
         buffers: the queued work holds their memory, not their ownership."""
         stream = self.current_stream()
-        self._notify("on_launch", stream=stream, name=name, reads=[MemRange.of(t) for t in reads],
-                     writes=[MemRange.of(t) for t in writes])
+        self._notify(
+            "on_launch",
+            stream=stream,
+            name=name,
+            reads=[MemRange.of(t) for t in reads],
+            writes=[MemRange.of(t) for t in writes],
+        )
         self._launch(stream, fn, reads, writes)
 
     @abc.abstractmethod
-    def _launch(self, stream: Stream, fn: Callable[..., None], reads: Sequence[torch.Tensor],
-                writes: Sequence[torch.Tensor]) -> None: ...  # hook: run or queue it on `stream`
+    def _launch(
+        self, stream: Stream, fn: Callable[..., None], reads: Sequence[torch.Tensor], writes: Sequence[torch.Tensor]
+    ) -> None: ...  # hook: run or queue it on `stream`
 
     @abc.abstractmethod
     def sleep(self, seconds: float) -> None:
@@ -290,8 +302,9 @@ class Runtime(abc.ABC):
         """Enqueue an all-gather into `output` on the current stream."""
 
     @abc.abstractmethod
-    def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, *, group: CommGroup,
-                       op: ReduceOp = ReduceOp.SUM) -> None:
+    def reduce_scatter(
+        self, output: torch.Tensor, input: torch.Tensor, *, group: CommGroup, op: ReduceOp = ReduceOp.SUM
+    ) -> None:
         """Enqueue a reduce-scatter of `input` into `output` on the current stream."""
 
     @abc.abstractmethod

@@ -232,8 +232,13 @@ class CudaRuntime(Runtime):
             if self._live.get(alloc.ptr) is alloc:
                 del self._live[alloc.ptr]
             deferred_to = sorted(alloc.recorded, key=lambda s: s.name)
-        self._block_freed(block=alloc.block, stream=alloc.stream, ptr=alloc.ptr,
-                          nbytes=block_size(alloc.nbytes), deferred_to=deferred_to)
+        self._block_freed(
+            block=alloc.block,
+            stream=alloc.stream,
+            ptr=alloc.ptr,
+            nbytes=block_size(alloc.nbytes),
+            deferred_to=deferred_to,
+        )
 
     def _allocation_of(self, tensor: torch.Tensor) -> _Allocation | None:
         with self._lock:
@@ -324,8 +329,7 @@ class _RawBytes:
     """Device bytes [ptr, ptr + nbytes) described by __cuda_array_interface__, for torch.as_tensor."""
 
     def __init__(self, ptr: int, nbytes: int) -> None:
-        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False),
-                                         "version": 2}
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False), "version": 2}
 
 
 def _nccl_op(op: ReduceOp):

@@ -30,8 +30,9 @@ class RuntimeObserver:
     def on_alloc(self, rt: Runtime, *, block: int, stream: Stream, ptr: int, nbytes: int) -> None:
         """A block was handed out on `stream` (the stream current on the host)."""
 
-    def on_free(self, rt: Runtime, *, block: int, stream: Stream, ptr: int, nbytes: int,
-                deferred_to: Sequence[Stream]) -> None:
+    def on_free(
+        self, rt: Runtime, *, block: int, stream: Stream, ptr: int, nbytes: int, deferred_to: Sequence[Stream]
+    ) -> None:
         """The last reference to a block died; it returns to `stream`'s pool, after the streams in
         `deferred_to` (from record_stream) pass this point."""
 
@@ -46,8 +47,9 @@ class RuntimeObserver:
     def on_record_stream(self, rt: Runtime, *, block: int, stream: Stream) -> None:
         """record_stream(tensor, stream) on a tensor of `block`."""
 
-    def on_launch(self, rt: Runtime, *, stream: Stream, name: str, reads: Sequence[MemRange],
-                  writes: Sequence[MemRange]) -> None:
+    def on_launch(
+        self, rt: Runtime, *, stream: Stream, name: str, reads: Sequence[MemRange], writes: Sequence[MemRange]
+    ) -> None:
         """Work was enqueued on `stream` (collectives included)."""
 
     def on_event_record(self, rt: Runtime, *, event: Event, stream: Stream) -> None:

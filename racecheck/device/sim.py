@@ -63,8 +63,7 @@ class SimStream(Stream):
         """Give the stream a queue and a worker thread: launching returns at once from now on."""
         assert self._queue is None, "the stream already has a queue"
         self._queue = queue.SimpleQueue()
-        self._worker = threading.Thread(target=self._run, args=(self._queue,), name=f"stream-{self.name}",
-                                        daemon=True)
+        self._worker = threading.Thread(target=self._run, args=(self._queue,), name=f"stream-{self.name}", daemon=True)
         self._worker.start()
 
     def _run(self, tasks: queue.SimpleQueue) -> None:

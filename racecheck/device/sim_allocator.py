@@ -126,8 +126,7 @@ class SimCachingAllocator:
                 self._pools.setdefault(block.stream, []).append(block)
         # Observers hear of a deferred free before its release events exist, so work they enqueue
         # now on a recorded stream (the perturbation's poison) runs before the block can be reused.
-        self._on_free(block=block.id, stream=block.stream, ptr=block.ptr, nbytes=block.size,
-                      deferred_to=deferred_to)
+        self._on_free(block=block.id, stream=block.stream, ptr=block.ptr, nbytes=block.size, deferred_to=deferred_to)
         if deferred_to:
             with self._lock:
                 # record_stream: the block may be reused only once every recorded stream has
@@ -173,7 +172,7 @@ class SimCachingAllocator:
             raise ValueError("queued work needs contiguous tensors")
         offset = tensor.data_ptr() - block.ptr
         nbytes = tensor.numel() * tensor.element_size()
-        raw = block.segment[offset:offset + nbytes]  # a view of the segment, not of the tracked view
+        raw = block.segment[offset : offset + nbytes]  # a view of the segment, not of the tracked view
         return torch.from_numpy(raw).view(tensor.dtype).view(tensor.shape)
 
     def segment_bytes(self, ptr: int, nbytes: int) -> np.ndarray:

@@ -38,8 +38,7 @@ class FSDPState:
     """What fully_shard attaches to one module: its group (None when no parameters are left to
     shard) and the forward hooks that drive it, kept as handles (`hooks`) so they can be removed."""
 
-    def __init__(self, module: nn.Module, group: ParamGroup | None, *, runtime: Runtime,
-                 options: GroupOptions) -> None:
+    def __init__(self, module: nn.Module, group: ParamGroup | None, *, runtime: Runtime, options: GroupOptions) -> None:
         self.module = module
         self.group = group
         self.runtime = runtime
@@ -52,8 +51,10 @@ class FSDPState:
         """Drive the group from the module's forward (fully_shard does this once)."""
         if self.hooks:
             return
-        self.hooks = (self.module.register_forward_pre_hook(self.pre_forward, prepend=True, with_kwargs=True),
-                      self.module.register_forward_hook(self.post_forward))
+        self.hooks = (
+            self.module.register_forward_pre_hook(self.pre_forward, prepend=True, with_kwargs=True),
+            self.module.register_forward_hook(self.post_forward),
+        )
 
     def remove_hooks(self) -> None:
         """Undo attach_hooks: the module's forward no longer unshards, reshards or hooks backward."""
@@ -69,7 +70,8 @@ class FSDPState:
         dtype = self.options.mixed_precision.param_dtype
         if dtype is not None and self.options.mixed_precision.cast_forward_inputs:
             args, kwargs = tree_map_only(
-                torch.Tensor, lambda t: t.to(dtype) if torch.is_floating_point(t) else t, (args, kwargs))
+                torch.Tensor, lambda t: t.to(dtype) if torch.is_floating_point(t) else t, (args, kwargs)
+            )
         if self.group is not None:
             self.schedule.group_pre_forward(self.group)
         return args, kwargs
@@ -117,8 +119,11 @@ class FSDPModule:
                 m._racecheck_state.remove_hooks()
 
     def param_groups(self) -> list[ParamGroup]:
-        return [m._racecheck_state.group for m in self.modules()
-                if isinstance(m, FSDPModule) and m._racecheck_state.group is not None]
+        return [
+            m._racecheck_state.group
+            for m in self.modules()
+            if isinstance(m, FSDPModule) and m._racecheck_state.group is not None
+        ]
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for group in self.param_groups():
@@ -166,15 +171,23 @@ class FSDPModule:
     def load_sharded_state_dict(self, sd: dict[str, torch.Tensor], *, strict: bool = True) -> None:
         state_dict.load_sharded_state_dict(self, sd, strict=strict)
 
-    def init_parameters(self, init_fn: Callable[[nn.Module], None] | None = None, *,
-                        device: torch.device | str | None = None) -> None:
+    def init_parameters(
+        self, init_fn: Callable[[nn.Module], None] | None = None, *, device: torch.device | str | None = None
+    ) -> None:
         state_dict.init_parameters(self, init_fn, device=device)
 
 
-def fully_shard(module: nn.Module, *, mesh: Mesh, main_grad_policy: str | MainGradPolicy = "fixed",
-                hold_reduce_output: bool = True, reshard_after_forward: bool | None = None,
-                prefetch: bool = True, mixed_precision: MixedPrecisionPolicy | None = None,
-                runtime: Runtime | None = None) -> nn.Module:
+def fully_shard(
+    module: nn.Module,
+    *,
+    mesh: Mesh,
+    main_grad_policy: str | MainGradPolicy = "fixed",
+    hold_reduce_output: bool = True,
+    reshard_after_forward: bool | None = None,
+    prefetch: bool = True,
+    mixed_precision: MixedPrecisionPolicy | None = None,
+    runtime: Runtime | None = None,
+) -> nn.Module:
     """Shard `module`'s parameters that no nested fully_shard manages into one group.
 
     Options: see config.GroupOptions. A module built on the meta device is sharded without values;
@@ -184,15 +197,20 @@ def fully_shard(module: nn.Module, *, mesh: Mesh, main_grad_policy: str | MainGr
     if not isinstance(mesh, Mesh):
         raise TypeError(f"mesh must be a racecheck.fsdp.Mesh, got {type(mesh).__name__}")
     runtime = runtime or get_runtime()
-    options = GroupOptions(main_grad_policy=main_grad_policy, hold_reduce_output=hold_reduce_output,
-                           reshard_after_forward=reshard_after_forward, prefetch=prefetch,
-                           mixed_precision=mixed_precision or MixedPrecisionPolicy())
+    options = GroupOptions(
+        main_grad_policy=main_grad_policy,
+        hold_reduce_output=hold_reduce_output,
+        reshard_after_forward=reshard_after_forward,
+        prefetch=prefetch,
+        mixed_precision=mixed_precision or MixedPrecisionPolicy(),
+    )
     materialize_buffers(module, runtime.device)
     group = None
     if any(not getattr(p, SHARD_MARK, False) for p in module.parameters()):
         name = f"{type(module).__name__}#{next(_GROUP_NUMBERS)}"
-        group = ParamGroup(module, name=name, mesh=mesh, streams=fsdp_streams(runtime), runtime=runtime,
-                           options=options)
+        group = ParamGroup(
+            module, name=name, mesh=mesh, streams=fsdp_streams(runtime), runtime=runtime, options=options
+        )
     state = FSDPState(module, group, runtime=runtime, options=options)
     module._racecheck_state = state
     state.attach_hooks()

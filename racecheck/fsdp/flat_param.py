@@ -57,7 +57,7 @@ class FlatLayout:
 
     def views(self, flat: torch.Tensor) -> list[torch.Tensor]:
         """Each parameter's view of an unsharded flat buffer, in `infos` order."""
-        return [flat[i.offset:i.offset + i.numel].view(i.shape) for i in self.infos]
+        return [flat[i.offset : i.offset + i.numel].view(i.shape) for i in self.infos]
 
     def pieces(self, shard_index: int) -> Iterator[tuple[ParamInfo, int, int]]:
         """(info, lo, hi) for each parameter overlapping the shard: elements [lo, hi) of the
@@ -78,8 +78,10 @@ class FlatLayout:
                     continue  # managed by a nested fully_shard
                 fqn = f"{mod_name}.{attr}" if mod_name else attr
                 if id(p) in seen:
-                    raise ValueError(f"fully_shard: {fqn!r} is the same parameter as {seen[id(p)]!r}; "
-                                     "tied parameters are not supported")
+                    raise ValueError(
+                        f"fully_shard: {fqn!r} is the same parameter as {seen[id(p)]!r}; "
+                        "tied parameters are not supported"
+                    )
                 seen[id(p)] = fqn
                 dtypes.add(p.dtype)
                 offset = math.ceil(offset / ALIGN_NUMEL) * ALIGN_NUMEL
@@ -99,7 +101,7 @@ def flatten_into(layout: FlatLayout, tensors: list[torch.Tensor], out: torch.Ten
     out.zero_()
     with torch.no_grad():
         for info, t in zip(layout.infos, tensors, strict=True):
-            out[info.offset:info.offset + info.numel].copy_(t.reshape(-1))
+            out[info.offset : info.offset + info.numel].copy_(t.reshape(-1))
 
 
 def take_parameters(layout: FlatLayout) -> list[torch.Tensor]:
@@ -118,5 +120,4 @@ def materialize_buffers(module: nn.Module, device: torch.device) -> None:
         for name, buf in list(mod._buffers.items()):
             if buf is None or buf.device == device:
                 continue
-            mod._buffers[name] = (torch.empty_like(buf, device=device) if buf.is_meta
-                                  else buf.to(device))
+            mod._buffers[name] = torch.empty_like(buf, device=device) if buf.is_meta else buf.to(device)

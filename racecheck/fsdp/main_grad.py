@@ -47,8 +47,15 @@ class MainGrad:
     `release(A)` is called right after the reduce-scatter reading A was enqueued, still inside
     that context; `finish_backward()` runs after the default stream waited for the reduction."""
 
-    def __init__(self, *, runtime: Runtime, numel: int, policy: MainGradPolicy, rs_stream: Stream,
-                 dtype: torch.dtype = torch.float32) -> None:
+    def __init__(
+        self,
+        *,
+        runtime: Runtime,
+        numel: int,
+        policy: MainGradPolicy,
+        rs_stream: Stream,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
         self.runtime = runtime
         self.numel = numel
         self.dtype = dtype
@@ -85,7 +92,8 @@ class MainGrad:
             # Allocated and released on one stream: the block can only be reused by allocations
             # already ordered behind the reduce-scatter.
             assert rt.allocation_stream(buffer) is rt.current_stream(), (
-                "main_grad must be allocated and released on the reduce-scatter stream")
+                "main_grad must be allocated and released on the reduce-scatter stream"
+            )
         elif self.policy is MainGradPolicy.RECORD_STREAM:
             # Producer: the default stream allocated A; consumer: the reduce-scatter stream.
             # The allocator keeps A's block out of the default pool until rs passes this point.

@@ -24,8 +24,9 @@ class Mesh:
         world = dist.get_world_size() if dist.is_initialized() else 1
         rank = dist.get_rank() if dist.is_initialized() else 0
         if world != config.world_size:
-            raise ValueError(f"mesh {config.shard}x{config.replicate} needs {config.world_size} ranks, "
-                             f"the process group has {world}")
+            raise ValueError(
+                f"mesh {config.shard}x{config.replicate} needs {config.world_size} ranks, the process group has {world}"
+            )
         self.rank = rank
         self.shard_index = rank % config.shard
         self.replicate_index = rank // config.shard

@@ -56,8 +56,9 @@ class Unsharded(NamedTuple):
 
 
 class ParamGroup:
-    def __init__(self, module: nn.Module, *, name: str, mesh: Mesh, streams: FSDPStreams,
-                 runtime: Runtime, options: GroupOptions) -> None:
+    def __init__(
+        self, module: nn.Module, *, name: str, mesh: Mesh, streams: FSDPStreams, runtime: Runtime, options: GroupOptions
+    ) -> None:
         self.name = name
         self.mesh = mesh
         self.streams = streams
@@ -70,10 +71,17 @@ class ParamGroup:
         self.needs_init = False  # set when the module's parameters were on the meta device
         self.flat_param_shard = self._make_shard()
         module.register_parameter("flat_param_shard", self.flat_param_shard)
-        self.reducer = GradReducer(name=name, layout=self.layout, shard=self.flat_param_shard, mesh=mesh,
-                                   streams=streams, runtime=runtime, policy=options.main_grad_policy,
-                                   hold_reduce_output=options.hold_reduce_output,
-                                   reduce_dtype=mp.reduce_dtype or self.layout.dtype)
+        self.reducer = GradReducer(
+            name=name,
+            layout=self.layout,
+            shard=self.flat_param_shard,
+            mesh=mesh,
+            streams=streams,
+            runtime=runtime,
+            policy=options.main_grad_policy,
+            hold_reduce_output=options.hold_reduce_output,
+            reduce_dtype=mp.reduce_dtype or self.layout.dtype,
+        )
         self.main_grad = self.reducer.main_grad
         self.state = GroupState.SHARDED
         self._gather: Unsharded | None = None  # while GATHERING
@@ -111,8 +119,7 @@ class ParamGroup:
                 flat = torch.empty(layout.padded_numel, dtype=layout.dtype, device=params[0].device)
                 flatten_into(layout, params, flat)
                 start, end = layout.shard_range(self.mesh.shard_index)
-                rt.launch("init_shard", lambda out, src: out.copy_(src), reads=(flat[start:end],),
-                          writes=(shard,))
+                rt.launch("init_shard", lambda out, src: out.copy_(src), reads=(flat[start:end],), writes=(shard,))
         param = nn.Parameter(shard)
         setattr(param, SHARD_MARK, True)
         return param

@@ -44,9 +44,19 @@ if TYPE_CHECKING:
 class GradReducer:
     """Reduces one group's gradients into `shard.grad` (the flat shard is an nn.Parameter)."""
 
-    def __init__(self, *, name: str, layout: FlatLayout, shard: torch.nn.Parameter, mesh: Mesh,
-                 streams: FSDPStreams, runtime: Runtime, policy: MainGradPolicy,
-                 hold_reduce_output: bool, reduce_dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        *,
+        name: str,
+        layout: FlatLayout,
+        shard: torch.nn.Parameter,
+        mesh: Mesh,
+        streams: FSDPStreams,
+        runtime: Runtime,
+        policy: MainGradPolicy,
+        hold_reduce_output: bool,
+        reduce_dtype: torch.dtype,
+    ) -> None:
         self.name = name
         self.layout = layout
         self.shard = shard
@@ -55,8 +65,13 @@ class GradReducer:
         self.runtime = runtime
         self.hold_reduce_output = hold_reduce_output
         self.reduce_dtype = reduce_dtype
-        self.main_grad = MainGrad(runtime=runtime, numel=layout.padded_numel, policy=policy,
-                                  rs_stream=streams.reduce_scatter, dtype=reduce_dtype)
+        self.main_grad = MainGrad(
+            runtime=runtime,
+            numel=layout.padded_numel,
+            policy=policy,
+            rs_stream=streams.reduce_scatter,
+            dtype=reduce_dtype,
+        )
         self._held: list[HeldBuffer] = []  # HSDP reduce outputs (hold_reduce_output)
         self.reduced_in_backward = False
 
@@ -72,7 +87,9 @@ class GradReducer:
         s.reduce_scatter.wait_stream(s.default)
         with rt.stream(s.reduce_scatter):
             main_grad = self.main_grad.acquire()
-            present = [(i.offset, i.numel, i.shape) for i, g in zip(self.layout.infos, grads, strict=True) if g is not None]
+            present = [
+                (i.offset, i.numel, i.shape) for i, g in zip(self.layout.infos, grads, strict=True) if g is not None
+            ]
             tensors = [g for g in grads if g is not None]
             for g in tensors:
                 # Producer: default (autograd allocated and wrote g); consumer: rs, until the copy-in
@@ -82,7 +99,7 @@ class GradReducer:
 
             def copy_in(a, *gs):
                 for (offset, numel, shape), g in zip(present, gs, strict=True):
-                    a[offset:offset + numel].view(shape).add_(g)
+                    a[offset : offset + numel].view(shape).add_(g)
 
             rt.launch("accumulate_main_grad", copy_in, reads=tensors, writes=(main_grad,))
             del tensors, grads
@@ -182,6 +199,7 @@ def clip_grad_norm_(groups: Sequence[ParamGroup], max_norm: float, *, norm_type:
     with rt.stream(rt.default_stream()):
         total = rt.zeros(1, dtype=torch.float32)
         if grads:
+
             def local_power_sum(out, *gs):
                 norms = torch._foreach_norm([g.float() for g in gs], norm_type)
                 out.copy_(torch.stack(norms).pow(norm_type).sum().reshape(1))
@@ -191,6 +209,7 @@ def clip_grad_norm_(groups: Sequence[ParamGroup], max_norm: float, *, norm_type:
         rt.all_reduce(total, group=mesh.shard_group)
         total_norm = total.pow(1.0 / norm_type).reshape(())
         if grads:
+
             def scale(*gs_and_norm):
                 *gs, norm = gs_and_norm
                 coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)

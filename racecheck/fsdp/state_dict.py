@@ -68,8 +68,7 @@ def _check_keys(expected: set[str], sd: dict, strict: bool) -> None:
 def _write_shard(group: ParamGroup, src: torch.Tensor) -> None:
     rt = group.runtime
     with rt.stream(rt.default_stream()):
-        rt.launch("load_shard", lambda out, s: out.copy_(s), reads=(src,),
-                  writes=(group.flat_param_shard.detach(),))
+        rt.launch("load_shard", lambda out, s: out.copy_(s), reads=(src,), writes=(group.flat_param_shard.detach(),))
     group.needs_init = False
 
 
@@ -92,8 +91,9 @@ def load_full_state_dict(model: nn.Module, sd: dict[str, torch.Tensor], *, stric
             if t is None:
                 raise KeyError(f"load_full_state_dict: no value for {name!r}")
             if t.shape != info.shape:
-                raise ValueError(f"{name!r}: shape {tuple(t.shape)} in the state dict, "
-                                 f"{tuple(info.shape)} in the model")
+                raise ValueError(
+                    f"{name!r}: shape {tuple(t.shape)} in the state dict, {tuple(info.shape)} in the model"
+                )
             tensors.append(t)
         flat = torch.empty(layout.padded_numel, dtype=layout.dtype)
         flatten_into(layout, tensors, flat)
@@ -110,7 +110,7 @@ def sharded_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
         start, _ = group.layout.shard_range(group.mesh.shard_index)
         for info, lo, hi in group.layout.pieces(group.mesh.shard_index):
             at = info.offset + lo - start
-            out[_name(fqns, info)] = shard[at:at + hi - lo].to("cpu", copy=True)
+            out[_name(fqns, info)] = shard[at : at + hi - lo].to("cpu", copy=True)
     for name, buf in _buffers(model).items():
         out[name] = buf.detach().to("cpu", copy=True)
     return out
@@ -125,10 +125,12 @@ def load_sharded_state_dict(model: nn.Module, sd: dict[str, torch.Tensor], *, st
         for info, lo, hi in group.layout.pieces(group.mesh.shard_index):
             piece = sd[_name(fqns, info)]
             if piece.numel() != hi - lo:
-                raise ValueError(f"{_name(fqns, info)!r}: {piece.numel()} elements in the sharded state dict, "
-                                 f"{hi - lo} in this rank's shard (was it saved on another mesh?)")
+                raise ValueError(
+                    f"{_name(fqns, info)!r}: {piece.numel()} elements in the sharded state dict, "
+                    f"{hi - lo} in this rank's shard (was it saved on another mesh?)"
+                )
             at = info.offset + lo - start
-            shard[at:at + hi - lo] = piece
+            shard[at : at + hi - lo] = piece
         _write_shard(group, shard.to(group.runtime.device))
     _load_buffers(model, sd)
 
@@ -141,8 +143,9 @@ def _default_init(module: nn.Module) -> None:
             return
 
 
-def init_parameters(model: nn.Module, init_fn: Callable[[nn.Module], None] | None = None, *,
-                    device: torch.device | str | None = None) -> None:
+def init_parameters(
+    model: nn.Module, init_fn: Callable[[nn.Module], None] | None = None, *, device: torch.device | str | None = None
+) -> None:
     """Give every group's shard its initial values by running `init_fn(module)` (default: the
     module's reset_parameters) on each module that owns parameters, in `model.modules()` order,
     with the module's parameters set to plain tensors of a full-size unsharded buffer on this rank,
@@ -165,8 +168,9 @@ def init_parameters(model: nn.Module, init_fn: Callable[[nn.Module], None] | Non
         for module in model.modules():
             for group in owners.get(id(module), ()):
                 if group not in fulls:
-                    full = torch.zeros(group.padded_numel, dtype=group.layout.dtype,
-                                       device=device or group.runtime.device)
+                    full = torch.zeros(
+                        group.padded_numel, dtype=group.layout.dtype, device=device or group.runtime.device
+                    )
                     fulls[group] = full
                     for info, view in zip(group.infos, group.layout.views(full), strict=True):
                         setattr(info.module, info.attr, view)

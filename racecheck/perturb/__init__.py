@@ -9,11 +9,21 @@ Names are resolved on first use, so that parsing a profile (profiles.py) does no
 import importlib
 
 _EXPORTS = {
-    "Injector": "injector", "install": "injector", "install_from_env": "injector",
-    "resolve_spec": "injector", "uninstall": "injector",
-    "PROFILES": "profiles", "Profile": "profiles", "RandomConfig": "profiles", "Rule": "profiles",
-    "parse_profile": "profiles", "SystematicConfig": "profiles", "PatchMode": "patch",
-    "RandomSchedule": "schedule", "RuleSchedule": "schedule", "make_schedule": "schedule",
+    "Injector": "injector",
+    "install": "injector",
+    "install_from_env": "injector",
+    "resolve_spec": "injector",
+    "uninstall": "injector",
+    "PROFILES": "profiles",
+    "Profile": "profiles",
+    "RandomConfig": "profiles",
+    "Rule": "profiles",
+    "parse_profile": "profiles",
+    "SystematicConfig": "profiles",
+    "PatchMode": "patch",
+    "RandomSchedule": "schedule",
+    "RuleSchedule": "schedule",
+    "make_schedule": "schedule",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -172,8 +172,10 @@ class RandomSchedule(Schedule):
 
 def make_schedule(profile: Profile, *, seed: int = 0, rank: int = 0) -> Schedule:
     if profile.systematic is not None:
-        raise ValueError("the systematic schedule works in patch mode only (a project's own suite, "
-                         "racecheck.perturb.patch), on hand-off points the runtime does not mark")
+        raise ValueError(
+            "the systematic schedule works in patch mode only (a project's own suite, "
+            "racecheck.perturb.patch), on hand-off points the runtime does not mark"
+        )
     if profile.random is not None:
         return RandomSchedule(profile.random, seed=seed, rank=rank)
     return RuleSchedule(profile)

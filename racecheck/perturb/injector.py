@@ -123,8 +123,9 @@ class Injector(RuntimeObserver):
         if self._all_points or EVENT_WAIT in self._points:
             self._perform(rt, EVENT_WAIT, stream)
 
-    def on_free(self, rt: Runtime, *, block: int, stream: Stream, ptr: int, nbytes: int,
-                deferred_to: Sequence[Stream]) -> None:
+    def on_free(
+        self, rt: Runtime, *, block: int, stream: Stream, ptr: int, nbytes: int, deferred_to: Sequence[Stream]
+    ) -> None:
         if not self._active or getattr(self._inside, "on", False):
             return  # frees of the injector's own pressure blocks are not the program's
         self._flush_pressure(rt)
@@ -220,8 +221,7 @@ class Injector(RuntimeObserver):
         for g in gates:
             g.flag.set()
 
-    def _poison(self, rt: Runtime, stream: Stream, ptr: int, nbytes: int,
-                deferred_to: Sequence[Stream]) -> None:
+    def _poison(self, rt: Runtime, stream: Stream, ptr: int, nbytes: int, deferred_to: Sequence[Stream]) -> None:
         # Poison models the earliest legal reuse of the block: at the free on its allocation
         # stream; after record_stream, once the recorded stream has passed the free.
         if len(deferred_to) > 1:

@@ -65,9 +65,14 @@ WRAPPED = {
 PATCH_POINTS = frozenset(COLLECTIVE_POINTS.values()) | frozenset(HANDOFF_POINTS) | {FREE}
 # The kind of a wrapped stream API function (patch_actions.py) -> its point, and whether the delay
 # goes before the call (on the recording stream) rather than after it.
-HANDOFF_KINDS = {"set_stream": (STREAM_ENTER, False), "wait_stream": (STREAM_WAIT, False),
-                 "wait_event": (STREAM_WAIT, False), "event_wait": (STREAM_WAIT, False),
-                 "record_event": (EVENT_RECORD, True), "event_record": (EVENT_RECORD, True)}
+HANDOFF_KINDS = {
+    "set_stream": (STREAM_ENTER, False),
+    "wait_stream": (STREAM_WAIT, False),
+    "wait_event": (STREAM_WAIT, False),
+    "event_wait": (STREAM_WAIT, False),
+    "record_event": (EVENT_RECORD, True),
+    "event_record": (EVENT_RECORD, True),
+}
 
 
 class PatchMode:
@@ -77,14 +82,29 @@ class PatchMode:
     (trial 0; `handoffs` after the run), a tuple of keys delays exactly those (a later trial);
     `at=` in the profile gives the plan itself. `actions` defaults to CudaActions."""
 
-    def __init__(self, profile: Profile, *, seed: int = 0, rank: int | None = None, actions=None,
-                 plan: tuple[str, ...] | None = None) -> None:
-        bad = [r.to_spec() for r in profile.rules
-               if r.stream or not ((r.action == "sleep" and r.point in PATCH_POINTS - {FREE})
-                                   or (r.action in ("pressure", "poison") and r.point == FREE))]
+    def __init__(
+        self,
+        profile: Profile,
+        *,
+        seed: int = 0,
+        rank: int | None = None,
+        actions=None,
+        plan: tuple[str, ...] | None = None,
+    ) -> None:
+        bad = [
+            r.to_spec()
+            for r in profile.rules
+            if r.stream
+            or not (
+                (r.action == "sleep" and r.point in PATCH_POINTS - {FREE})
+                or (r.action in ("pressure", "poison") and r.point == FREE)
+            )
+        ]
         if bad:
-            raise ValueError(f"patch mode takes sleep@{{{','.join(sorted(PATCH_POINTS - {FREE}))}}} and "
-                             f"pressure@free / poison@free rules only, not {', '.join(bad)}")
+            raise ValueError(
+                f"patch mode takes sleep@{{{','.join(sorted(PATCH_POINTS - {FREE}))}}} and "
+                f"pressure@free / poison@free rules only, not {', '.join(bad)}"
+            )
         if rank is None:
             rank = int(os.environ.get("RANK", "0"))
         if actions is None:
@@ -145,8 +165,9 @@ class PatchMode:
         return self
 
     def _replace(self, owner, name: str, wrapper) -> None:
-        self._originals.append((owner, name, getattr(owner, name) if not isinstance(owner, type)
-                                else owner.__dict__[name]))
+        self._originals.append(
+            (owner, name, getattr(owner, name) if not isinstance(owner, type) else owner.__dict__[name])
+        )
         setattr(owner, name, wrapper)
 
     def uninstall(self) -> None:
@@ -230,7 +251,11 @@ class PatchMode:
         sid = self.actions.stream_id(stream)
         label = self._labels.get(sid)
         if label is None:
-            label = "default" if self.actions.is_default(stream) else f"s{sum(1 for v in self._labels.values() if v != 'default') + 1}"
+            label = (
+                "default"
+                if self.actions.is_default(stream)
+                else f"s{sum(1 for v in self._labels.values() if v != 'default') + 1}"
+            )
             self._labels[sid] = label
         return label
 
@@ -279,6 +304,7 @@ def _handoff_stream(kind: str, args, kwargs, actions):
         return args[0]  # self: the waiting or recording stream
     stream = args[1] if len(args) > 1 else kwargs.get("stream")  # Event.wait / Event.record
     return stream if stream is not None else actions.current_stream()
+
 
 def _tensors(value) -> list:
     import torch

@@ -43,8 +43,10 @@ def actions_factory(*, need: str):
     import torch
 
     if not torch.cuda.is_available():
-        raise PatchUnavailable(f"{need} acts on CUDA streams in a project's own suite, and this machine "
-                               f"has no CUDA device; run with --no-perturb (and without --detect)")
+        raise PatchUnavailable(
+            f"{need} acts on CUDA streams in a project's own suite, and this machine "
+            f"has no CUDA device; run with --no-perturb (and without --detect)"
+        )
     return CudaActions
 
 
@@ -53,8 +55,13 @@ class _RawBlock:
     no synchronization is asked for): a tensor over it never returns it to the allocator."""
 
     def __init__(self, ptr: int, nbytes: int) -> None:
-        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False),
-                                         "version": 3, "stream": None}
+        self.__cuda_array_interface__ = {
+            "shape": (nbytes,),
+            "typestr": "|u1",
+            "data": (ptr, False),
+            "version": 3,
+            "stream": None,
+        }
 
 
 class CudaActions:
@@ -84,8 +91,9 @@ class CudaActions:
         if handle is None:  # a generic torch.Stream: its cudaStream_t through torch.cuda.Stream
             import torch
 
-            handle = torch.cuda.Stream(stream_id=stream.stream_id, device_index=stream.device_index,
-                                       device_type=stream.device_type).cuda_stream
+            handle = torch.cuda.Stream(
+                stream_id=stream.stream_id, device_index=stream.device_index, device_type=stream.device_type
+            ).cuda_stream
         return handle
 
     def handoff_targets(self) -> list[tuple[object, str, str]]:
@@ -93,12 +101,14 @@ class CudaActions:
 
         # Stream.wait_stream calls record_event and wait_event, which call Event.record and
         # Event.wait: patch mode counts only the outermost call as the point.
-        return [(torch.cuda, "set_stream", "set_stream"),
-                (torch.cuda.Stream, "wait_stream", "wait_stream"),
-                (torch.cuda.Stream, "wait_event", "wait_event"),
-                (torch.cuda.Event, "wait", "event_wait"),
-                (torch.cuda.Stream, "record_event", "record_event"),
-                (torch.cuda.Event, "record", "event_record")]
+        return [
+            (torch.cuda, "set_stream", "set_stream"),
+            (torch.cuda.Stream, "wait_stream", "wait_stream"),
+            (torch.cuda.Stream, "wait_event", "wait_event"),
+            (torch.cuda.Event, "wait", "event_wait"),
+            (torch.cuda.Stream, "record_event", "record_event"),
+            (torch.cuda.Event, "record", "event_record"),
+        ]
 
     # -- delays ----------------------------------------------------------------------------
     def _cycles(self, seconds: float) -> int:

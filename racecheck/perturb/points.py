@@ -29,11 +29,11 @@ EVENT_RECORD = "event_record"
 
 HANDOFF_POINTS = {
     STREAM_ENTER: "host, right after it made a non-default stream current (torch.cuda.stream(s), "
-                  "torch.cuda.set_stream); the delay goes on that stream",
+    "torch.cuda.set_stream); the delay goes on that stream",
     STREAM_WAIT: "host, right after a stream was made to wait (wait_stream, wait_event, Event.wait); "
-                 "the delay goes on the waiting stream",
+    "the delay goes on the waiting stream",
     EVENT_RECORD: "host, right before an event is recorded (Event.record, Stream.record_event); the "
-                  "delay goes on the recording stream, ahead of the record",
+    "delay goes on the recording stream, ahead of the record",
 }
 
 POINTS = {**MARKED_POINTS, **RUNTIME_POINTS, **HANDOFF_POINTS}

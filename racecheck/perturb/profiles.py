@@ -65,8 +65,10 @@ DEFAULT_SLEEP_S = 0.01
 DEFAULT_HOLD_S = 0.05
 
 _NUMBER = r"\d+(?:\.\d*)?|\.\d+"  # what float() takes, without signs or exponents
-_RULE = re.compile(rf"^(?P<action>\w+)@(?P<point>\w+)(?:>(?P<until>\w+))?"
-                   rf"(?::(?P<size>{_NUMBER})(?P<unit>us|ms|s))?(?:/(?P<stream>[\w.-]+))?$")
+_RULE = re.compile(
+    rf"^(?P<action>\w+)@(?P<point>\w+)(?:>(?P<until>\w+))?"
+    rf"(?::(?P<size>{_NUMBER})(?P<unit>us|ms|s))?(?:/(?P<stream>[\w.-]+))?$"
+)
 _SIZE = re.compile(rf"^(?P<size>{_NUMBER})(?P<unit>us|ms|s)$")
 _UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
 DEFAULT_SYSTEMATIC_DELAY_S = 0.005
@@ -157,13 +159,14 @@ class Profile:
         """The same profile with every sleep resized (the CLI's --delay-ms); for the random
         schedule, the largest delay."""
         if self.random is not None:
-            return Profile(f"{self.name}:{seconds * 1e3:g}ms",
-                           random=dataclasses.replace(self.random, max_delay=seconds))
+            return Profile(
+                f"{self.name}:{seconds * 1e3:g}ms", random=dataclasses.replace(self.random, max_delay=seconds)
+            )
         if self.systematic is not None:
-            return Profile(f"{self.name}:{seconds * 1e3:g}ms",
-                           systematic=dataclasses.replace(self.systematic, delay=seconds))
-        rules = tuple(dataclasses.replace(r, seconds=seconds) if r.action == "sleep" else r
-                      for r in self.rules)
+            return Profile(
+                f"{self.name}:{seconds * 1e3:g}ms", systematic=dataclasses.replace(self.systematic, delay=seconds)
+            )
+        rules = tuple(dataclasses.replace(r, seconds=seconds) if r.action == "sleep" else r for r in self.rules)
         return Profile(f"{self.name}:{seconds * 1e3:g}ms", rules)
 
 
@@ -184,8 +187,10 @@ def parse_profile(spec: str | None) -> Profile:
 def _parse_rule(part: str) -> Rule:
     m = _RULE.match(part)
     if not m:
-        raise ValueError(f"bad perturbation rule {part!r}: expected ACTION@POINT[>UNTIL][:SIZE][/STREAM], "
-                         f"or one of the profiles {', '.join(PROFILES)}")
+        raise ValueError(
+            f"bad perturbation rule {part!r}: expected ACTION@POINT[>UNTIL][:SIZE][/STREAM], "
+            f"or one of the profiles {', '.join(PROFILES)}"
+        )
     action, point, until = m["action"], m["point"], m["until"]
     if action not in ACTIONS:
         raise ValueError(f"unknown perturbation action {action!r}; known: {', '.join(ACTIONS)}")
@@ -212,8 +217,9 @@ def _parse_random(text: str) -> RandomConfig:
         if not sep:
             raise ValueError(f"bad random schedule option {item!r}: expected KEY=VALUE")
         if key not in ("max", "sleep", "poison", "pressure", "depth", "horizon"):
-            raise ValueError(f"unknown random schedule option {key!r}; known: max, sleep, poison, "
-                             f"pressure, depth, horizon")
+            raise ValueError(
+                f"unknown random schedule option {key!r}; known: max, sleep, poison, pressure, depth, horizon"
+            )
         try:
             if key == "max":
                 m = _SIZE.match(value)
@@ -234,7 +240,7 @@ def _parse_random(text: str) -> RandomConfig:
 
 
 def _parse_systematic(text: str) -> SystematicConfig:
-    rest = text[len("systematic"):]
+    rest = text[len("systematic") :]
     at: tuple[str, ...] = ()
     head, sep, keys = rest.partition(":at=")
     if sep:

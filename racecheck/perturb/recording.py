@@ -127,12 +127,14 @@ class RecordingActions:
         import sys
 
         module = sys.modules[__name__]
-        return [(module, "set_stream", "set_stream"),
-                (HostStream, "wait_stream", "wait_stream"),
-                (HostStream, "wait_event", "wait_event"),
-                (HostEvent, "wait", "event_wait"),
-                (HostStream, "record_event", "record_event"),
-                (HostEvent, "record", "event_record")]
+        return [
+            (module, "set_stream", "set_stream"),
+            (HostStream, "wait_stream", "wait_stream"),
+            (HostStream, "wait_event", "wait_event"),
+            (HostEvent, "wait", "event_wait"),
+            (HostStream, "record_event", "record_event"),
+            (HostEvent, "record", "event_record"),
+        ]
 
     def delay(self, s: HostStream, seconds: float) -> None:
         s.delayed += seconds
@@ -156,8 +158,9 @@ class RecordingActions:
         """A TorchRaceTracker over CPU tensors whose streams are the host streams above."""
         from racecheck.detect.torch_tracker import TorchRaceTracker
 
-        tracker = TorchRaceTracker(device_type="cpu", current_stream=lambda: current_stream().handle,
-                                   stream_handle=lambda s: s.handle)
+        tracker = TorchRaceTracker(
+            device_type="cpu", current_stream=lambda: current_stream().handle, stream_handle=lambda s: s.handle
+        )
         tracker.name_stream(DEFAULT.handle, "default")
         tracker.__enter__()
         _trackers.append(tracker)

@@ -42,8 +42,10 @@ def coverage(k: int, trials: int, *, pairs: bool) -> str:
         return "systematic: k=0 points: the test passed no hand-off point, nothing to delay"
     ran = max(trials - 1, 0)  # trial 0 records
     if ran < k:
-        return (f"systematic: k={k} points, singles covered only in trials 1..{ran} ({ran} of {k}); "
-                f"run {k + 1} trials to cover every single point")
+        return (
+            f"systematic: k={k} points, singles covered only in trials 1..{ran} ({ran} of {k}); "
+            f"run {k + 1} trials to cover every single point"
+        )
     line = f"systematic: k={k} points, all singles covered in trials 1..{k}"
     total_pairs = k * (k - 1) // 2
     if pairs and total_pairs:
@@ -64,9 +66,12 @@ def location() -> str:
 
         import racecheck
 
-        _SKIP_DIRS = (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(racecheck.__file__) + os.sep,
-                      os.path.dirname(os.__file__) + os.sep + "contextlib.py",
-                      os.path.dirname(os.__file__) + os.sep + "functools.py")
+        _SKIP_DIRS = (
+            os.path.dirname(torch.__file__) + os.sep,
+            os.path.dirname(racecheck.__file__) + os.sep,
+            os.path.dirname(os.__file__) + os.sep + "contextlib.py",
+            os.path.dirname(os.__file__) + os.sep + "functools.py",
+        )
     frame = sys._getframe(1)
     while frame is not None and frame.f_code.co_filename.startswith(_SKIP_DIRS):
         frame = frame.f_back

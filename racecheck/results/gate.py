@@ -34,8 +34,11 @@ class Decision(enum.Enum):
 
     @property
     def exit_code(self) -> ExitCode:
-        return {Decision.PASS: ExitCode.OK, Decision.FAIL: ExitCode.GATE_FAILED,
-                Decision.UNDECIDED: ExitCode.UNDECIDED}[self]
+        return {
+            Decision.PASS: ExitCode.OK,
+            Decision.FAIL: ExitCode.GATE_FAILED,
+            Decision.UNDECIDED: ExitCode.UNDECIDED,
+        }[self]
 
 
 _ORDER = {Decision.PASS: 0, Decision.UNDECIDED: 1, Decision.FAIL: 2}
@@ -78,54 +81,68 @@ def _fixed_condition(k: int, n: int, *, max_rate: float, confidence: float | Non
     if confidence is None:
         ok = k / n <= max_rate
         op = "<=" if ok else ">"
-        return Condition(Decision.PASS if ok else Decision.FAIL,
-                         f"{said}; observed rate {_pct(k / n)} {op} max-rate {_pct(max_rate)}")
+        return Condition(
+            Decision.PASS if ok else Decision.FAIL,
+            f"{said}; observed rate {_pct(k / n)} {op} max-rate {_pct(max_rate)}",
+        )
     low, high = stats.wilson_interval(k, n, confidence=confidence)
     c = f"{confidence * 100:g}%"
     if high <= max_rate:
-        return Condition(Decision.PASS, f"{said}; {c} upper bound {_pct(high)} <= max-rate "
-                                        f"{_pct(max_rate)}")
+        return Condition(Decision.PASS, f"{said}; {c} upper bound {_pct(high)} <= max-rate {_pct(max_rate)}")
     if low > max_rate:
-        return Condition(Decision.FAIL, f"{said}; {c} lower bound {_pct(low)} > max-rate "
-                                        f"{_pct(max_rate)}")
+        return Condition(Decision.FAIL, f"{said}; {c} lower bound {_pct(low)} > max-rate {_pct(max_rate)}")
     more = stats.more_trials_needed(k, n, bound=max_rate, confidence=confidence, side="upper")
-    return Condition(Decision.UNDECIDED,
-                     f"{said}; {c} upper bound {_pct(high)} > max-rate {_pct(max_rate)}; "
-                     f"{more} more trials without failure would pass it", more)
+    return Condition(
+        Decision.UNDECIDED,
+        f"{said}; {c} upper bound {_pct(high)} > max-rate {_pct(max_rate)}; "
+        f"{more} more trials without failure would pass it",
+        more,
+    )
 
 
-def _baseline_condition(k: int, n: int, *, min_rate: float | None,
-                        confidence: float | None) -> Condition:
+def _baseline_condition(k: int, n: int, *, min_rate: float | None, confidence: float | None) -> Condition:
     said = stats.describe_rate(k, n, confidence=confidence or 0.95)
     if min_rate is None:  # the default: the baseline must reproduce at least once
         if k > 0:
             return Condition(Decision.PASS, f"{said}; reproduced (at least 1 failing trial)")
-        return Condition(Decision.FAIL, f"{said}; did not reproduce (needs at least 1 failing "
-                                        f"trial): the race or its perturbation lost its power")
+        return Condition(
+            Decision.FAIL,
+            f"{said}; did not reproduce (needs at least 1 failing trial): the race or its perturbation lost its power",
+        )
     if confidence is None:
         ok = k / n >= min_rate
         op = ">=" if ok else "<"
-        return Condition(Decision.PASS if ok else Decision.FAIL,
-                         f"{said}; observed rate {_pct(k / n)} {op} min-rate {_pct(min_rate)}")
+        return Condition(
+            Decision.PASS if ok else Decision.FAIL,
+            f"{said}; observed rate {_pct(k / n)} {op} min-rate {_pct(min_rate)}",
+        )
     low, high = stats.wilson_interval(k, n, confidence=confidence)
     c = f"{confidence * 100:g}%"
     if low >= min_rate:
-        return Condition(Decision.PASS, f"{said}; {c} lower bound {_pct(low)} >= min-rate "
-                                        f"{_pct(min_rate)}")
+        return Condition(Decision.PASS, f"{said}; {c} lower bound {_pct(low)} >= min-rate {_pct(min_rate)}")
     if high < min_rate:
-        return Condition(Decision.FAIL, f"{said}; {c} upper bound {_pct(high)} < min-rate "
-                                        f"{_pct(min_rate)}")
+        return Condition(Decision.FAIL, f"{said}; {c} upper bound {_pct(high)} < min-rate {_pct(min_rate)}")
     more = stats.more_trials_needed(k, n, bound=min_rate, confidence=confidence, side="lower")
-    tail = (f"about {more} more trials failing at the observed {_pct(k / n)} would pass it"
-            if more is not None else
-            f"more trials at the observed {_pct(k / n)} would not pass it")
-    return Condition(Decision.UNDECIDED, f"{said}; {c} lower bound {_pct(low)} < min-rate "
-                                         f"{_pct(min_rate)}; {tail}", more)
+    tail = (
+        f"about {more} more trials failing at the observed {_pct(k / n)} would pass it"
+        if more is not None
+        else f"more trials at the observed {_pct(k / n)} would not pass it"
+    )
+    return Condition(
+        Decision.UNDECIDED, f"{said}; {c} lower bound {_pct(low)} < min-rate {_pct(min_rate)}; {tail}", more
+    )
 
 
-def evaluate_gate(summary, *, fixed: str, baseline: str, max_rate: float = 0.0,
-                  min_rate: float | None = None, confidence: float | None = None,
-                  scenario: str | None = None) -> GateResult:
+def evaluate_gate(
+    summary,
+    *,
+    fixed: str,
+    baseline: str,
+    max_rate: float = 0.0,
+    min_rate: float | None = None,
+    confidence: float | None = None,
+    scenario: str | None = None,
+) -> GateResult:
     """Decide the gate over every scenario of `summary` (a tally.summarize frame) that holds both
     arms, or over `scenario` alone. Raises ValueError for unknown arms or scenario, equal arms,
     rates outside [0, 1], or a confidence with max_rate 0 (no finite evidence bounds a rate at 0).
@@ -135,8 +152,7 @@ def evaluate_gate(summary, *, fixed: str, baseline: str, max_rate: float = 0.0,
     if confidence is not None and not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be strictly between 0 and 1, got {confidence!r}")
     if confidence is not None and max_rate <= 0.0:
-        raise ValueError("a confidence needs max_rate above 0: no number of trials bounds a "
-                         "rate at 0")
+        raise ValueError("a confidence needs max_rate above 0: no number of trials bounds a rate at 0")
     if fixed == baseline:
         raise ValueError(f"the fixed and baseline arms are the same arm {fixed!r}")
     rows = summary[summary["test"] == ALL_TESTS]
@@ -150,22 +166,20 @@ def evaluate_gate(summary, *, fixed: str, baseline: str, max_rate: float = 0.0,
         if arm not in arms:
             raise ValueError(f"unknown {role} arm {arm!r}; arms: {', '.join(arms)}")
     by_key = {(r.scenario, r.arm): (int(r.failures), int(r.trials)) for r in rows.itertuples()}
-    scenarios = [s for s in dict.fromkeys(rows["scenario"])
-                 if (s, fixed) in by_key and (s, baseline) in by_key]
+    scenarios = [s for s in dict.fromkeys(rows["scenario"]) if (s, fixed) in by_key and (s, baseline) in by_key]
     if not scenarios:
         raise ValueError(f"no scenario ran both arms {fixed!r} and {baseline!r}")
 
-    judges = (("fixed", fixed, functools.partial(_fixed_condition, max_rate=max_rate,
-                                                 confidence=confidence)),
-              ("baseline", baseline, functools.partial(_baseline_condition, min_rate=min_rate,
-                                                       confidence=confidence)))
+    judges = (
+        ("fixed", fixed, functools.partial(_fixed_condition, max_rate=max_rate, confidence=confidence)),
+        ("baseline", baseline, functools.partial(_baseline_condition, min_rate=min_rate, confidence=confidence)),
+    )
     conditions = []
     for name in scenarios:
         for role, arm, judge in judges:
             k, n = by_key[(name, arm)]
             # An arm whose every trial skipped every test has given no evidence either way.
             c = judge(k, n) if n else Condition(Decision.UNDECIDED, "no trial ran (all skipped)")
-            conditions.append(dataclasses.replace(
-                c, line=f"{name} {role} arm {arm!r}: {c.line} -> {c.decision.value}"))
+            conditions.append(dataclasses.replace(c, line=f"{name} {role} arm {arm!r}: {c.line} -> {c.decision.value}"))
     decision = max((c.decision for c in conditions), key=_ORDER.__getitem__)
     return GateResult(decision=decision, conditions=tuple(conditions))

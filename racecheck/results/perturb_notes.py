@@ -26,10 +26,16 @@ def perturbation_notes(records: list[TrialRecord]) -> list[str]:
         if systematic is not None and not systematic.at:
             k = max((r.handoffs for r in rs if r.handoffs is not None), default=0)
             failing = sorted((r for r in rs if Outcome(r.outcome).is_failure and r.delayed), key=lambda r: r.trial)
-            result = (f"first failure in trial {failing[0].trial} (delayed {' + '.join(failing[0].delayed)}); "
-                      f"{len({r.trial for r in failing})} failing trial(s)" if failing else "no delayed trial failed")
+            result = (
+                f"first failure in trial {failing[0].trial} (delayed {' + '.join(failing[0].delayed)}); "
+                f"{len({r.trial for r in failing})} failing trial(s)"
+                if failing
+                else "no delayed trial failed"
+            )
             lines.append(f"{suite}/{arm}: {coverage(k, trials, pairs=systematic.pairs)}; {result}")
         if acted == 0 and (systematic is None or trials > 1):
-            lines.append(f"{suite}/{arm}: the perturbation {spec!r} never acted in {trials} trial(s): it proves "
-                         f"nothing here (none of its points is on the tests' path)")
+            lines.append(
+                f"{suite}/{arm}: the perturbation {spec!r} never acted in {trials} trial(s): it proves "
+                f"nothing here (none of its points is on the tests' path)"
+            )
     return lines

@@ -27,9 +27,11 @@ td.bad { background: #ffebe9; color: #82071e; } td.good { background: #dafbe1; c
 ul.rates { padding-left: 1.2em; } img.plot { max-width: 100%; border: 1px solid #d1d9e0; }
 """
 # Arms expected to race are drawn in reds, safe arms in greens and blues, others in greys.
-_COLOURS = {"race": ("#cf222e", "#bc4c00", "#a40e26"),
-            "safe": ("#1a7f37", "#0969da", "#8250df", "#1b7c83"),
-            "": ("#57606a", "#9a6700", "#6e7781")}
+_COLOURS = {
+    "race": ("#cf222e", "#bc4c00", "#a40e26"),
+    "safe": ("#1a7f37", "#0969da", "#8250df", "#1b7c83"),
+    "": ("#57606a", "#9a6700", "#6e7781"),
+}
 
 
 def _e(text) -> str:
@@ -41,8 +43,7 @@ def _rate_cell(row) -> str:
         return f"<td>skipped ({row.skipped})</td>"
     cls = "bad" if row.failures else "good"
     ci = f"{stats.format_pct(row.ci_low)}&ndash;{stats.format_pct(row.ci_high)}"
-    return (f'<td class="{cls}">{row.failures}/{row.trials} '
-            f"({stats.format_pct(row.failure_rate)}; {ci})</td>")
+    return f'<td class="{cls}">{row.failures}/{row.trials} ({stats.format_pct(row.failure_rate)}; {ci})</td>'
 
 
 def plot_failure_rates(summary) -> bytes:
@@ -66,13 +67,18 @@ def _plot(panels) -> bytes:
         arms = list(star["arm"])
         # A group per parametrization that ran in some arm; its label is the parametrization
         # alone when the scenario has one test function, else function and parametrization.
-        ran = [(t, cells) for t, cells in per_test_counts(tests, arms)
-               if any(r.trials for r in cells.values())]
+        ran = [(t, cells) for t, cells in per_test_counts(tests, arms) if any(r.trials for r in cells.values())]
         functions = {short_test(t).split("[", 1)[0] for t, _ in ran}
         groups = [("any test (trial)", {r.arm: r for r in star.itertuples()})]
-        groups += [(short_test(t).split("[", 1)[1].rstrip("]")
-                    if len(functions) == 1 and "[" in short_test(t) else short_test(t), cells)
-                   for t, cells in ran]
+        groups += [
+            (
+                short_test(t).split("[", 1)[1].rstrip("]")
+                if len(functions) == 1 and "[" in short_test(t)
+                else short_test(t),
+                cells,
+            )
+            for t, cells in ran
+        ]
         width = 0.8 / max(len(arms), 1)
         used = {kind: 0 for kind in _COLOURS}
         for i, arm in enumerate(arms):
@@ -88,11 +94,11 @@ def _plot(panels) -> bytes:
             kind = expect if expect in _COLOURS else ""
             colour = _COLOURS[kind][used[kind] % len(_COLOURS[kind])]
             used[kind] += 1
-            ax.bar(xs, ys, width * 0.9, color=colour, alpha=0.8,
-                   label=f"{arm} ({expect})" if expect else arm)
+            ax.bar(xs, ys, width * 0.9, color=colour, alpha=0.8, label=f"{arm} ({expect})" if expect else arm)
             # The point and its interval, so that a rate of 0 still shows its upper bound.
-            ax.errorbar(xs, ys, yerr=[lo, hi], fmt="o", color=colour, ecolor="#1f2328",
-                        markersize=4, capsize=3, linewidth=1)
+            ax.errorbar(
+                xs, ys, yerr=[lo, hi], fmt="o", color=colour, ecolor="#1f2328", markersize=4, capsize=3, linewidth=1
+            )
         ax.set_xticks(range(len(groups)), [g for g, _ in groups], rotation=20, ha="right")
         ax.set_ylim(-0.03, 1.05)
         ax.set_ylabel("failure rate")
@@ -110,14 +116,14 @@ def _scenario_section(name, star, tests, *, detected: bool) -> list[str]:
         label = f"{r.arm} ({r.expect})" if r.expect else r.arm
         out.append(f"<li><b>{_e(label)}</b>: {_e(rate_phrase(r))}</li>")
     out.append("</ul>")
-    head = "<tr><th class=\"name\">arm</th><th>expect</th><th>failing trials (rate; 95% CI)</th>"
+    head = '<tr><th class="name">arm</th><th>expect</th><th>failing trials (rate; 95% CI)</th>'
     head += "<th>passed</th><th>failed</th><th>error</th><th>timeout</th><th>crash</th>"
     head += "<th>detected</th></tr>" if detected else "</tr>"
     out += ["<table>", head]
     for r in star.itertuples():
-        cells = [f'<td class="name">{_e(r.arm)}</td>', f"<td>{_e(r.expect or '-')}</td>",
-                 _rate_cell(r)] + [f"<td>{getattr(r, c)}</td>" for c in
-                                   ("passed", "failed", "error", "timeout", "crash")]
+        cells = [f'<td class="name">{_e(r.arm)}</td>', f"<td>{_e(r.expect or '-')}</td>", _rate_cell(r)] + [
+            f"<td>{getattr(r, c)}</td>" for c in ("passed", "failed", "error", "timeout", "crash")
+        ]
         if detected:
             cells.append(f"<td>{r.detected}/{r.trials}</td>")
         out.append("<tr>" + "".join(cells) + "</tr>")
@@ -125,12 +131,10 @@ def _scenario_section(name, star, tests, *, detected: bool) -> list[str]:
     arms = list(star["arm"])
     rows = per_test_counts(tests, arms)
     if rows:
-        out += ["<table>", '<tr><th class="name">test</th>'
-                + "".join(f"<th>{_e(a)}</th>" for a in arms) + "</tr>"]
+        out += ["<table>", '<tr><th class="name">test</th>' + "".join(f"<th>{_e(a)}</th>" for a in arms) + "</tr>"]
         for test, by_arm in rows:
             tds = [_rate_cell(by_arm[a]) if a in by_arm else "<td>-</td>" for a in arms]
-            out.append(f'<tr><td class="name" title="{_e(test)}">{_e(short_test(test))}</td>'
-                       + "".join(tds) + "</tr>")
+            out.append(f'<tr><td class="name" title="{_e(test)}">{_e(short_test(test))}</td>' + "".join(tds) + "</tr>")
         out.append("</table>")
     return out
 
@@ -139,15 +143,22 @@ def render_html(summary, *, title: str = "racecheck report") -> str:
     """The whole page as a string (no external resources)."""
     detected = "detected" in summary.columns
     png = base64.b64encode(plot_failure_rates(summary)).decode("ascii")
-    body = [f"<h1>{_e(title)}</h1>",
-            '<p class="note">A trial fails if any of its tests failed. Intervals are 95% Wilson '
-            "score intervals; &ldquo;rate below X&rdquo; quotes the interval&rsquo;s upper end."
-            "</p>"]
+    body = [
+        f"<h1>{_e(title)}</h1>",
+        '<p class="note">A trial fails if any of its tests failed. Intervals are 95% Wilson '
+        "score intervals; &ldquo;rate below X&rdquo; quotes the interval&rsquo;s upper end."
+        "</p>",
+    ]
     for name, star, tests in scenarios(summary):
         body += _scenario_section(name, star, tests, detected=detected)
-    body += ["<h2>Failure rate per parametrization</h2>",
-             f'<img class="plot" alt="failure rate per parametrization per arm, with 95% Wilson '
-             f'intervals" src="data:image/png;base64,{png}">']
-    return ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-            f"<title>{_e(title)}</title>\n<style>{_CSS}</style>\n</head>\n<body>\n"
-            + "\n".join(body) + "\n</body>\n</html>\n")
+    body += [
+        "<h2>Failure rate per parametrization</h2>",
+        f'<img class="plot" alt="failure rate per parametrization per arm, with 95% Wilson '
+        f'intervals" src="data:image/png;base64,{png}">',
+    ]
+    return (
+        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        f"<title>{_e(title)}</title>\n<style>{_CSS}</style>\n</head>\n<body>\n"
+        + "\n".join(body)
+        + "\n</body>\n</html>\n"
+    )

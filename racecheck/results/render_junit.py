@@ -68,8 +68,7 @@ def _testcase(suite: ET.Element, test: str, runs) -> tuple[str, float]:
     (`passed`, `failure`, `error`, `skipped`) and its time."""
     classname, name = _classname_and_name(test)
     elapsed = float(runs["duration"].fillna(0.0).sum())
-    case = ET.SubElement(suite, "testcase", name=_clean(name), classname=_clean(classname),
-                         time=_seconds(elapsed))
+    case = ET.SubElement(suite, "testcase", name=_clean(name), classname=_clean(classname), time=_seconds(elapsed))
     failing = [r for r in runs.itertuples() if Outcome(r.outcome).is_failure]
     ran = [r for r in runs.itertuples() if r.outcome != Outcome.SKIPPED.value]
     if not ran:
@@ -80,16 +79,23 @@ def _testcase(suite: ET.Element, test: str, runs) -> tuple[str, float]:
     if len(failing) == len(ran):
         kind = "error" if all(r.outcome in _ERRORS for r in failing) else "failure"
         types = [_exc_type(r) for r in failing]
-        element = ET.SubElement(case, kind, type=_clean(max(set(types), key=types.count)),
-                                message=_clean(stats.describe_rate(len(failing), len(ran))))
+        element = ET.SubElement(
+            case,
+            kind,
+            type=_clean(max(set(types), key=types.count)),
+            message=_clean(stats.describe_rate(len(failing), len(ran))),
+        )
         element.text = _clean("\n".join(_trial_detail(r) for r in failing))
         return kind, elapsed
     # Flaky: Surefire's order puts every flakyFailure before every flakyError.
-    for tag, members in (("flakyFailure", [r for r in failing if r.outcome not in _ERRORS]),
-                         ("flakyError", [r for r in failing if r.outcome in _ERRORS])):
+    for tag, members in (
+        ("flakyFailure", [r for r in failing if r.outcome not in _ERRORS]),
+        ("flakyError", [r for r in failing if r.outcome in _ERRORS]),
+    ):
         for r in members:
-            element = ET.SubElement(case, tag, type=_clean(_exc_type(r)),
-                                    message=_clean(f"trial {r.trial}: {r.message or r.outcome}"))
+            element = ET.SubElement(
+                case, tag, type=_clean(_exc_type(r)), message=_clean(f"trial {r.trial}: {r.message or r.outcome}")
+            )
             ET.SubElement(element, "stackTrace").text = _clean(_trial_detail(r))
     return "passed", elapsed
 
@@ -106,9 +112,13 @@ def render_junit(records, *, summary=None) -> str:
         runs = records[(records["scenario"] == row.scenario) & (records["arm"] == row.arm)]
         suite = ET.SubElement(root, "testsuite", name=_clean(f"{row.scenario}[{row.arm}]"))
         props = ET.SubElement(suite, "properties")
-        for key, value in (("scenario", row.scenario), ("arm", row.arm),
-                           ("expect", row.expect or ""), ("trials", row.trials),
-                           ("failing_trials", row.failures)):
+        for key, value in (
+            ("scenario", row.scenario),
+            ("arm", row.arm),
+            ("expect", row.expect or ""),
+            ("trials", row.trials),
+            ("failing_trials", row.failures),
+        ):
             ET.SubElement(props, "property", name=key, value=_clean(value))
         counts = dict(tests=0, failures=0, errors=0, skipped=0)
         elapsed = 0.0

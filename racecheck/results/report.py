@@ -41,8 +41,7 @@ def render_terminal(summary) -> str:
         rows = per_test_counts(tests, arms)
         if rows:
             out.append("")
-            cells = [[f"{arm} {count(cell[arm])}" if arm in cell else f"{arm} -"
-                      for arm in arms] for _, cell in rows]
+            cells = [[f"{arm} {count(cell[arm])}" if arm in cell else f"{arm} -" for arm in arms] for _, cell in rows]
             names = [short_test(t) for t, _ in rows]
             name_w = max(map(len, names))
             col_w = [max(len(c[i]) for c in cells) for i in range(len(arms))]
@@ -70,9 +69,13 @@ def _markdown_lines(summary) -> list[tuple[str, bool]]:
         lines += [(head, False), (rule, False)]
         for r in star.itertuples():
             ci = f"{stats.format_pct(r.ci_low)}-{stats.format_pct(r.ci_high)}"
-            cells = [f"**{_md(r.arm)}**", _md(r.expect or "-"), count(r),
-                     stats.format_pct(r.failure_rate) if r.trials else "-",
-                     ci if r.trials else "-"]
+            cells = [
+                f"**{_md(r.arm)}**",
+                _md(r.expect or "-"),
+                count(r),
+                stats.format_pct(r.failure_rate) if r.trials else "-",
+                ci if r.trials else "-",
+            ]
             if detected:
                 cells.append(f"{r.detected}/{r.trials}")
             lines.append(("| " + " | ".join(cells) + " |", True))
@@ -82,12 +85,14 @@ def _markdown_lines(summary) -> list[tuple[str, bool]]:
         arms = list(star["arm"])
         rows = per_test_counts(tests, arms)
         if rows:
-            lines += [("", False), ("| test | " + " | ".join(map(_md, arms)) + " |", False),
-                      ("|---|" + "---:|" * len(arms), False)]
+            lines += [
+                ("", False),
+                ("| test | " + " | ".join(map(_md, arms)) + " |", False),
+                ("|---|" + "---:|" * len(arms), False),
+            ]
             for test, cell in rows:
                 counts = [count(cell[a]) if a in cell else "-" for a in arms]
-                lines.append((f"| `{_md(short_test(test))}` | " + " | ".join(counts) + " |",
-                              True))
+                lines.append((f"| `{_md(short_test(test))}` | " + " | ".join(counts) + " |", True))
         lines.append(("", False))
     return lines
 
@@ -101,8 +106,11 @@ def render_markdown(summary, *, max_bytes: int = MARKDOWN_LIMIT) -> str:
         size += len(line.encode("utf-8")) + 1
         if size > max_bytes - 256:  # keep room for the note
             omitted = sum(1 for _, row in lines[i:] if row)
-            out += ["", f"_{omitted} more table rows left out to stay under "
-                        f"{max_bytes} bytes; see summary.csv for all of them._"]
+            out += [
+                "",
+                f"_{omitted} more table rows left out to stay under "
+                f"{max_bytes} bytes; see summary.csv for all of them._",
+            ]
             break
         out.append(line)
     return "\n".join(out).rstrip("\n") + "\n"
@@ -111,6 +119,7 @@ def render_markdown(summary, *, max_bytes: int = MARKDOWN_LIMIT) -> str:
 def render_json(summary) -> str:
     """The summary rows as JSON: {"summary": [{column: value, ...}, ...]}, rates rounded to 6
     significant digits as in summary.csv, null for the rate of a row that never ran."""
+
     def value(v):
         if isinstance(v, float):
             return None if math.isnan(v) else float(f"{v:.6g}")  # NaN: a rate with no trials
@@ -129,8 +138,9 @@ def detector_findings(records) -> list[dict]:
     for row in records.itertuples():
         for text in row.reports if isinstance(row.reports, list) else ():
             key = (row.scenario, row.arm, text.strip().splitlines()[0] if text.strip() else "")
-            entry = found.setdefault(key, {"scenario": row.scenario, "arm": row.arm,
-                                           "sentence": key[2], "trials": set(), "text": text})
+            entry = found.setdefault(
+                key, {"scenario": row.scenario, "arm": row.arm, "sentence": key[2], "trials": set(), "text": text}
+            )
             entry["trials"].add(row.trial)
     return [{**f, "trials": len(f["trials"])} for f in found.values()]
 
@@ -141,14 +151,20 @@ def render_findings(findings: list[dict], *, markdown: bool) -> str:
         return ""
     if not markdown:
         lines = ["detector reports"]
-        lines += [f"  {f['scenario']} / {f['arm']}: in {f['trials']} trial(s): {f['sentence']}"
-                  for f in findings]
+        lines += [f"  {f['scenario']} / {f['arm']}: in {f['trials']} trial(s): {f['sentence']}" for f in findings]
         return "\n" + "\n".join(lines) + "\n"
     lines = ["", "### Detector reports", ""]
     for f in findings:
-        lines += [f"<details><summary><b>{_md(f['scenario'])} / {_md(f['arm'])}</b>, "
-                  f"{f['trials']} trial(s): {_md(f['sentence'])}</summary>", "", "```",
-                  f["text"].rstrip(), "```", "</details>", ""]
+        lines += [
+            f"<details><summary><b>{_md(f['scenario'])} / {_md(f['arm'])}</b>, "
+            f"{f['trials']} trial(s): {_md(f['sentence'])}</summary>",
+            "",
+            "```",
+            f["text"].rstrip(),
+            "```",
+            "</details>",
+            "",
+        ]
     return "\n".join(lines)
 
 

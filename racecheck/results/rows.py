@@ -39,8 +39,7 @@ def per_test_counts(tests, arms: list[str]) -> list[tuple[str, dict]]:
     table: dict[str, dict] = {}
     for row in tests.itertuples(index=False):
         table.setdefault(row.test, {})[row.arm] = row
-    return [(test, {arm: cells[arm] for arm in arms if arm in cells})
-            for test, cells in table.items()]
+    return [(test, {arm: cells[arm] for arm in arms if arm in cells}) for test, cells in table.items()]
 
 
 def arm_label(row) -> str:
@@ -66,7 +65,10 @@ def rate_phrase(row, *, short: bool = False) -> str:
 def failure_kinds(row) -> str:
     """How the failing trials failed, where not all by a failed assertion, e.g.
     `; of these 2 timed out, 1 crashed` (a trial counts under its worst outcome)."""
-    kinds = [(getattr(row, "error", 0), "errored"), (getattr(row, "timeout", 0), "timed out"),
-             (getattr(row, "crash", 0), "crashed")]
+    kinds = [
+        (getattr(row, "error", 0), "errored"),
+        (getattr(row, "timeout", 0), "timed out"),
+        (getattr(row, "crash", 0), "crashed"),
+    ]
     parts = [f"{int(n)} {what}" for n, what in kinds if n and n == n]  # n == n: not NaN
     return "; of these " + ", ".join(parts) if parts else ""

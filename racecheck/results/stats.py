@@ -67,8 +67,9 @@ def wilson_interval(failures, trials, *, confidence: float = 0.95):
     return low, high
 
 
-def fisher_pvalue(failures_a: int, trials_a: int, failures_b: int, trials_b: int, *,
-                  alternative: str = "two-sided") -> float:
+def fisher_pvalue(
+    failures_a: int, trials_a: int, failures_b: int, trials_b: int, *, alternative: str = "two-sided"
+) -> float:
     """Fisher's exact test of arm a against arm b; `greater`: arm a fails more often than arm b."""
     if alternative not in _ALTERNATIVES:
         raise ValueError(f"alternative must be one of {_ALTERNATIVES}, got {alternative!r}")
@@ -81,6 +82,7 @@ def fisher_pvalue(failures_a: int, trials_a: int, failures_b: int, trials_b: int
 
 # ---------------------------------------------------------------------------------------- wording
 
+
 def format_pct(rate: float, *, rounding: str = "nearest") -> str:
     """A rate as a percentage: whole percents from 10%, finer below; `up`/`down` round outward
     (for bounds that a sentence claims), and `nearest` never shows 0% or 100% for a rate that is
@@ -89,7 +91,7 @@ def format_pct(rate: float, *, rounding: str = "nearest") -> str:
     if value in (0.0, 100.0):
         return f"{value:.0f}%"
     decimals = 0 if value >= 10.0 else (1 if value >= 1.0 else 2)
-    scale = 10 ** decimals
+    scale = 10**decimals
     if rounding == "up":
         shown = math.ceil(round(value * scale, 9)) / scale
     elif rounding == "down":
@@ -115,10 +117,11 @@ def describe_rate(failures: int, trials: int, *, confidence: float = 0.95) -> st
     low, high = wilson_interval(failures, trials, confidence=confidence)
     noun = "trial" if trials == 1 else "trials"
     if failures == 0:
-        return (f"no failure in {trials} {noun}: rate below "
-                f"{format_pct(high, rounding='up')} at {_conf(confidence)}")
-    return (f"{failures} of {trials} {noun} failed ({format_pct(failures / trials)}, "
-            f"{_conf(confidence)} CI {format_pct(low)}-{format_pct(high)})")
+        return f"no failure in {trials} {noun}: rate below {format_pct(high, rounding='up')} at {_conf(confidence)}"
+    return (
+        f"{failures} of {trials} {noun} failed ({format_pct(failures / trials)}, "
+        f"{_conf(confidence)} CI {format_pct(low)}-{format_pct(high)})"
+    )
 
 
 def describe_rate_short(failures: int, trials: int, *, confidence: float = 0.95) -> str:
@@ -129,11 +132,14 @@ def describe_rate_short(failures: int, trials: int, *, confidence: float = 0.95)
     low, high = wilson_interval(failures, trials, confidence=confidence)
     if failures == 0:
         return f"0/{trials} (rate below {format_pct(high, rounding='up')} at {_conf(confidence)})"
-    return (f"{failures}/{trials} failed ({format_pct(failures / trials)}, {_conf(confidence)} CI "
-            f"{format_pct(low)}-{format_pct(high)})")
+    return (
+        f"{failures}/{trials} failed ({format_pct(failures / trials)}, {_conf(confidence)} CI "
+        f"{format_pct(low)}-{format_pct(high)})"
+    )
 
 
 # --------------------------------------------------------------------------------------- planning
+
 
 def trials_to_bound(rate_max: float, *, confidence: float = 0.95) -> int:
     """Fewest trials that, all passing, put the Wilson upper bound at `confidence` at or below
@@ -152,9 +158,16 @@ def trials_to_bound(rate_max: float, *, confidence: float = 0.95) -> int:
     return n
 
 
-def more_trials_needed(failures: int, trials: int, *, bound: float, confidence: float = 0.95,
-                       side: str = "upper", future_rate: float | None = None,
-                       limit: int = 10_000_000) -> int | None:
+def more_trials_needed(
+    failures: int,
+    trials: int,
+    *,
+    bound: float,
+    confidence: float = 0.95,
+    side: str = "upper",
+    future_rate: float | None = None,
+    limit: int = 10_000_000,
+) -> int | None:
     """Fewest further trials after which the Wilson interval meets `bound`, or None if none will.
 
     `side="upper"`: the upper end must come down to `bound` (a fixed arm); the further trials fail
@@ -222,8 +235,9 @@ def _snap(p: float, eps: float = 1e-15) -> float:
     return 0.0 if p < eps else 1.0 if p > 1.0 - eps else p
 
 
-def fisher_power(trials: int, p_baseline: float, p_fixed: float, *, alpha: float = 0.05,
-                 alternative: str = "greater") -> float:
+def fisher_power(
+    trials: int, p_baseline: float, p_fixed: float, *, alpha: float = 0.05, alternative: str = "greater"
+) -> float:
     """Exact probability that Fisher's test at `alpha` rejects with `trials` per arm, summed over
     both arms' binomial outcomes (see `_TAIL` for the negligible mass left out)."""
     check_rate("p_baseline", p_baseline)
@@ -249,9 +263,15 @@ def fisher_power(trials: int, p_baseline: float, p_fixed: float, *, alpha: float
     return float(weight[reject].sum())
 
 
-def trials_to_separate(p_baseline: float, p_fixed: float, *, alpha: float = 0.05,
-                       power: float = 0.9, alternative: str = "greater",
-                       max_trials: int = 5000) -> int:
+def trials_to_separate(
+    p_baseline: float,
+    p_fixed: float,
+    *,
+    alpha: float = 0.05,
+    power: float = 0.9,
+    alternative: str = "greater",
+    max_trials: int = 5000,
+) -> int:
     """Fewest trials per arm for which Fisher's exact test (one-sided `greater` by default: the
     baseline fails more often) rejects at `alpha` with at least `power`, when the arms' true
     failure rates are `p_baseline` and `p_fixed`. Power is not monotone in n (the test is
@@ -260,8 +280,10 @@ def trials_to_separate(p_baseline: float, p_fixed: float, *, alpha: float = 0.05
         if not 0.0 < value < 1.0:
             raise ValueError(f"{name} must be strictly between 0 and 1, got {value!r}")
     if _snap(p_baseline) == _snap(p_fixed) or (alternative == "greater" and p_baseline < p_fixed):
-        raise ValueError(f"no number of trials separates a baseline rate of {p_baseline} from a "
-                         f"fixed rate of {p_fixed} ({alternative})")
+        raise ValueError(
+            f"no number of trials separates a baseline rate of {p_baseline} from a "
+            f"fixed rate of {p_fixed} ({alternative})"
+        )
     for n in range(1, max_trials + 1):
         if fisher_power(n, p_baseline, p_fixed, alpha=alpha, alternative=alternative) >= power:
             return n
@@ -273,12 +295,20 @@ AUTO_BOUND, AUTO_CONFIDENCE = 0.30, 0.95
 AUTO_BASELINE_RATE, AUTO_FIXED_RATE, AUTO_ALPHA, AUTO_POWER = 0.9, 0.0, 0.05, 0.9
 
 
-def trials_for_auto(*, bound: float = AUTO_BOUND, confidence: float = AUTO_CONFIDENCE,
-                    baseline_rate: float = AUTO_BASELINE_RATE, fixed_rate: float = AUTO_FIXED_RATE,
-                    alpha: float = AUTO_ALPHA, power: float = AUTO_POWER) -> int:
+def trials_for_auto(
+    *,
+    bound: float = AUTO_BOUND,
+    confidence: float = AUTO_CONFIDENCE,
+    baseline_rate: float = AUTO_BASELINE_RATE,
+    fixed_rate: float = AUTO_FIXED_RATE,
+    alpha: float = AUTO_ALPHA,
+    power: float = AUTO_POWER,
+) -> int:
     """Trials per arm for `--trials auto`: enough that a clean fixed arm is bounded at or below
     `bound` at `confidence` (Wilson; 9 for 30% at 95%) AND that a baseline failing at
     `baseline_rate` is told from a fix failing at `fixed_rate` by one-sided Fisher at `alpha` with
     `power` (5 for 90% vs 0%). The defaults give 9."""
-    return max(trials_to_bound(bound, confidence=confidence),
-               trials_to_separate(baseline_rate, fixed_rate, alpha=alpha, power=power))
+    return max(
+        trials_to_bound(bound, confidence=confidence),
+        trials_to_separate(baseline_rate, fixed_rate, alpha=alpha, power=power),
+    )

@@ -37,13 +37,28 @@ from racecheck.runner.record import Outcome, TrialRecord, read_log
 LOG_NAME = "trials.jsonl"
 SUMMARY_NAME = "summary.csv"
 OUTCOME_COLUMNS = ("passed", "failed", "timeout", "crash", "error", "skipped")
-SUMMARY_COLUMNS = ("scenario", "test", "arm", "expect", "trials", "failures", "failure_rate",
-                   "ci_low", "ci_high") + OUTCOME_COLUMNS
+SUMMARY_COLUMNS = (
+    "scenario",
+    "test",
+    "arm",
+    "expect",
+    "trials",
+    "failures",
+    "failure_rate",
+    "ci_low",
+    "ci_high",
+) + OUTCOME_COLUMNS
 _KEY = ["scenario", "arm", "trial", "test"]
 # A trial's outcome in the `*` row: the worst failing outcome of its tests, else `passed` if any
 # test passed, else `skipped` (unlike record.worst, a skip does not outrank a pass here).
-_TRIAL_RANK = {Outcome.SKIPPED.value: 0, Outcome.PASSED.value: 1, Outcome.FAILED.value: 2,
-               Outcome.ERROR.value: 3, Outcome.TIMEOUT.value: 4, Outcome.CRASH.value: 5}
+_TRIAL_RANK = {
+    Outcome.SKIPPED.value: 0,
+    Outcome.PASSED.value: 1,
+    Outcome.FAILED.value: 2,
+    Outcome.ERROR.value: 3,
+    Outcome.TIMEOUT.value: 4,
+    Outcome.CRASH.value: 5,
+}
 
 
 def load_records(out_dir: str | os.PathLike) -> pd.DataFrame:
@@ -81,8 +96,7 @@ def _aggregate(rows: pd.DataFrame, *, with_detected: bool) -> pd.DataFrame:
     """Counts per (scenario, test, arm) over `rows`, each row one trial's outcome of one test."""
     keys = ["scenario", "test", "arm"]
     grouped = rows.groupby(keys, sort=False)
-    out = grouped.agg(expect=("expect", "first"), trials=("ran", "sum"),
-                      failures=("is_failure", "sum"))
+    out = grouped.agg(expect=("expect", "first"), trials=("ran", "sum"), failures=("is_failure", "sum"))
     counts = pd.crosstab([rows[k] for k in keys], rows["outcome"])
     out = out.join(counts.reindex(columns=list(OUTCOME_COLUMNS), fill_value=0))
     if with_detected:
@@ -117,15 +131,22 @@ def summarize(df: pd.DataFrame, *, signature: str | None = None) -> pd.DataFrame
     reports = df["reports"].map(lambda r: bool(r) if isinstance(r, list) else False)
     df["has_report"] = (df["detected"].fillna(0).astype(int) > 0) | reports
     # An arm's expectation comes from its scenario's definition: the first non-empty value seen.
-    expect = (df[df["expect"].fillna("") != ""].groupby(["scenario", "arm"])["expect"].first())
+    expect = df[df["expect"].fillna("") != ""].groupby(["scenario", "arm"])["expect"].first()
     df["expect"] = [expect.get((s, a), "") for s, a in zip(df["scenario"], df["arm"], strict=True)]
     with_detected = bool(df["detect"].fillna(False).astype(bool).any())
 
-    per_trial = df.assign(rank=df["outcome"].map(_TRIAL_RANK)).groupby(
-        ["scenario", "arm", "trial"], sort=False).agg(
-        rank=("rank", "max"), is_failure=("is_failure", "any"),
-        has_report=("has_report", "any"), expect=("expect", "first"),
-        **({"is_other": ("is_other", "any")} if signature is not None else {})).reset_index()
+    per_trial = (
+        df.assign(rank=df["outcome"].map(_TRIAL_RANK))
+        .groupby(["scenario", "arm", "trial"], sort=False)
+        .agg(
+            rank=("rank", "max"),
+            is_failure=("is_failure", "any"),
+            has_report=("has_report", "any"),
+            expect=("expect", "first"),
+            **({"is_other": ("is_other", "any")} if signature is not None else {}),
+        )
+        .reset_index()
+    )
     if signature is not None:  # a trial that failed by the race is not also an "other" failure
         per_trial["is_other"] = per_trial["is_other"] & ~per_trial["is_failure"]
     by_rank = {rank: outcome for outcome, rank in _TRIAL_RANK.items()}
@@ -133,21 +154,27 @@ def summarize(df: pd.DataFrame, *, signature: str | None = None) -> pd.DataFrame
     per_trial["ran"] = per_trial["outcome"] != Outcome.SKIPPED.value
     per_trial["test"] = ALL_TESTS
 
-    summary = pd.concat([_aggregate(per_trial, with_detected=with_detected),
-                         _aggregate(df, with_detected=with_detected)], ignore_index=True)
+    summary = pd.concat(
+        [_aggregate(per_trial, with_detected=with_detected), _aggregate(df, with_detected=with_detected)],
+        ignore_index=True,
+    )
     summary["failures"] = summary["failures"].astype(int)
     summary["trials"] = summary["trials"].astype(int)
     ran = summary["trials"] > 0
     summary["failure_rate"] = (summary["failures"] / summary["trials"].where(ran)).astype(float)
     summary["ci_low"], summary["ci_high"] = stats.wilson_interval(
-        summary["failures"].to_numpy(), summary["trials"].to_numpy(), confidence=0.95)
+        summary["failures"].to_numpy(), summary["trials"].to_numpy(), confidence=0.95
+    )
 
     arm_order = {arm: i for i, arm in enumerate(pd.unique(df["arm"]))}
-    summary = summary.assign(
-        _arm=summary["arm"].map(arm_order), _star=summary["test"] != ALL_TESTS).sort_values(
-        ["scenario", "_arm", "_star", "test"], kind="stable")
-    columns = (list(SUMMARY_COLUMNS) + (["detected"] if with_detected else [])
-               + (["other_failures"] if signature is not None else []))
+    summary = summary.assign(_arm=summary["arm"].map(arm_order), _star=summary["test"] != ALL_TESTS).sort_values(
+        ["scenario", "_arm", "_star", "test"], kind="stable"
+    )
+    columns = (
+        list(SUMMARY_COLUMNS)
+        + (["detected"] if with_detected else [])
+        + (["other_failures"] if signature is not None else [])
+    )
     return summary[columns].reset_index(drop=True)
 
 
@@ -167,10 +194,23 @@ def with_skipped(summary: pd.DataFrame, skipped: dict) -> pd.DataFrame:
     and the reason in the column `note` (present only when something was skipped)."""
     if not skipped:
         return summary
-    rows = [{"scenario": suite, "test": ALL_TESTS, "arm": arm, "expect": info.get("expect", {}).get(arm, ""),
-             "trials": 0, "failures": 0, "failure_rate": float("nan"), "ci_low": 0.0, "ci_high": 1.0,
-             **{c: 0 for c in OUTCOME_COLUMNS}, "note": f"skipped: {info['why']}"}
-            for suite, info in skipped.items() for arm in info["arms"]]
+    rows = [
+        {
+            "scenario": suite,
+            "test": ALL_TESTS,
+            "arm": arm,
+            "expect": info.get("expect", {}).get(arm, ""),
+            "trials": 0,
+            "failures": 0,
+            "failure_rate": float("nan"),
+            "ci_low": 0.0,
+            "ci_high": 1.0,
+            **{c: 0 for c in OUTCOME_COLUMNS},
+            "note": f"skipped: {info['why']}",
+        }
+        for suite, info in skipped.items()
+        for arm in info["arms"]
+    ]
     extra = pd.DataFrame(rows)
     summary = summary.assign(note="")
     for column in summary.columns.difference(extra.columns):

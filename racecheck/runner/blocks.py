@@ -91,8 +91,9 @@ class SessionPlan:
         return tuple(dict.fromkeys(b.trial for b in self.blocks))
 
 
-def sessions(pending: list[Block], *, groups: list[tuple[str, ...]], isolation: str, chunk: int,
-             seed: int, order: str) -> list[SessionPlan]:
+def sessions(
+    pending: list[Block], *, groups: list[tuple[str, ...]], isolation: str, chunk: int, seed: int, order: str
+) -> list[SessionPlan]:
     """Split pending blocks (in run order) into sessions; see [Note: sessions]."""
     if not pending:
         return []
@@ -103,7 +104,7 @@ def sessions(pending: list[Block], *, groups: list[tuple[str, ...]], isolation: 
     trials = list(dict.fromkeys(b.trial for b in pending))
     plans = []
     for k in range(0, len(trials), chunk):
-        window = set(trials[k:k + chunk])
+        window = set(trials[k : k + chunk])
         chosen = list(groups)
         if order == "random":
             random.Random(f"racecheck-groups:{seed}:{trials[k]}").shuffle(chosen)

@@ -37,8 +37,7 @@ def toplevel(folder: Path) -> Path:
     try:
         return Path(_git("rev-parse", "--show-toplevel", cwd=folder))
     except _GitFailed:
-        raise InputError(f"{folder} is not inside a git repository, so it has no revisions to check "
-                         f"out") from None
+        raise InputError(f"{folder} is not inside a git repository, so it has no revisions to check out") from None
 
 
 def resolve(folder: Path, revision: str) -> str:

@@ -36,8 +36,7 @@ class SessionSpec:
 def command(spec: SessionSpec) -> list[str]:
     if spec.world_size > 1 or spec.rendezvous:
         where = list(spec.rendezvous) or ["--standalone", "--nnodes", "1", "--nproc-per-node", str(spec.world_size)]
-        launcher = [sys.executable, "-m", "torch.distributed.run", *where, "--monitor-interval", "0.2",
-                    "-m", "pytest"]
+        launcher = [sys.executable, "-m", "torch.distributed.run", *where, "--monitor-interval", "0.2", "-m", "pytest"]
     else:
         launcher = [sys.executable, "-m", "pytest"]
     return launcher + list(spec.pytest_args)
@@ -49,9 +48,16 @@ def start(spec: SessionSpec) -> subprocess.Popen:
         env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
     spec.log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(spec.log_path, "ab") as log:
-        return subprocess.Popen(command(spec), cwd=spec.cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True,
-                                preexec_fn=child_dies_with_us(signal.SIGTERM))
+        return subprocess.Popen(
+            command(spec),
+            cwd=spec.cwd,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=child_dies_with_us(signal.SIGTERM),
+        )
 
 
 def kill_tree(proc: subprocess.Popen, *, grace: float = 3.0) -> None:

@@ -23,8 +23,21 @@ from racecheck.runner.record import TrialLog, read_log
 # means. Arms and profiles are compared as resolved per suite (`scenarios` in run.json: each
 # suite's arms and each arm's canonical profile spec), so `--arms` spelled out and the same arms by
 # default agree, and so do a profile's name and the rules it stands for.
-_SAME = ("source", "seed", "order", "detect", "backend", "pytest_args", "world_size", "mesh",
-         "isolation", "chunk", "timeout", "revisions", "scenarios")
+_SAME = (
+    "source",
+    "seed",
+    "order",
+    "detect",
+    "backend",
+    "pytest_args",
+    "world_size",
+    "mesh",
+    "isolation",
+    "chunk",
+    "timeout",
+    "revisions",
+    "scenarios",
+)
 
 
 class MergeError(ValueError):
@@ -56,8 +69,10 @@ def merge(inputs: list[Path], out: Path) -> int:
     for folder, run in zip(inputs[1:], runs[1:], strict=True):
         for setting in _SAME:
             if run.get(setting) != first.get(setting):
-                raise MergeError(f"{inputs[0]} and {folder} are different runs: their {setting} differs "
-                                 f"({first.get(setting)!r} vs {run.get(setting)!r})")
+                raise MergeError(
+                    f"{inputs[0]} and {folder} are different runs: their {setting} differs "
+                    f"({first.get(setting)!r} vs {run.get(setting)!r})"
+                )
     check_shards(inputs, runs)
     records = []
     for folder in inputs:
@@ -67,13 +82,17 @@ def merge(inputs: list[Path], out: Path) -> int:
         except (OSError, ValueError) as exc:  # unreadable, or a line that is not a trial record
             raise MergeError(str(exc)) from None
         if bad:
-            raise MergeError(f"{folder / 'trials.jsonl'}: {bad[0].describe()}; 'racecheck run --resume "
-                             f"{folder}' repairs the log and reruns what it lost")
+            raise MergeError(
+                f"{folder / 'trials.jsonl'}: {bad[0].describe()}; 'racecheck run --resume "
+                f"{folder}' repairs the log and reruns what it lost"
+            )
         for r in mine:
             key = (r.scenario, r.arm, r.trial)
             if owner.get(key, folder) != folder:
-                raise MergeError(f"{owner[key]} and {folder} both hold trial {r.trial} of arm {r.arm!r}"
-                                 f" ({r.scenario}): shards must hold disjoint trials (--shard i/N)")
+                raise MergeError(
+                    f"{owner[key]} and {folder} both hold trial {r.trial} of arm {r.arm!r}"
+                    f" ({r.scenario}): shards must hold disjoint trials (--shard i/N)"
+                )
             owner[key] = folder
             records.append(r)
     out.mkdir(parents=True, exist_ok=True)
@@ -104,8 +123,9 @@ def expand_inputs(patterns, out: Path) -> list[Path]:
         if not glob.has_magic(pattern):
             folders.append(Path(pattern))
             continue
-        found = [Path(p) for p in sorted(glob.glob(pattern)) if Path(p).is_dir()
-                 and Path(p).resolve() != Path(out).resolve()]
+        found = [
+            Path(p) for p in sorted(glob.glob(pattern)) if Path(p).is_dir() and Path(p).resolve() != Path(out).resolve()
+        ]
         if not found:
             raise MergeError(f"{pattern}: no run folder matches")
         folders += found
@@ -121,8 +141,10 @@ def check_shards(inputs: list[Path], runs: list[dict]) -> None:
     if counts == {1}:
         return
     if len(counts) > 1:
-        raise MergeError("the folders are shards of different splits: " + ", ".join(
-            f"{folder} is {shard}" for folder, shard in zip(inputs, shards, strict=True)))
+        raise MergeError(
+            "the folders are shards of different splits: "
+            + ", ".join(f"{folder} is {shard}" for folder, shard in zip(inputs, shards, strict=True))
+        )
     count = counts.pop()
     holder: dict[int, Path] = {}
     for folder, shard in zip(inputs, shards, strict=True):
@@ -131,8 +153,10 @@ def check_shards(inputs: list[Path], runs: list[dict]) -> None:
         holder[shard.index] = folder
     missing = [f"{i}/{count}" for i in range(1, count + 1) if i not in holder]
     if missing:
-        raise MergeError(f"shard{'s' if len(missing) > 1 else ''} {', '.join(missing)} missing "
-                         f"(given: {', '.join(f'{i}/{count}' for i in sorted(holder))})")
+        raise MergeError(
+            f"shard{'s' if len(missing) > 1 else ''} {', '.join(missing)} missing "
+            f"(given: {', '.join(f'{i}/{count}' for i in sorted(holder))})"
+        )
 
 
 def _shard(folder: Path, run: dict) -> Shard:

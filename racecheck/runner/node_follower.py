@@ -56,14 +56,19 @@ class Follower:
         try:
             self._store = connect(self.spec, timeout=self.spec.join_timeout)
         except (OSError, RuntimeError) as exc:  # torch raises DistStoreError (a RuntimeError)
-            raise NodeError(f"could not reach node 0 at {self.spec.host}:{self.spec.port} within "
-                            f"{self.spec.join_timeout:g} s ({str(exc).splitlines()[0]})") from None
+            raise NodeError(
+                f"could not reach node 0 at {self.spec.host}:{self.spec.port} within "
+                f"{self.spec.join_timeout:g} s ({str(exc).splitlines()[0]})"
+            ) from None
         self._heartbeat = Heartbeat(self.spec)
         self._liveness = Liveness(self.spec, self._store, [0])
         runner = Runner(self.config)  # builds this node's session specs; runs nothing itself
         try:
-            put(self.store, key(self.spec, "hello", self.spec.node_rank),
-                {"definition": definition(self.config), "host": socket.gethostname()})
+            put(
+                self.store,
+                key(self.spec, "hello", self.spec.node_rank),
+                {"definition": definition(self.config), "host": socket.gethostname()},
+            )
             welcome = self._wait(key(self.spec, "welcome", self.spec.node_rank))
             if welcome.get("error"):
                 raise InputError(welcome["error"])
@@ -137,8 +142,11 @@ class Follower:
                 launch.kill_tree(proc)
         self._forward(sid, ranks, tails)
         code = proc.returncode
-        put(self.store, key(self.spec, "ended", sid, self.spec.node_rank),
-            {"returncode": code, "signature": crash_signature(code, spec.log_path) if code else ""})
+        put(
+            self.store,
+            key(self.spec, "ended", sid, self.spec.node_rank),
+            {"returncode": code, "signature": crash_signature(code, spec.log_path) if code else ""},
+        )
 
     def _forward(self, sid: str, ranks, tails: dict) -> None:
         """Send the events this node's ranks appended since the last call, as one batch."""

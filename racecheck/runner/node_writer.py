@@ -65,8 +65,9 @@ class Writer:
         try:
             self._store = connect(self.spec, master=True, timeout=max(self.spec.join_timeout, 30.0))
         except (RuntimeError, ValueError) as exc:
-            raise NodeError(f"cannot host the rendezvous at {self.spec.host}:{self.spec.port}: "
-                            f"{str(exc).splitlines()[0]}") from None
+            raise NodeError(
+                f"cannot host the rendezvous at {self.spec.host}:{self.spec.port}: {str(exc).splitlines()[0]}"
+            ) from None
         self._heartbeat = Heartbeat(self.spec)
         mine = definition(self.config)
         waiting = set(self.followers)
@@ -85,16 +86,21 @@ class Writer:
                     raise InputError(error)
             if waiting and time.monotonic() > deadline:
                 names = ", ".join(map(str, sorted(waiting)))
-                raise NodeError(f"node{'s' if len(waiting) > 1 else ''} {names} of {self.spec.nnodes} did not "
-                                f"join within {self.spec.join_timeout:g} s (--rdzv-conf join_timeout)")
+                raise NodeError(
+                    f"node{'s' if len(waiting) > 1 else ''} {names} of {self.spec.nnodes} did not "
+                    f"join within {self.spec.join_timeout:g} s (--rdzv-conf join_timeout)"
+                )
             time.sleep(POLL_S)
         self.liveness = Liveness(self.spec, self._store, self.followers)
 
     def session(self, session_id: str, suite: str, plan) -> SessionPeers:
         """Publish a session's plan to the followers; the returned peers follow their part."""
         self._sessions += 1
-        put(self.store, key(self.spec, "session", self._sessions),
-            {"sid": session_id, "suite": suite, "blocks": [[b.trial, b.arm] for b in plan.blocks]})
+        put(
+            self.store,
+            key(self.spec, "session", self._sessions),
+            {"sid": session_id, "suite": suite, "blocks": [[b.trial, b.arm] for b in plan.blocks]},
+        )
         return SessionPeers(self, session_id, self.config.out / "ranks")
 
     def mark_lost(self, node: int, why: str) -> str:

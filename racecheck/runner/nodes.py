@@ -80,9 +80,22 @@ class NodeSpec:
         """torchrun's arguments for one session's part of the world on this node (the same on
         every node: c10d ranks the nodes itself, so torchrun takes no node rank)."""
         conf = ",".join(f"{k}={v}" for k, v in (*self.rdzv_conf, ("is_host", "false")))
-        return ("--nnodes", str(self.nnodes), "--nproc-per-node", str(world_size // self.nnodes),
-                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{self.host}:{self.port}",
-                "--rdzv-id", f"{self.rdzv_id}-{session_id}", "--rdzv-conf", conf, "--max-restarts", "0")
+        return (
+            "--nnodes",
+            str(self.nnodes),
+            "--nproc-per-node",
+            str(world_size // self.nnodes),
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            f"{self.host}:{self.port}",
+            "--rdzv-id",
+            f"{self.rdzv_id}-{session_id}",
+            "--rdzv-conf",
+            conf,
+            "--max-restarts",
+            "0",
+        )
 
 
 def definition(config) -> dict:
@@ -142,8 +155,9 @@ def connect(spec: NodeSpec, *, master: bool = False, timeout: float = 30.0) -> T
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.2)
-    return TCPStore(spec.host, spec.port, is_master=master, wait_for_workers=False,
-                    timeout=datetime.timedelta(seconds=timeout))
+    return TCPStore(
+        spec.host, spec.port, is_master=master, wait_for_workers=False, timeout=datetime.timedelta(seconds=timeout)
+    )
 
 
 def _store_class() -> type[TCPStore]:

@@ -51,8 +51,9 @@ class Progress(RunListener):
         if not self.enabled:
             return
         if self.terminal:  # the bar appears once its length is known
-            self._bar = tqdm(total=total, initial=done, unit="trial", dynamic_ncols=True,
-                             file=self.stream, desc="trials", leave=True)
+            self._bar = tqdm(
+                total=total, initial=done, unit="trial", dynamic_ncols=True, file=self.stream, desc="trials", leave=True
+            )
             self._tallies()
         else:
             self.note(f"trials: {total} planned" + (f", {done} already done" if done else ""))
@@ -63,8 +64,10 @@ class Progress(RunListener):
         if outcome.is_failure and key not in self._reported:
             self._reported.add(key)
             label = f"{record.scenario}/{record.arm}" if self._multi else record.arm
-            self.note(f"{record.outcome}: {label} trial {record.trial} {record.test.split('::')[-1]}"
-                      f" ({record.signature}); replay: {record.replay}")
+            self.note(
+                f"{record.outcome}: {label} trial {record.trial} {record.test.split('::')[-1]}"
+                f" ({record.signature}); replay: {record.replay}"
+            )
         self._tallies()
 
     def block(self, suite: str, block: Block, outcome: str) -> None:
@@ -88,8 +91,7 @@ class Progress(RunListener):
         for s in self.config.scenarios:
             for arm in self.config.arms_for(s):
                 label = f"{s.name}/{arm}" if self._multi else arm
-                parts.append(f"{label} {self.counts.failures(s.name, arm)}/"
-                             f"{self.counts.seen(s.name, arm)} failed")
+                parts.append(f"{label} {self.counts.failures(s.name, arm)}/{self.counts.seen(s.name, arm)} failed")
         return "  ".join(parts)
 
     def _status(self) -> None:

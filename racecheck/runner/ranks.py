@@ -98,8 +98,7 @@ class RankMerger:
         """Tests some rank started or reported that are not complete."""
         return sorted(set(self._pending) | set(self._open))
 
-    def abandon(self, outcome: Outcome, *, signature: str = "",
-                keys: list[Key] | None = None) -> list[TestOutcome]:
+    def abandon(self, outcome: Outcome, *, signature: str = "", keys: list[Key] | None = None) -> list[TestOutcome]:
         """The session ended: `keys` (default: every unfinished test), which some rank started or
         reported but not every rank finished, get `outcome` (crash or timeout) unless a rank already
         reported something worse. Every other unfinished test is dropped."""
@@ -107,9 +106,14 @@ class RankMerger:
         for key in sorted(self.unfinished if keys is None else keys):
             reports = list(self._pending.get(key, {}).values())
             trial, arm, test = key
-            filler = TestOutcome(trial=trial, arm=arm, test=test, outcome=outcome.value,
-                                 signature=signature or f"{outcome.value}: not every rank finished the test",
-                                 message=f"the session ended ({outcome.value}) before every rank reported")
+            filler = TestOutcome(
+                trial=trial,
+                arm=arm,
+                test=test,
+                outcome=outcome.value,
+                signature=signature or f"{outcome.value}: not every rank finished the test",
+                message=f"the session ended ({outcome.value}) before every rank reported",
+            )
             merged.append(merge_ranks(reports + [filler]))
         self._pending.clear()
         self._open.clear()
@@ -126,15 +130,27 @@ class RankMerger:
             failing = [r for r in reports if Outcome(r.outcome).is_failure]
             if not failing:  # a test the failing rank never reached: its peers were stopped in it
                 trial, arm, test = key
-                failing = [TestOutcome(trial=trial, arm=arm, test=test, outcome=Outcome.ERROR.value,
-                                       signature="error: a peer rank failed and the session was stopped",
-                                       message="stopped while waiting for a rank that had failed")]
+                failing = [
+                    TestOutcome(
+                        trial=trial,
+                        arm=arm,
+                        test=test,
+                        outcome=Outcome.ERROR.value,
+                        signature="error: a peer rank failed and the session was stopped",
+                        message="stopped while waiting for a rank that had failed",
+                    )
+                ]
             bad = worst(r.outcome for r in failing)
             first = next(r for r in failing if r.outcome == bad.value)
             one = merge_ranks(reports + failing)
-            merged.append(dataclasses.replace(
-                one, outcome=bad.value, signature=first.signature,
-                message=f"rank {first.rank}: {first.message} (its peers were stopped: they waited for it)"))
+            merged.append(
+                dataclasses.replace(
+                    one,
+                    outcome=bad.value,
+                    signature=first.signature,
+                    message=f"rank {first.rank}: {first.message} (its peers were stopped: they waited for it)",
+                )
+            )
         self._pending.clear()
         self._open.clear()
         self._failed.clear()
@@ -150,11 +166,20 @@ def merge_ranks(reports: list[TestOutcome]) -> TestOutcome:
     base = reports[0]
     detector = [text for r in reports for text in r.reports]
     return TestOutcome(
-        trial=base.trial, arm=base.arm, test=base.test, params=base.params,
-        seed=base.seed, outcome=verdict.value, signature=first_bad.signature, message=first_bad.message,
-        device=base.device, duration=max(float(r.duration) for r in reports),
-        detected=max(int(r.detected) for r in reports), reports=list(dict.fromkeys(detector)),
-        **_patch_fields(reports))
+        trial=base.trial,
+        arm=base.arm,
+        test=base.test,
+        params=base.params,
+        seed=base.seed,
+        outcome=verdict.value,
+        signature=first_bad.signature,
+        message=first_bad.message,
+        device=base.device,
+        duration=max(float(r.duration) for r in reports),
+        detected=max(int(r.detected) for r in reports),
+        reports=list(dict.fromkeys(detector)),
+        **_patch_fields(reports),
+    )
 
 
 def _patch_fields(reports: list[TestOutcome]) -> dict:
@@ -166,8 +191,11 @@ def _patch_fields(reports: list[TestOutcome]) -> dict:
     for a in counted:
         for kind, n in a.items():
             actions[kind] = actions.get(kind, 0) + int(n)
-    out: dict[str, object] = {"actions": actions, "perturb": next((r.perturb for r in reports if r.perturb), ""),
-           "delayed": list(dict.fromkeys(k for r in reports for k in (r.delayed or [])))}
+    out: dict[str, object] = {
+        "actions": actions,
+        "perturb": next((r.perturb for r in reports if r.perturb), ""),
+        "delayed": list(dict.fromkeys(k for r in reports for k in (r.delayed or []))),
+    }
     handoffs = [int(r.handoffs) for r in reports if r.handoffs is not None]
     if handoffs:
         out["handoffs"] = max(handoffs)

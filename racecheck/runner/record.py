@@ -84,8 +84,11 @@ class TrialRecord:
         if not isinstance(data, dict):
             raise ValueError(f"not a JSON object: {str(data)[:60]!r}")
         fields = dataclasses.fields(cls)
-        missing = [f.name for f in fields if f.name not in data
-                   and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+        missing = [
+            f.name
+            for f in fields
+            if f.name not in data and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        ]
         if missing:
             raise ValueError(f"missing field(s) {', '.join(missing)}")
         names = {f.name for f in fields}
@@ -201,7 +204,8 @@ class Finished(RankEvent):
 
 
 _RANK_EVENTS: dict[RankEventKind, type[RankEvent]] = {
-    cls.KIND: cls for cls in (Collected, CollectError, Started, TestOutcome, Finished)}
+    cls.KIND: cls for cls in (Collected, CollectError, Started, TestOutcome, Finished)
+}
 
 
 class RankLog:
@@ -301,8 +305,9 @@ def repair_log(path: str | os.PathLike) -> list[BadLine]:
         return bad
     numbers = {b.number for b in bad}
     with open(path, encoding="utf-8", errors="replace") as fh:
-        kept = [line if line.endswith("\n") else line + "\n"
-                for number, line in enumerate(fh, 1) if number not in numbers]
+        kept = [
+            line if line.endswith("\n") else line + "\n" for number, line in enumerate(fh, 1) if number not in numbers
+        ]
     with open(path.with_name(path.name + ".rejected"), "a", encoding="utf-8") as fh:
         fh.writelines(b.text + "\n" for b in bad)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")

@@ -88,12 +88,16 @@ class RunConfig:
 
     def to_json(self) -> dict:
         """run.json's settings (see the module docstring); JSON-ready."""
-        data = {f.name: _to_json(getattr(self, f.name)) for f in dataclasses.fields(self)
-                if f.name not in _NOT_KEPT or f.name in _WRITTEN_FOR_READERS}
+        data = {
+            f.name: _to_json(getattr(self, f.name))
+            for f in dataclasses.fields(self)
+            if f.name not in _NOT_KEPT or f.name in _WRITTEN_FOR_READERS
+        }
         data["worlds"] = {s.name: self.world_for(s) for s in self.scenarios}
-        data["scenarios"] = {s.name: {"arms": list(self.arms_for(s)),
-                                      "perturb": {a: self.spec_for(s, a) for a in self.arms_for(s)}}
-                             for s in self.scenarios}
+        data["scenarios"] = {
+            s.name: {"arms": list(self.arms_for(s)), "perturb": {a: self.spec_for(s, a) for a in self.arms_for(s)}}
+            for s in self.scenarios
+        }
         return data
 
     @classmethod
@@ -123,8 +127,15 @@ def _to_json(value):
 # How a kept field reads back where JSON's own type is not the field's.
 _READ_BACK: dict[str, Callable[[Any], Any]] = {
     "arms": lambda v: tuple(v) if v else None,
-    "trials": int, "seed": int, "chunk": int, "timeout": float, "detect": bool, "all_arms": bool,
-    "pytest_args": tuple, "shard": lambda v: Shard.parse(str(v)), "revisions": dict,
+    "trials": int,
+    "seed": int,
+    "chunk": int,
+    "timeout": float,
+    "detect": bool,
+    "all_arms": bool,
+    "pytest_args": tuple,
+    "shard": lambda v: Shard.parse(str(v)),
+    "revisions": dict,
     "world_size": lambda v: None if v is None else int(v),
 }
 
@@ -134,9 +145,30 @@ def _from_json(name: str, value):
 
 
 # pytest options whose value may follow as the next argument (so it is no target).
-_VALUE_OPTIONS = {"-k", "-m", "-p", "-n", "-c", "-o", "-W", "--deselect", "--ignore", "--ignore-glob",
-                  "--rootdir", "--confcutdir", "--basetemp", "--maxfail", "--dist", "--timeout",
-                  "--count", "--numprocesses", "--import-mode", "--tb", "--durations", "-r"}
+_VALUE_OPTIONS = {
+    "-k",
+    "-m",
+    "-p",
+    "-n",
+    "-c",
+    "-o",
+    "-W",
+    "--deselect",
+    "--ignore",
+    "--ignore-glob",
+    "--rootdir",
+    "--confcutdir",
+    "--basetemp",
+    "--maxfail",
+    "--dist",
+    "--timeout",
+    "--count",
+    "--numprocesses",
+    "--import-mode",
+    "--tb",
+    "--durations",
+    "-r",
+}
 
 
 def split_targets(args, root: Path) -> tuple[list[str], list[str]]:
@@ -185,8 +217,7 @@ def replay_command(record: TrialRecord, *, suite: Suite, config: RunConfig) -> s
         parts = ["racecheck", "run", "--config", where]
     else:
         parts = ["racecheck", "run", "--scenario", suite.name]
-    parts += ["--arms", record.arm, "--trials", "1", "--seed", str(record.seed),
-              "--perturb", replay_spec(record)]
+    parts += ["--arms", record.arm, "--trials", "1", "--seed", str(record.seed), "--perturb", replay_spec(record)]
     if config.detect:
         parts.append("--detect")
     if config.backend != "auto":

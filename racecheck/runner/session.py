@@ -74,10 +74,19 @@ class SessionRun:
     """One pytest session of a plan. `on_merged(TestOutcome)` gets every merged test outcome as it is
     known, `on_block(block, outcome)` every block as it completes, `should_stop()` is polled."""
 
-    def __init__(self, spec: launch.SessionSpec, plan: SessionPlan, *, files: Path, timeout: float,
-                 on_merged: Callable[[TestOutcome], None], on_block: Callable[[Block, Outcome], None],
-                 should_stop: Callable[[], bool] = lambda: False,
-                 on_start: Callable[[int], None] = lambda pid: None, peers=None) -> None:
+    def __init__(
+        self,
+        spec: launch.SessionSpec,
+        plan: SessionPlan,
+        *,
+        files: Path,
+        timeout: float,
+        on_merged: Callable[[TestOutcome], None],
+        on_block: Callable[[Block, Outcome], None],
+        should_stop: Callable[[], bool] = lambda: False,
+        on_start: Callable[[int], None] = lambda pid: None,
+        peers=None,
+    ) -> None:
         self.spec = spec
         self.plan = plan
         self.files = files  # the per-process logs: FILES-rank-R[-WORKER].jsonl
@@ -196,9 +205,11 @@ class SessionRun:
         self._close(ending, proc.returncode)
         remaining = [b for b in self.plan.blocks if b not in set(self._done)]
         if ending is not Ending.STOPPED and remaining and not self._done:
-            raise InfrastructureError(f"the pytest session ended ({ending.value}, exit code {proc.returncode}) "
-                                      f"without finishing a trial; see {self.spec.log_path}: "
-                                      f"{last_lines(self.spec.log_path)}")
+            raise InfrastructureError(
+                f"the pytest session ended ({ending.value}, exit code {proc.returncode}) "
+                f"without finishing a trial; see {self.spec.log_path}: "
+                f"{last_lines(self.spec.log_path)}"
+            )
         return SessionResult(ending, list(self._done), remaining)
 
     def _only_teardown_left(self) -> bool:
@@ -244,12 +255,16 @@ class SessionRun:
             abandoned = self._merger.abandon_after_peer_failure(blamed)
         elif ending is Ending.TIMED_OUT:
             abandoned = self._merger.abandon(
-                Outcome.TIMEOUT, keys=blamed,
-                signature=f"timeout: no test finished within {self.timeout:g} s; the session was killed")
+                Outcome.TIMEOUT,
+                keys=blamed,
+                signature=f"timeout: no test finished within {self.timeout:g} s; the session was killed",
+            )
         else:
             abandoned = self._merger.abandon(
-                Outcome.CRASH, keys=blamed,
-                signature=self._peer_failure or crash_signature(returncode, self.spec.log_path))
+                Outcome.CRASH,
+                keys=blamed,
+                signature=self._peer_failure or crash_signature(returncode, self.spec.log_path),
+            )
         for merged in abandoned:
             self._merged(merged)
         if first < len(self.plan.blocks) and self.plan.blocks[first] not in self._done:
@@ -260,8 +275,9 @@ class SessionRun:
         if self._collect_errors:
             e = self._collect_errors[0]
             more = f" (and {len(self._collect_errors) - 1} more)" if len(self._collect_errors) > 1 else ""
-            raise InputError(f"pytest could not collect {e.nodeid or 'the suite'}: "
-                             f"{e.message}{more}; see {self.spec.log_path}")
+            raise InputError(
+                f"pytest could not collect {e.nodeid or 'the suite'}: {e.message}{more}; see {self.spec.log_path}"
+            )
         if self._outcomes or self._merger.unfinished or ending is Ending.STOPPED:
             return
         text = _read(self.spec.log_path)
@@ -275,8 +291,10 @@ class SessionRun:
             what = f"load {conftest.group(1)}" if conftest else "start the suite"
             raise InputError(f"pytest could not {what}: {detail.strip()}")
         if self._saw_collected and self._collected == 0 or returncode == 5:
-            raise InputError(f"pytest collected no tests (pytest {' '.join(self.spec.user_args) or 'with no arguments'}); "
-                             f"see {self.spec.log_path}")
+            raise InputError(
+                f"pytest collected no tests (pytest {' '.join(self.spec.user_args) or 'with no arguments'}); "
+                f"see {self.spec.log_path}"
+            )
 
 
 def crash_signature(returncode: int | None, log_path: Path) -> str:

@@ -38,8 +38,10 @@ def from_environment(env: Mapping[str, str]) -> JobShard:
             raise ValueError(f"{SHARD_VAR}: {exc}") from None
     if env.get("SLURM_ARRAY_TASK_ID", "").strip():
         return _slurm(env)
-    raise ValueError(f"no job environment names a shard: set {SHARD_VAR}=i/N (a CI matrix), or run "
-                     f"in a Slurm job array (SLURM_ARRAY_TASK_ID)")
+    raise ValueError(
+        f"no job environment names a shard: set {SHARD_VAR}=i/N (a CI matrix), or run "
+        f"in a Slurm job array (SLURM_ARRAY_TASK_ID)"
+    )
 
 
 def _number(env: Mapping[str, str], name: str) -> int | None:
@@ -61,8 +63,10 @@ def _slurm(env: Mapping[str, str]) -> JobShard:
     step = _number(env, "SLURM_ARRAY_TASK_STEP") or 1
     if low is None and high is None:
         if count is None:
-            raise ValueError("SLURM_ARRAY_TASK_ID without SLURM_ARRAY_TASK_COUNT or SLURM_ARRAY_TASK_MIN/MAX: "
-                             f"cannot tell how many shards there are; set {SHARD_VAR}=i/N")
+            raise ValueError(
+                "SLURM_ARRAY_TASK_ID without SLURM_ARRAY_TASK_COUNT or SLURM_ARRAY_TASK_MIN/MAX: "
+                f"cannot tell how many shards there are; set {SHARD_VAR}=i/N"
+            )
         low = 0  # only the count known: the ids 0..count-1 of `--array=0-(count-1)`
     if low is None:
         raise ValueError(f"SLURM_ARRAY_TASK_MAX without SLURM_ARRAY_TASK_MIN; set {SHARD_VAR}=i/N")
@@ -74,8 +78,10 @@ def _slurm(env: Mapping[str, str]) -> JobShard:
     if count is None:
         count = span
     if span != count or (high - low) % step:
-        raise ValueError(f"the Slurm array (tasks {low}-{high}, step {step}, {count} tasks) is not an even "
-                         f"range of ids; set {SHARD_VAR}=i/N for each task")
+        raise ValueError(
+            f"the Slurm array (tasks {low}-{high}, step {step}, {count} tasks) is not an even "
+            f"range of ids; set {SHARD_VAR}=i/N for each task"
+        )
     steps = f":{step}" if step != 1 else ""
     if not low <= task <= high or (task - low) % step:
         raise ValueError(f"SLURM_ARRAY_TASK_ID={task} is not a task of the array {low}-{high}{steps}")

@@ -49,8 +49,19 @@ class CompletedLog:
     def append(self, suite: str, block: Block, outcome: str, run_id: str, *, records: int) -> None:
         """`records`: how many lines of trials.jsonl the block wrote; a resume that finds fewer
         runs the block again (a record was lost to a torn or removed line)."""
-        self._fh.write(json.dumps({"scenario": suite, "arm": block.arm, "trial": block.trial,
-                                   "outcome": outcome, "run_id": run_id, "records": records}) + "\n")
+        self._fh.write(
+            json.dumps(
+                {
+                    "scenario": suite,
+                    "arm": block.arm,
+                    "trial": block.trial,
+                    "outcome": outcome,
+                    "run_id": run_id,
+                    "records": records,
+                }
+            )
+            + "\n"
+        )
         self._fh.flush()
         os.fsync(self._fh.fileno())
 
@@ -71,7 +82,9 @@ def read_completed(out: Path) -> dict[tuple[str, str, int], tuple[str, int | Non
             d = json.loads(line)
             records = d.get("records")
             done[(d["scenario"], d["arm"], int(d["trial"]))] = (
-                d["outcome"], int(records) if records is not None else None)
+                d["outcome"],
+                int(records) if records is not None else None,
+            )
         except (ValueError, KeyError, TypeError, AttributeError):
             continue
     return done

@@ -64,8 +64,11 @@ class LiveCounts:
         return len(self._failing[(suite, arm)])
 
     def clean(self, suite: str, arm: str) -> int:
-        return sum(1 for t, failed in self._finished[(suite, arm)].items()
-                   if not failed and t not in self._failing[(suite, arm)])
+        return sum(
+            1
+            for t, failed in self._finished[(suite, arm)].items()
+            if not failed and t not in self._failing[(suite, arm)]
+        )
 
     def finished(self, suite: str, arm: str) -> int:
         return len(self._finished[(suite, arm)])

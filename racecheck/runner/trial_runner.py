@@ -70,8 +70,9 @@ def _now() -> str:
 class Runner:
     """Executes a RunConfig into config.out; with `resume`, skips the blocks OUT already finished."""
 
-    def __init__(self, config: RunConfig, *, listener: RunListener | None = None,
-                 resume: bool = False, nodes=None) -> None:
+    def __init__(
+        self, config: RunConfig, *, listener: RunListener | None = None, resume: bool = False, nodes=None
+    ) -> None:
         self.config = config
         self.nodes = nodes  # node_writer.Writer when the world spans nodes, else None
         self.listener = listener or RunListener()
@@ -103,8 +104,7 @@ class Runner:
             raise InputError(f"cannot write to the run folder {out}: {exc.strerror or exc}") from None
         if not self.resume and (out / "trials.jsonl").exists() and (out / "trials.jsonl").stat().st_size:
             self._lock.release()
-            raise InputError(f"{out} already holds a run; choose another --out, or continue it "
-                             f"with --resume {out}")
+            raise InputError(f"{out} already holds a run; choose another --out, or continue it with --resume {out}")
         if killed:
             self.listener.note(f"killed the session a previous runner left running (pid {killed[0]})")
         try:
@@ -128,8 +128,7 @@ class Runner:
         return RunResult(self.run_id, self._blocks_done, stopped)
 
     def _write_run_json(self) -> None:
-        attempt = {"run_id": self.run_id, "started": _now(), "trials": self.config.trials,
-                   "versions": self.versions}
+        attempt = {"run_id": self.run_id, "started": _now(), "trials": self.config.trials, "versions": self.versions}
         data = state.read_run(self.config.out) if self.resume else {}
         data.update(self.config.to_json())
         data["attempts"] = data.get("attempts", []) + [attempt]
@@ -153,8 +152,10 @@ class Runner:
         done = {}
         for key, (outcome, expected) in state.read_completed(out).items():
             if expected is not None and written[key] < expected:
-                self.listener.note(f"{key[0]}: trial {key[2]} of arm {key[1]!r} lost "
-                                   f"{expected - written[key]} of its {expected} records; it runs again")
+                self.listener.note(
+                    f"{key[0]}: trial {key[2]} of arm {key[1]!r} lost "
+                    f"{expected - written[key]} of its {expected} records; it runs again"
+                )
                 continue
             done[key] = outcome
         try:
@@ -180,8 +181,14 @@ class Runner:
         groups: dict[tuple, list[str]] = {}
         for arm in c.arms_for(suite):
             groups.setdefault(suite.arm(arm).process_key, []).append(arm)
-        queue = blocks.sessions(pending, groups=[tuple(g) for g in groups.values()],
-                                  isolation=c.isolation, chunk=c.chunk, seed=c.seed, order=c.order)
+        queue = blocks.sessions(
+            pending,
+            groups=[tuple(g) for g in groups.values()],
+            isolation=c.isolation,
+            chunk=c.chunk,
+            seed=c.seed,
+            order=c.order,
+        )
         while queue and not self._stopped:
             if self._should_stop():
                 break
@@ -213,10 +220,17 @@ class Runner:
         if self.nodes is not None:  # every node starts its part of the world (nodes.py)
             spec = dataclasses.replace(spec, rendezvous=self.nodes.spec.torchrun_args(sid, spec.world_size))
             peers = self.nodes.session(sid, suite.name, plan)
-        run = SessionRun(spec, plan, files=out / "ranks" / sid, timeout=self.config.timeout,
-                         on_merged=lambda merged: self._record(suite, merged),
-                         on_block=lambda block, outcome: self._block(suite, block, outcome),
-                         should_stop=self._should_stop, on_start=self._lock.session, peers=peers)
+        run = SessionRun(
+            spec,
+            plan,
+            files=out / "ranks" / sid,
+            timeout=self.config.timeout,
+            on_merged=lambda merged: self._record(suite, merged),
+            on_block=lambda block, outcome: self._block(suite, block, outcome),
+            should_stop=self._should_stop,
+            on_start=self._lock.session,
+            peers=peers,
+        )
         try:
             return run.run()
         finally:
@@ -232,17 +246,26 @@ class Runner:
         ranks = c.out / "ranks"
         # Every block carries its arm's canonical spec: the ranks take it from the schedule.
         specs = {a: c.spec_for(suite, a) for a in plan.arms}
-        blocks.write_schedule(ranks / f"{sid}.schedule.json",
-                                SessionPlan(tuple(Block(b.trial, b.arm, specs[b.arm]) for b in plan.blocks)))
+        blocks.write_schedule(
+            ranks / f"{sid}.schedule.json", SessionPlan(tuple(Block(b.trial, b.arm, specs[b.arm]) for b in plan.blocks))
+        )
         targets, _ = split_targets(c.pytest_args, suite.run_root)
         user = list(suite.targets if not targets else ()) + list(suite.pytest_args) + list(arm.pytest_args)
         user += list(c.pytest_args)
         # `-p racecheck` loads the plugin even where PYTEST_DISABLE_PLUGIN_AUTOLOAD is set.
-        args = list(user) + ["-p", "racecheck", "-p", "no:cacheprovider", "-q", "-rN", "--no-header",
-                             f"--racecheck-schedule={ranks / f'{sid}.schedule.json'}",
-                             f"--racecheck-seed={c.seed}",
-                             f"--racecheck-log={ranks / sid}-rank-{{rank}}.jsonl",
-                             f"--racecheck-stop-file={ranks / sid}.stop"]
+        args = list(user) + [
+            "-p",
+            "racecheck",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "-rN",
+            "--no-header",
+            f"--racecheck-schedule={ranks / f'{sid}.schedule.json'}",
+            f"--racecheck-seed={c.seed}",
+            f"--racecheck-log={ranks / sid}-rank-{{rank}}.jsonl",
+            f"--racecheck-stop-file={ranks / sid}.stop",
+        ]
         if not any(a == "--tb" or a.startswith("--tb=") for a in user):
             # Python's own tracebacks in the session log: pytest's long ones parse the source of
             # every frame (seconds per rank for a failing trial); the record's signature and
@@ -270,24 +293,44 @@ class Runner:
         if c.mesh:
             env.update(MeshConfig.parse(c.mesh).env())
         env.update(dict(arm.env))
-        return launch.SessionSpec(world_size=c.world_for(suite), pytest_args=tuple(args), env=env,
-                                  cwd=cwd, log_path=c.out / "logs" / f"session-{sid}.log",
-                                  user_args=tuple(user))
+        return launch.SessionSpec(
+            world_size=c.world_for(suite),
+            pytest_args=tuple(args),
+            env=env,
+            cwd=cwd,
+            log_path=c.out / "logs" / f"session-{sid}.log",
+            user_args=tuple(user),
+        )
 
     # -- what a session reports --------------------------------------------------------------------
     def _record(self, suite: Suite, merged: TestOutcome) -> None:
         c = self.config
         arm, trial, test = merged.arm, merged.trial, merged.test
-        params = merged.params or (test[test.index("[") + 1:-1] if test.endswith("]") else "")
+        params = merged.params or (test[test.index("[") + 1 : -1] if test.endswith("]") else "")
         record = TrialRecord(
-            run_id=self.run_id, scenario=suite.name, arm=arm,
-            expect=suite.arms[arm].expect if arm in suite.arms else "", trial=trial,
-            seed=c.seed + trial, test=test, params=params, outcome=merged.outcome,
-            signature=merged.signature, message=merged.message, duration=merged.duration,
-            device=merged.device, perturb=merged.perturb or c.spec_for(suite, arm),
-            detect=c.detect, detected=merged.detected, reports=merged.reports,
-            actions=merged.actions, delayed=merged.delayed or [], handoffs=merged.handoffs,
-            versions=self.versions, time=_now())
+            run_id=self.run_id,
+            scenario=suite.name,
+            arm=arm,
+            expect=suite.arms[arm].expect if arm in suite.arms else "",
+            trial=trial,
+            seed=c.seed + trial,
+            test=test,
+            params=params,
+            outcome=merged.outcome,
+            signature=merged.signature,
+            message=merged.message,
+            duration=merged.duration,
+            device=merged.device,
+            perturb=merged.perturb or c.spec_for(suite, arm),
+            detect=c.detect,
+            detected=merged.detected,
+            reports=merged.reports,
+            actions=merged.actions,
+            delayed=merged.delayed or [],
+            handoffs=merged.handoffs,
+            versions=self.versions,
+            time=_now(),
+        )
         if Outcome(record.outcome).is_failure:
             record.replay = replay_command(record, suite=suite, config=c)
         assert self._log is not None, "records arrive only while run() holds the log open"

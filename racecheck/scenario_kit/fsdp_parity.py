@@ -33,13 +33,15 @@ BF16_RTOL = 5e-2  # bf16 compute against an fp32 reference: 8 mantissa bits, a f
 class TinyTransformer(nn.Module):
     """Input projection, pre-norm encoder layers, final norm and head: the benchmark's shape in small."""
 
-    def __init__(self, *, d_in: int = 6, d: int = 16, nhead: int = 2, ff: int = 24, layers: int = 2,
-                 d_out: int = 5) -> None:
+    def __init__(
+        self, *, d_in: int = 6, d: int = 16, nhead: int = 2, ff: int = 24, layers: int = 2, d_out: int = 5
+    ) -> None:
         super().__init__()
         self.inp = nn.Linear(d_in, d)
         self.layers = nn.ModuleList(
             nn.TransformerEncoderLayer(d, nhead, ff, dropout=0.0, batch_first=True, norm_first=True)
-            for _ in range(layers))
+            for _ in range(layers)
+        )
         self.norm = nn.LayerNorm(d)
         self.out = nn.Linear(d, d_out)
 
@@ -53,8 +55,9 @@ class TinyTransformer(nn.Module):
 def make_model(kind: str) -> nn.Module:
     """Sizes are odd on purpose: most groups' sizes do not divide by the shard count (padding)."""
     if kind == "mlp":
-        return nn.Sequential(nn.Linear(12, 31), nn.Tanh(), nn.Linear(31, 29), nn.LayerNorm(29), nn.Tanh(),
-                             nn.Linear(29, 7))
+        return nn.Sequential(
+            nn.Linear(12, 31), nn.Tanh(), nn.Linear(31, 29), nn.LayerNorm(29), nn.Tanh(), nn.Linear(29, 7)
+        )
     if kind == "transformer":
         return TinyTransformer()
     raise ValueError(f"unknown parity model {kind!r}")
@@ -68,8 +71,9 @@ def submodules_to_shard(model: nn.Module) -> list[nn.Module]:
 
 def global_batches(kind: str, *, steps: int, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     gen = torch.Generator().manual_seed(seed)
-    shape_in, shape_out = ((GLOBAL_BATCH, 12), (GLOBAL_BATCH, 7)) if kind == "mlp" else \
-        ((GLOBAL_BATCH, 5, 6), (GLOBAL_BATCH, 5, 5))
+    shape_in, shape_out = (
+        ((GLOBAL_BATCH, 12), (GLOBAL_BATCH, 7)) if kind == "mlp" else ((GLOBAL_BATCH, 5, 6), (GLOBAL_BATCH, 5, 5))
+    )
     return [(torch.randn(shape_in, generator=gen), torch.randn(shape_out, generator=gen)) for _ in range(steps)]
 
 
@@ -90,8 +94,12 @@ class ParityCase:
 
     @property
     def name(self) -> str:
-        parts = [self.model, f"mb{self.microbatches}", "none" if self.set_to_none else "zero",
-                 "prefetch" if self.prefetch else "noprefetch"]
+        parts = [
+            self.model,
+            f"mb{self.microbatches}",
+            "none" if self.set_to_none else "zero",
+            "prefetch" if self.prefetch else "noprefetch",
+        ]
         if not self.sync_each_microbatch:
             parts.append("nosync")
         parts += [flag for flag, on in (("bf16", self.bf16), ("meta", self.meta_init)) if on]
@@ -138,8 +146,14 @@ def build_sharded(case: ParityCase, *, mesh: Mesh, runtime: Runtime, seed: int, 
     with torch.device("meta") if meta else contextlib.nullcontext():
         model = make_model(case.model)
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16) if case.bf16 else None
-    kwargs = dict(mesh=mesh, runtime=runtime, main_grad_policy=case.policy, prefetch=case.prefetch,
-                  mixed_precision=mp, reshard_after_forward=case.reshard_after_forward)
+    kwargs = dict(
+        mesh=mesh,
+        runtime=runtime,
+        main_grad_policy=case.policy,
+        prefetch=case.prefetch,
+        mixed_precision=mp,
+        reshard_after_forward=case.reshard_after_forward,
+    )
     for sub in submodules_to_shard(model):
         fully_shard(sub, **kwargs)
     return fully_shard(model, **kwargs)
@@ -149,8 +163,9 @@ def _loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return F.mse_loss(out.float(), y)
 
 
-def run_case(case: ParityCase, *, mesh: Mesh, runtime: Runtime, seed: int = 0,
-             perturb: str | None = None) -> CaseResult:
+def run_case(
+    case: ParityCase, *, mesh: Mesh, runtime: Runtime, seed: int = 0, perturb: str | None = None
+) -> CaseResult:
     """Train `case` on racecheck.fsdp and on the reference; collective over the world. `perturb`
     is a racecheck.perturb profile installed on the runtime for the case's duration."""
     try:
@@ -191,7 +206,13 @@ def _run_case(case: ParityCase, *, mesh: Mesh, runtime: Runtime, seed: int) -> C
 
         model.zero_grad(set_to_none=case.set_to_none)
         local = torch.zeros((), device=device)
-        chunks = list(zip(x.chunk(world)[rank].chunk(case.microbatches), y.chunk(world)[rank].chunk(case.microbatches), strict=True))
+        chunks = list(
+            zip(
+                x.chunk(world)[rank].chunk(case.microbatches),
+                y.chunk(world)[rank].chunk(case.microbatches),
+                strict=True,
+            )
+        )
         for i, (xb, yb) in enumerate(chunks):
             last = i == len(chunks) - 1
             quiet = model.no_sync() if not (case.sync_each_microbatch or last) else contextlib.nullcontext()
@@ -211,7 +232,8 @@ def _run_case(case: ParityCase, *, mesh: Mesh, runtime: Runtime, seed: int) -> C
     errors = update_errors(initial, [model.full_state_dict()], reference.state_dict())
     loss_err = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses, ref_losses, strict=True))
     loss_err, bad_detail = max_over_ranks(
-        torch.tensor([loss_err, 1.0 if detail else 0.0], dtype=torch.float64)).tolist()
+        torch.tensor([loss_err, 1.0 if detail else 0.0], dtype=torch.float64)
+    ).tolist()
     worst = max(errors, key=lambda e: (e.rel_error != e.rel_error, e.rel_error))
     ok = all(e.rel_error <= case.rtol for e in errors) and loss_err <= case.rtol and not bad_detail
     if bad_detail and not detail:
@@ -220,8 +242,10 @@ def _run_case(case: ParityCase, *, mesh: Mesh, runtime: Runtime, seed: int) -> C
 
 
 def _equal_shards(a: nn.Module, b: nn.Module) -> bool:
-    return all(torch.equal(ga.flat_param_shard.detach().cpu(), gb.flat_param_shard.detach().cpu())
-               for ga, gb in zip(a.param_groups(), b.param_groups(), strict=True))
+    return all(
+        torch.equal(ga.flat_param_shard.detach().cpu(), gb.flat_param_shard.detach().cpu())
+        for ga, gb in zip(a.param_groups(), b.param_groups(), strict=True)
+    )
 
 
 def _round_trip(obj):
@@ -285,17 +309,23 @@ TEETH = "sleep@before_reduce_scatter:5ms,poison@free"
 
 
 def perturbed_matrix() -> list[tuple[str, ParityCase]]:
-    cases = [ParityCase(microbatches=3),
-             ParityCase(microbatches=3, sync_each_microbatch=False, bf16=True, policy="hold_until_wait"),
-             ParityCase(model="transformer", microbatches=3, set_to_none=False, policy="record_stream")]
+    cases = [
+        ParityCase(microbatches=3),
+        ParityCase(microbatches=3, sync_each_microbatch=False, bf16=True, policy="hold_until_wait"),
+        ParityCase(model="transformer", microbatches=3, set_to_none=False, policy="record_stream"),
+    ]
     return [(profile, case) for profile in PERTURBATIONS for case in cases]
 
 
 def default_matrix(*, full: bool = True) -> list[ParityCase]:
     """The parity matrix: microbatches x set_to_none x prefetch, gradient accumulation without sync,
     bf16, AdamW with clipping, meta init, per-group reshard settings, the transformer, the policies."""
-    cases = [ParityCase(microbatches=m, set_to_none=s, prefetch=p)
-             for m in (1, 3) for s in (True, False) for p in (True, False)]
+    cases = [
+        ParityCase(microbatches=m, set_to_none=s, prefetch=p)
+        for m in (1, 3)
+        for s in (True, False)
+        for p in (True, False)
+    ]
     cases += [
         ParityCase(microbatches=3, sync_each_microbatch=False),
         ParityCase(microbatches=3, sync_each_microbatch=False, set_to_none=False, policy="record_stream"),

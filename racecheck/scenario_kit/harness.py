@@ -30,8 +30,10 @@ def init_world(world_size: int) -> Runtime:
     """Join the process world that torchrun (or racecheck run) started and create the runtime."""
     have = int(os.environ.get("WORLD_SIZE", "1"))
     if have != world_size:
-        raise WorldError(f"this suite needs {world_size} ranks, the process has {have}: run it with "
-                         f"`racecheck run` or `torchrun --nproc-per-node {world_size} -m pytest ...`")
+        raise WorldError(
+            f"this suite needs {world_size} ranks, the process has {have}: run it with "
+            f"`racecheck run` or `torchrun --nproc-per-node {world_size} -m pytest ...`"
+        )
     backend = resolve_backend("auto")
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
     if not dist.is_initialized():
@@ -87,16 +89,19 @@ def full_parameters(model: nn.Module, *, world: int) -> list[dict[str, torch.Ten
     for r in range(world // shard_count):
         params = {}
         for g, out in zip(groups, gathered, strict=True):
-            flat = out[r * shard_count:(r + 1) * shard_count].reshape(-1)
+            flat = out[r * shard_count : (r + 1) * shard_count].reshape(-1)
             for info in g.infos:
                 owner = module_names[id(info.module)]
-                params[f"{owner}.{info.attr}" if owner else info.attr] = flat.cpu()[info.offset:info.offset + info.numel].view(info.shape)
+                params[f"{owner}.{info.attr}" if owner else info.attr] = flat.cpu()[
+                    info.offset : info.offset + info.numel
+                ].view(info.shape)
         replicas.append(params)
     return replicas
 
 
-def update_errors(initial: dict[str, torch.Tensor], replicas: list[dict[str, torch.Tensor]],
-                  reference: dict[str, torch.Tensor]) -> list[ParamError]:
+def update_errors(
+    initial: dict[str, torch.Tensor], replicas: list[dict[str, torch.Tensor]], reference: dict[str, torch.Tensor]
+) -> list[ParamError]:
     """Relative error of each parameter's update (final - initial) against the reference's,
     worst over replicas and over ranks (so every rank reaches the same verdict)."""
     names = sorted(reference)
@@ -105,8 +110,10 @@ def update_errors(initial: dict[str, torch.Tensor], replicas: list[dict[str, tor
     errs = torch.zeros(len(names), dtype=torch.float64)
     for i, name in enumerate(names):
         ref_update = (reference[name] - initial[name]).double()
-        per_replica = [((params[name] - reference[name]).double().norm()
-                        / ref_update.norm().clamp_min(1e-30)) for params in replicas]
+        per_replica = [
+            ((params[name] - reference[name]).double().norm() / ref_update.norm().clamp_min(1e-30))
+            for params in replicas
+        ]
         errs[i] = torch.stack(per_replica).max()  # torch's max keeps a NaN (Python's max drops it)
     return [ParamError(n, float(e)) for n, e in zip(names, max_over_ranks(errs), strict=True)]
 
@@ -123,23 +130,27 @@ def max_over_ranks(errs: torch.Tensor) -> torch.Tensor:
     return errs.cpu()
 
 
-def check_parity(*, losses: list[float], ref_losses: list[float], errors: list[ParamError],
-                 rtol: float) -> None:
+def check_parity(*, losses: list[float], ref_losses: list[float], errors: list[ParamError], rtol: float) -> None:
     """Fail with the worst parameter's relative error when the numbers differ beyond `rtol`."""
     bad = [e for e in errors if not e.rel_error <= rtol]  # NaN counts as bad
-    loss_bad = [i for i, (a, b) in enumerate(zip(losses, ref_losses, strict=True))
-                if not abs(a - b) <= rtol * max(abs(b), 1e-12)]
+    loss_bad = [
+        i
+        for i, (a, b) in enumerate(zip(losses, ref_losses, strict=True))
+        if not abs(a - b) <= rtol * max(abs(b), 1e-12)
+    ]
     if not bad and not loss_bad:
         return
     worst = max(errors, key=lambda e: (e.rel_error != e.rel_error, e.rel_error))
     raise AssertionError(
         f"parameter {worst.name!r} update off by {worst.rel_error:.1%} (relative L2 error, "
         f"tolerance {rtol:g}); {len(bad)} of {len(errors)} parameters off; "
-        f"losses {[f'{x:.6f}' for x in losses]} vs reference {[f'{x:.6f}' for x in ref_losses]}")
+        f"losses {[f'{x:.6f}' for x in losses]} vs reference {[f'{x:.6f}' for x in ref_losses]}"
+    )
 
 
-def check_values(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], *,
-                 rtol: float, what: str = "value") -> None:
+def check_values(
+    actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], *, rtol: float, what: str = "value"
+) -> None:
     """Fail naming the worst tensor and its relative L2 error when any of `actual` differs from
     `expected` beyond `rtol` (NaN counts as off); the worst over ranks, so every rank agrees."""
     names = sorted(expected)
@@ -153,5 +164,7 @@ def check_values(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tens
     if not bad:
         return
     worst, err = max(zip(names, errs.tolist(), strict=True), key=lambda p: (p[1] != p[1], p[1]))
-    raise AssertionError(f"{what} {worst!r} off by {err:.1%} (relative L2 error, tolerance {rtol:g}); "
-                         f"{len(bad)} of {len(names)} {what}s off: {', '.join(bad[:8])}")
+    raise AssertionError(
+        f"{what} {worst!r} off by {err:.1%} (relative L2 error, tolerance {rtol:g}); "
+        f"{len(bad)} of {len(names)} {what}s off: {', '.join(bad[:8])}"
+    )

@@ -44,9 +44,17 @@ def sgd_step(model: nn.Module, *, lr: float) -> None:
                 p.add_(p.grad, alpha=-lr)
 
 
-def train_against_reference(*, mesh: Mesh, runtime: Runtime, shard_options: dict, num_microbatches: int,
-                            set_to_none: bool = True, model_seed: int, data_seed: int,
-                            workload: MLPTraining = MLPTraining()) -> None:
+def train_against_reference(
+    *,
+    mesh: Mesh,
+    runtime: Runtime,
+    shard_options: dict,
+    num_microbatches: int,
+    set_to_none: bool = True,
+    model_seed: int,
+    data_seed: int,
+    workload: MLPTraining = MLPTraining(),
+) -> None:
     """Train the sharded model and the reference side by side; raise AssertionError on a mismatch.
     `shard_options` go to every fully_shard call (the arm's knobs)."""
     world, rank = dist.get_world_size(), dist.get_rank()
@@ -74,8 +82,9 @@ def train_against_reference(*, mesh: Mesh, runtime: Runtime, shard_options: dict
         local = 0.0
         # Each rank trains on its slice of the global batch, split into microbatches whose
         # losses are scaled so that the averaged gradient equals the reference's.
-        for xb, yb in zip(x.chunk(world)[rank].chunk(num_microbatches),
-                          y.chunk(world)[rank].chunk(num_microbatches), strict=True):
+        for xb, yb in zip(
+            x.chunk(world)[rank].chunk(num_microbatches), y.chunk(world)[rank].chunk(num_microbatches), strict=True
+        ):
             loss = nn.functional.mse_loss(model(xb), yb) / num_microbatches
             loss.backward()
             local += loss.item()

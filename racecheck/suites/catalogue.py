@@ -77,8 +77,9 @@ class Suite:
             return self.arms[name]
         except KeyError:
             kind = "scenario" if self.config_file is None else "suite"
-            raise CatalogueError(f"unknown arm {name!r} for {kind} {self.name!r}; "
-                                 f"known: {', '.join(self.arms)}") from None
+            raise CatalogueError(
+                f"unknown arm {name!r} for {kind} {self.name!r}; known: {', '.join(self.arms)}"
+            ) from None
 
 
 def check_profile(spec: str | None) -> None:
@@ -91,8 +92,7 @@ def check_profile(spec: str | None) -> None:
 
 
 def _strings(value, what: str, where: str) -> tuple[str, ...]:
-    if isinstance(value, str) or not isinstance(value, list) or \
-            not all(isinstance(v, str) for v in value):
+    if isinstance(value, str) or not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise CatalogueError(f"{where}: {what} must be a list of strings")
     return tuple(value)
 
@@ -115,7 +115,7 @@ def parse_arm(name: str, spec, where: str) -> Arm:
         raise CatalogueError(f"{where}: expect must be one of {', '.join(EXPECTS)}")
     env = spec.get("env", {})
     if not isinstance(env, dict) or not all(isinstance(v, (str, int, float, bool)) for v in env.values()):
-        raise CatalogueError(f"{where}: env must be a table of NAME = \"value\"")
+        raise CatalogueError(f'{where}: env must be a table of NAME = "value"')
     env = tuple(sorted((k, str(v).lower() if isinstance(v, bool) else str(v)) for k, v in env.items()))
     for key in ("git", "perturb", "summary"):
         if not isinstance(spec.get(key, ""), str) or (key != "summary" and spec.get(key) == ""):
@@ -124,9 +124,15 @@ def parse_arm(name: str, spec, where: str) -> Arm:
         check_profile(spec.get("perturb"))
     except ValueError as exc:
         raise CatalogueError(f"{where}: {exc}") from None
-    return Arm(name, expect, spec.get("summary", ""), env,
-               _strings(spec.get("pytest_args", []), "pytest_args", where),
-               spec.get("git"), spec.get("perturb"))
+    return Arm(
+        name,
+        expect,
+        spec.get("summary", ""),
+        env,
+        _strings(spec.get("pytest_args", []), "pytest_args", where),
+        spec.get("git"),
+        spec.get("perturb"),
+    )
 
 
 def parse_arms(table, where: str) -> dict[str, Arm]:
@@ -161,15 +167,20 @@ def world_sizes(table: dict, where: str) -> tuple[int, int]:
 
 def find_catalogue(explicit: str | None = None) -> Path:
     """The scenarios folder: --scenarios DIR, $RACECHECK_SCENARIOS, ./scenarios, or the checkout's."""
-    candidates = [explicit, os.environ.get("RACECHECK_SCENARIOS"), "scenarios",
-                  Path(__file__).resolve().parents[2] / "scenarios"]
+    candidates = [
+        explicit,
+        os.environ.get("RACECHECK_SCENARIOS"),
+        "scenarios",
+        Path(__file__).resolve().parents[2] / "scenarios",
+    ]
     if explicit and not any(Path(explicit).glob("*/scenario.toml")):
         raise CatalogueError(f"{explicit}: no scenario folders (*/scenario.toml) there")
     for c in candidates:
         if c and Path(c, ".").is_dir() and any(Path(c).glob("*/scenario.toml")):
             return Path(c).resolve()
-    raise CatalogueError("no scenarios folder found: run from the racecheck checkout, "
-                         "or pass --scenarios DIR / set RACECHECK_SCENARIOS")
+    raise CatalogueError(
+        "no scenarios folder found: run from the racecheck checkout, or pass --scenarios DIR / set RACECHECK_SCENARIOS"
+    )
 
 
 def load_scenario(folder: Path) -> Suite:
@@ -189,8 +200,16 @@ def load_scenario(folder: Path) -> Suite:
         check_profile(data.get("default_perturb", "off"))
     except ValueError as exc:
         raise CatalogueError(f"{path}: default_perturb: {exc}") from None
-    return Suite(name, Path(folder).resolve(), data.get("summary", ""), world,
-                    data.get("default_perturb", "off"), default_arms, arms, min_world_size=least)
+    return Suite(
+        name,
+        Path(folder).resolve(),
+        data.get("summary", ""),
+        world,
+        data.get("default_perturb", "off"),
+        default_arms,
+        arms,
+        min_world_size=least,
+    )
 
 
 def load_catalogue(root: Path) -> dict[str, Suite]:

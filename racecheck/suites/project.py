@@ -38,8 +38,18 @@ from racecheck.suites.catalogue import (
     world_sizes,
 )
 
-SUITE_KEYS = ("name", "summary", "root", "tests", "pytest_args", "world_size", "min_world_size",
-              "perturb", "default_arms", "arms")
+SUITE_KEYS = (
+    "name",
+    "summary",
+    "root",
+    "tests",
+    "pytest_args",
+    "world_size",
+    "min_world_size",
+    "perturb",
+    "default_arms",
+    "arms",
+)
 
 
 class ConfigError(CatalogueError):
@@ -106,10 +116,20 @@ def load_config(path: Path) -> Suite:
     for key in ("name", "summary"):
         if not isinstance(table.get(key, ""), str):
             raise ConfigError(f"{where}: {key} must be a string")
-    return Suite(name=table.get("name") or root.name, path=root, summary=table.get("summary", ""),
-                    world_size=world, default_perturb=perturb, default_arms=default_arms, arms=arms,
-                    root=root, tests=tests, pytest_args=pytest_args, config_file=path.resolve(),
-                    min_world_size=least)
+    return Suite(
+        name=table.get("name") or root.name,
+        path=root,
+        summary=table.get("summary", ""),
+        world_size=world,
+        default_perturb=perturb,
+        default_arms=default_arms,
+        arms=arms,
+        root=root,
+        tests=tests,
+        pytest_args=pytest_args,
+        config_file=path.resolve(),
+        min_world_size=least,
+    )
 
 
 def load_suites(source: dict) -> list[Suite]:

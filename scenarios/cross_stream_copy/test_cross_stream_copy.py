@@ -68,8 +68,9 @@ def test_offloaded_buckets_match(steps, runtime, copy_stream, racecheck_arm, rac
             copy_stream.wait_stream(default)
             with rt.stream(copy_stream):
                 rt.point("before_copy", bucket=name)
-                rt.launch("offload_copy", lambda out, src: out.copy_(src, non_blocking=True),
-                          reads=(grad,), writes=(dst,))
+                rt.launch(
+                    "offload_copy", lambda out, src: out.copy_(src, non_blocking=True), reads=(grad,), writes=(dst,)
+                )
                 rt.point("after_copy", bucket=name)
                 if arm == "record_stream":
                     rt.record_stream(grad, copy_stream)

@@ -27,8 +27,12 @@ def fsdp(world):
     rank, size = dist.get_rank(), dist.get_world_size()
     # reduce_scatter: reduce-scatters gradients and copies the shards to the host, overlapping
     # the rest of the backward.
-    return {"rs": world.new_stream("reduce_scatter"), "group": world.new_group(list(range(size))),
-            "rank": rank, "size": size}
+    return {
+        "rs": world.new_stream("reduce_scatter"),
+        "group": world.new_group(list(range(size))),
+        "rank": rank,
+        "size": size,
+    }
 
 
 def local_grad(step: int, param: int, rank: int, seed: int) -> torch.Tensor:
@@ -38,7 +42,7 @@ def local_grad(step: int, param: int, rank: int, seed: int) -> torch.Tensor:
 
 def initial_shard(param: int, rank: int, chunk: int) -> torch.Tensor:
     full = torch.linspace(-1.0, 1.0, NUMEL) * (param + 1)
-    return full[rank * chunk:(rank + 1) * chunk].clone()
+    return full[rank * chunk : (rank + 1) * chunk].clone()
 
 
 def sgd_hook(param: torch.Tensor, grad: torch.Tensor) -> None:
@@ -59,7 +63,7 @@ def test_in_backward_updates_match(steps, runtime, fsdp, racecheck_arm, racechec
         pending = []  # (param index, pinned gradient, offload event) for finalize_backward
         for p in range(PARAMS):
             mean = sum(local_grad(step, p, r, seed=racecheck_seed) for r in range(size)) / size
-            expected[f"param{p}"] -= LR * mean[rank * chunk:(rank + 1) * chunk]
+            expected[f"param{p}"] -= LR * mean[rank * chunk : (rank + 1) * chunk]
             value = local_grad(step, p, rank, seed=racecheck_seed).to(rt.device)
             with rt.stream(default):
                 grad = rt.empty(NUMEL)  # the unsharded gradient, from the backward
@@ -70,8 +74,9 @@ def test_in_backward_updates_match(steps, runtime, fsdp, racecheck_arm, racechec
                 shard = rt.empty(chunk)
                 rt.reduce_scatter(shard, grad, group=group, op=ReduceOp.AVG)
                 rt.point("before_copy", param=p)
-                rt.launch("offload_copy", lambda out, src: out.copy_(src, non_blocking=True),
-                          reads=(shard,), writes=(host,))
+                rt.launch(
+                    "offload_copy", lambda out, src: out.copy_(src, non_blocking=True), reads=(shard,), writes=(host,)
+                )
                 rt.point("after_copy", param=p)
                 offload = rt.new_event()
                 offload.record()  # grad_offload_event: marks the copy's completion for the host

@@ -30,6 +30,11 @@ def mesh(world):
 
 @pytest.mark.parametrize("num_microbatches", [1, 2])
 def test_hsdp_training_matches_reference(num_microbatches, mesh, runtime, racecheck_arm, racecheck_seed):
-    train_against_reference(mesh=mesh, runtime=runtime,
-                            shard_options={"hold_reduce_output": HOLD[racecheck_arm or "hold_until_wait"]},
-                            num_microbatches=num_microbatches, model_seed=4321, data_seed=racecheck_seed)
+    train_against_reference(
+        mesh=mesh,
+        runtime=runtime,
+        shard_options={"hold_reduce_output": HOLD[racecheck_arm or "hold_until_wait"]},
+        num_microbatches=num_microbatches,
+        model_seed=4321,
+        data_seed=racecheck_seed,
+    )

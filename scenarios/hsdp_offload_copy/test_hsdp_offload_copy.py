@@ -58,7 +58,7 @@ def test_offloaded_gradients_match(steps, runtime, hsdp, racecheck_arm, racechec
         for g in range(GROUPS):
             name = f"step{step}.group{g}"
             mean = sum(local_grad(step, g, r, seed=racecheck_seed) for r in range(world)) / world
-            expected[name] = mean[mesh.shard_index * chunk:(mesh.shard_index + 1) * chunk]
+            expected[name] = mean[mesh.shard_index * chunk : (mesh.shard_index + 1) * chunk]
             value = local_grad(step, g, mesh.rank, seed=racecheck_seed).to(rt.device)
             with rt.stream(default):
                 grad = rt.empty(NUMEL)  # the unsharded gradient, from the backward
@@ -78,8 +78,12 @@ def test_offloaded_gradients_match(steps, runtime, hsdp, racecheck_arm, racechec
             with rt.stream(ar):
                 rt.all_reduce(reduce_output, group=mesh.replicate_group, op=ReduceOp.AVG)
                 rt.point("before_copy", group=g)
-                rt.launch("offload_copy", lambda out, src: out.copy_(src, non_blocking=True),
-                          reads=(reduce_output,), writes=(host,))
+                rt.launch(
+                    "offload_copy",
+                    lambda out, src: out.copy_(src, non_blocking=True),
+                    reads=(reduce_output,),
+                    writes=(host,),
+                )
                 rt.point("after_copy", group=g)
                 post_reduce = rt.new_event()
                 post_reduce.record()  # grad_offload_event: the host waits on it before the optimizer

@@ -21,9 +21,13 @@ def mesh(world):
 
 @pytest.mark.parametrize("set_to_none", [True, False])
 @pytest.mark.parametrize("num_microbatches", [1, 3])
-def test_hsdp_losses_match_baseline(num_microbatches, set_to_none, mesh, runtime, racecheck_arm,
-                                    racecheck_seed):
-    train_against_reference(mesh=mesh, runtime=runtime,
-                            shard_options={"main_grad_policy": racecheck_arm or "fixed"},
-                            num_microbatches=num_microbatches, set_to_none=set_to_none,
-                            model_seed=1234, data_seed=racecheck_seed)
+def test_hsdp_losses_match_baseline(num_microbatches, set_to_none, mesh, runtime, racecheck_arm, racecheck_seed):
+    train_against_reference(
+        mesh=mesh,
+        runtime=runtime,
+        shard_options={"main_grad_policy": racecheck_arm or "fixed"},
+        num_microbatches=num_microbatches,
+        set_to_none=set_to_none,
+        model_seed=1234,
+        data_seed=racecheck_seed,
+    )

@@ -87,16 +87,19 @@ def test_unit_outputs_match(steps, lagging, pre_unshard, racecheck_arm, racechec
                 held.clear()
                 # pre_unshard(): flat_param_to(device, non_blocking=True), allocated on this stream.
                 device_param = rt.empty(NUMEL)
-                rt.launch("h2d_copy", lambda out, src: out.copy_(src, non_blocking=True),
-                          reads=(cpu_params[h],), writes=(device_param,))
+                rt.launch(
+                    "h2d_copy",
+                    lambda out, src: out.copy_(src, non_blocking=True),
+                    reads=(cpu_params[h],),
+                    writes=(device_param,),
+                )
             compute.wait_stream(pre_unshard)  # producer: the copy; consumer: the computation
             rt.point("wait_copy", handle=h)
             with rt.stream(compute):
                 x_dev = rt.empty(NUMEL)
                 rt.launch("load_input", lambda out, v: out.copy_(v), reads=(device_inputs[h],), writes=(x_dev,))
                 out = rt.empty(NUMEL)
-                rt.launch("forward", lambda o, w, i: torch.mul(w, i, out=o), reads=(device_param, x_dev),
-                          writes=(out,))
+                rt.launch("forward", lambda o, w, i: torch.mul(w, i, out=o), reads=(device_param, x_dev), writes=(out,))
                 outputs[name] = out
                 if arm == "hold_until_next_unshard":
                     last_use = rt.new_event()

@@ -27,8 +27,12 @@ def zero2(world):
     """ZeRO-2's reduction stream (created once) and the world's communicator."""
     rank, size = dist.get_rank(), dist.get_world_size()
     # reduction: all-reduces a full bucket and copies it out, overlapping the rest of the backward.
-    return {"reduction": world.new_stream("reduction"), "group": world.new_group(list(range(size))),
-            "rank": rank, "size": size}
+    return {
+        "reduction": world.new_stream("reduction"),
+        "group": world.new_group(list(range(size))),
+        "rank": rank,
+        "size": size,
+    }
 
 
 def local_grad(step: int, param: int, rank: int, seed: int) -> torch.Tensor:
@@ -58,8 +62,12 @@ def test_partitions_match(steps, runtime, zero2, racecheck_arm, racecheck_seed):
                 # bucket on the current stream as its backward finishes.
                 for slot, p in enumerate(params):
                     value = local_grad(step, p, rank, seed=racecheck_seed).to(rt.device)
-                    rt.launch("copy_to_bucket", lambda out, v: out.copy_(v), reads=(value,),
-                              writes=(buf[slot * NUMEL:(slot + 1) * NUMEL],))
+                    rt.launch(
+                        "copy_to_bucket",
+                        lambda out, v: out.copy_(v),
+                        reads=(value,),
+                        writes=(buf[slot * NUMEL : (slot + 1) * NUMEL],),
+                    )
                     name = f"step{step}.param{p}"
                     expected[name] = sum(local_grad(step, p, r, seed=racecheck_seed) for r in range(size)) / size
             # average_tensor: producer: the default stream filled buf; consumer: the reduction stream.
@@ -73,8 +81,12 @@ def test_partitions_match(steps, runtime, zero2, racecheck_arm, racecheck_seed):
                 rt.point("after_all_reduce", bucket=b)
                 for slot, p in enumerate(params):
                     part = rt.empty(NUMEL)  # the gradient partition, on the reduction stream
-                    rt.launch("copy_out", lambda out, src: out.copy_(src),
-                              reads=(buf[slot * NUMEL:(slot + 1) * NUMEL],), writes=(part,))
+                    rt.launch(
+                        "copy_out",
+                        lambda out, src: out.copy_(src),
+                        reads=(buf[slot * NUMEL : (slot + 1) * NUMEL],),
+                        writes=(part,),
+                    )
                     partitions[f"step{step}.param{p}"] = part
             # reduce_ipg_grads ends with bucket.clear()
             index = 0 if arm in ("reset_index", "sync") else 1 - index

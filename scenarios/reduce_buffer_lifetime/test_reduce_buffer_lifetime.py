@@ -36,8 +36,12 @@ def zero2(world):
     """ZeRO-2's reduction stream (created once) and the world's communicator."""
     rank, size = dist.get_rank(), dist.get_world_size()
     # reduction: all-reduces buckets and copies them out, overlapping the rest of the backward.
-    return {"reduction": world.new_stream("reduction"), "group": world.new_group(list(range(size))),
-            "rank": rank, "size": size}
+    return {
+        "reduction": world.new_stream("reduction"),
+        "group": world.new_group(list(range(size))),
+        "rank": rank,
+        "size": size,
+    }
 
 
 def local_grad(step: int, param: int, rank: int, seed: int) -> torch.Tensor:
@@ -86,8 +90,12 @@ def test_reduced_gradients_match(steps, runtime, zero2, racecheck_arm, racecheck
                 rt.point("after_all_reduce", bucket=b)
                 rt.launch("unflatten", lambda out, src: out.copy_(src), reads=(flat,), writes=(synced,))
                 for slot, g in enumerate(grads):
-                    rt.launch("copy_back", lambda out, src: out.copy_(src),
-                              reads=(synced[slot * NUMEL:(slot + 1) * NUMEL],), writes=(g,))
+                    rt.launch(
+                        "copy_back",
+                        lambda out, src: out.copy_(src),
+                        reads=(synced[slot * NUMEL : (slot + 1) * NUMEL],),
+                        writes=(g,),
+                    )
                 if arm == "record_stream":
                     # The fix: the reduction stream is recorded on both buffers before they go.
                     rt.record_stream(flat, reduction)
@@ -103,6 +111,9 @@ def test_reduced_gradients_match(steps, runtime, zero2, racecheck_arm, racecheck
             default.wait_event(h.event)
         held.clear()
         rt.synchronize()
-        check_values({n: reduced[n] for n in expected if n.startswith(f"step{step}.")},
-                     {n: v for n, v in expected.items() if n.startswith(f"step{step}.")},
-                     rtol=1e-5, what=f"step {step} gradient")
+        check_values(
+            {n: reduced[n] for n in expected if n.startswith(f"step{step}.")},
+            {n: v for n, v in expected.items() if n.startswith(f"step{step}.")},
+            rtol=1e-5,
+            what=f"step {step} gradient",
+        )

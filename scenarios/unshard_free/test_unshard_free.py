@@ -39,13 +39,18 @@ def fsdp(world):
     rank, size = dist.get_rank(), dist.get_world_size()
     # all_gather: unshards the next layer while the current one computes (prefetch).
     # compute: forward matmuls; on a GPU this is the default stream, asynchronous to the host.
-    return {"all_gather": world.new_stream("all_gather"), "compute": world.new_stream("compute"),
-            "group": world.new_group(list(range(size))), "rank": rank, "size": size}
+    return {
+        "all_gather": world.new_stream("all_gather"),
+        "compute": world.new_stream("compute"),
+        "group": world.new_group(list(range(size))),
+        "rank": rank,
+        "size": size,
+    }
 
 
 def layer_weight(i: int) -> torch.Tensor:
     gen = torch.Generator().manual_seed(100 + i)
-    return torch.randn(WIDTH, WIDTH, generator=gen) / WIDTH ** 0.5
+    return torch.randn(WIDTH, WIDTH, generator=gen) / WIDTH**0.5
 
 
 def reference_forward(x: torch.Tensor) -> torch.Tensor:
@@ -68,7 +73,7 @@ def test_forward_matches_unsharded(steps, runtime, fsdp, racecheck_arm, racechec
     with rt.stream(rt.default_stream()):
         for i in range(LAYERS):
             shard = rt.empty(shard_numel)
-            mine = layer_weight(i).reshape(-1)[rank * shard_numel:(rank + 1) * shard_numel].to(rt.device)
+            mine = layer_weight(i).reshape(-1)[rank * shard_numel : (rank + 1) * shard_numel].to(rt.device)
             rt.launch("init_shard", lambda out, v: out.copy_(v), reads=(mine,), writes=(shard,))
             shards.append(shard)
     # Producer: the default stream wrote the shards; consumer: the all-gathers.

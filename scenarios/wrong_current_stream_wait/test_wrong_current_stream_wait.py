@@ -35,8 +35,13 @@ def zero3(world):
     # backward: the stream the forward ran on, which autograd runs the backward ops on (and which is
     # current while their hooks run). reduce_and_partition: copies gradients into the bucket and
     # reduce-scatters it, overlapping the rest of the backward.
-    return {"backward": world.new_stream("backward"), "reduce": world.new_stream("reduce_and_partition"),
-            "group": world.new_group(list(range(size))), "rank": rank, "size": size}
+    return {
+        "backward": world.new_stream("backward"),
+        "reduce": world.new_stream("reduce_and_partition"),
+        "group": world.new_group(list(range(size))),
+        "rank": rank,
+        "size": size,
+    }
 
 
 def local_grad(step: int, param: int, rank: int, seed: int) -> torch.Tensor:
@@ -58,7 +63,7 @@ def test_partitions_match(steps, runtime, zero3, racecheck_arm, racecheck_seed):
             inputs.append(value)
             name = f"step{step}.param{p}"
             mean = sum(local_grad(step, p, r, seed=racecheck_seed) for r in range(size)) / size
-            expected[name] = mean[rank * chunk:(rank + 1) * chunk]
+            expected[name] = mean[rank * chunk : (rank + 1) * chunk]
             with rt.stream(backward):
                 # Producer: the default stream copied `value` to the device; consumer: the backward
                 # op below, on the backward stream (autograd orders a backward op after its inputs).

@@ -36,9 +36,13 @@ def comm(world):
     # all_reduce: averages gradients, overlapping the backward of earlier buckets.
     # reduce_scatter: another communication stream of the same engine, idle here; the race arm
     # waits on it by mistake.
-    return {"all_reduce": world.new_stream("all_reduce"),
-            "reduce_scatter": world.new_stream("reduce_scatter"),
-            "group": world.new_group(list(range(size))), "rank": rank, "size": size}
+    return {
+        "all_reduce": world.new_stream("all_reduce"),
+        "reduce_scatter": world.new_stream("reduce_scatter"),
+        "group": world.new_group(list(range(size))),
+        "rank": rank,
+        "size": size,
+    }
 
 
 def local_grad(step: int, bucket: int, rank: int, seed: int) -> torch.Tensor:

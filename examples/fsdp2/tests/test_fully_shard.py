@@ -21,8 +21,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
-                                reason="needs a CUDA GPU: FSDP2 here runs on CUDA streams and NCCL")
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU: FSDP2 here runs on CUDA streams and NCCL"
+)
 
 HIDDEN = 2048
 BLOCKS = 4
@@ -36,15 +37,13 @@ MP = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32
 
 def make_model() -> nn.Sequential:
     torch.manual_seed(0)
-    return nn.Sequential(*[nn.Sequential(nn.Linear(HIDDEN, HIDDEN, bias=False), nn.Tanh())
-                           for _ in range(BLOCKS)])
+    return nn.Sequential(*[nn.Sequential(nn.Linear(HIDDEN, HIDDEN, bias=False), nn.Tanh()) for _ in range(BLOCKS)])
 
 
 def make_batches(world_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     g = torch.Generator().manual_seed(1)
     size = BATCH_PER_RANK * world_size
-    return [(torch.randn(size, HIDDEN, generator=g), torch.randn(size, HIDDEN, generator=g))
-            for _ in range(STEPS)]
+    return [(torch.randn(size, HIDDEN, generator=g), torch.randn(size, HIDDEN, generator=g)) for _ in range(STEPS)]
 
 
 def microbatches(x, y, n):
@@ -96,17 +95,22 @@ def train_reference(batches, *, world: int, num_microbatches: int):
     return losses, [p.detach().cpu() for p in master.parameters()]
 
 
-@pytest.mark.parametrize(("num_microbatches", "reshard_after_forward"),
-                         list(itertools.product([1, 3], [True, False])))
+@pytest.mark.parametrize(("num_microbatches", "reshard_after_forward"), list(itertools.product([1, 3], [True, False])))
 def test_fully_shard_losses_match_reference(mesh, num_microbatches, reshard_after_forward):
     world = dist.get_world_size()
     batches = make_batches(world)
-    losses, params = train_fsdp2(mesh, batches, num_microbatches=num_microbatches,
-                                 reshard_after_forward=reshard_after_forward)
+    losses, params = train_fsdp2(
+        mesh, batches, num_microbatches=num_microbatches, reshard_after_forward=reshard_after_forward
+    )
     ref_losses, ref_params = train_reference(batches, world=world, num_microbatches=num_microbatches)
-    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=LOSS_RTOL, atol=0.0,
-                               msg=lambda m: f"losses per step differ from the reference: {losses} vs "
-                                             f"{ref_losses}\n{m}")
+    torch.testing.assert_close(
+        torch.tensor(losses),
+        torch.tensor(ref_losses),
+        rtol=LOSS_RTOL,
+        atol=0.0,
+        msg=lambda m: f"losses per step differ from the reference: {losses} vs {ref_losses}\n{m}",
+    )
     for index, (param, ref) in enumerate(zip(params, ref_params, strict=True)):
-        torch.testing.assert_close(param, ref, rtol=0.0, atol=PARAM_ATOL,
-                                   msg=lambda m, i=index: f"block {i}'s weight after {STEPS} steps: {m}")
+        torch.testing.assert_close(
+            param, ref, rtol=0.0, atol=PARAM_ATOL, msg=lambda m, i=index: f"block {i}'s weight after {STEPS} steps: {m}"
+        )

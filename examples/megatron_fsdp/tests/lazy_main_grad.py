@@ -42,8 +42,13 @@ class _BufferSpec:
 
     @classmethod
     def of(cls, buffer: DBuffer) -> _BufferSpec:
-        return cls(mesh=buffer.mesh, placements=buffer.placements,
-                   tensor_shapes=buffer.layout.tensor_shapes, dtype=buffer.dtype, device=buffer.device)
+        return cls(
+            mesh=buffer.mesh,
+            placements=buffer.placements,
+            tensor_shapes=buffer.layout.tensor_shapes,
+            dtype=buffer.dtype,
+            device=buffer.device,
+        )
 
 
 @dataclasses.dataclass
@@ -78,8 +83,13 @@ class LazyMainGrad:
             # First use: allocated on the current stream, which is the reduce-scatter stream
             # (FsdpModule._reduce_gradient_groups enters its context before the first access).
             spec = state.spec
-            state.buffer = DBuffer(mesh=spec.mesh, placements=spec.placements,
-                                   tensor_shapes=spec.tensor_shapes, dtype=spec.dtype, device=spec.device)
+            state.buffer = DBuffer(
+                mesh=spec.mesh,
+                placements=spec.placements,
+                tensor_shapes=spec.tensor_shapes,
+                dtype=spec.dtype,
+                device=spec.device,
+            )
             state.stream = torch.cuda.current_stream(spec.device)
         return state.buffer
 
@@ -94,8 +104,7 @@ class LazyMainGrad:
             # stream it was allocated on, or its block is reusable before that stream's queued
             # readers of it have run.
             current = torch.cuda.current_stream(old.device)
-            assert current == state.stream, (
-                f"main_grad allocated on {state.stream} is released on {current}")
+            assert current == state.stream, f"main_grad allocated on {state.stream} is released on {current}"
         state.buffer = value
         state.stream = None if value is None else torch.cuda.current_stream(value.device)
 

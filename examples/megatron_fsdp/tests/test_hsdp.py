@@ -29,8 +29,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: megatron-fsdp's "
-                                "experimental FSDP runs on CUDA streams and NCCL")
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="needs a CUDA GPU: megatron-fsdp's experimental FSDP runs on CUDA streams and NCCL",
+)
 if torch.cuda.is_available():  # without CUDA nothing here runs, and megatron-fsdp need not be installed
     from megatron_fsdp.experimental import (
         Flat,
@@ -52,22 +54,24 @@ RTOL, ATOL = 1e-4, 1e-5
 
 def make_model() -> nn.Sequential:
     torch.manual_seed(0)
-    return nn.Sequential(*[nn.Sequential(nn.Linear(HIDDEN, HIDDEN, bias=False), nn.Tanh())
-                           for _ in range(BLOCKS)])
+    return nn.Sequential(*[nn.Sequential(nn.Linear(HIDDEN, HIDDEN, bias=False), nn.Tanh()) for _ in range(BLOCKS)])
 
 
 def make_batches(world_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """STEPS global batches (inputs, targets) on the CPU, the same on every rank."""
     g = torch.Generator().manual_seed(1)
     size = BATCH_PER_RANK * world_size
-    return [(torch.randn(size, HIDDEN, generator=g), torch.randn(size, HIDDEN, generator=g))
-            for _ in range(STEPS)]
+    return [(torch.randn(size, HIDDEN, generator=g), torch.randn(size, HIDDEN, generator=g)) for _ in range(STEPS)]
 
 
 def hsdp_placements() -> Placements:
     avg = Partial(dist.ReduceOp.AVG)
-    return Placements(dp_axes=["replicate", "shard"], parameter=[Replicate(), Flat()],
-                      gradient=[avg, Flat()], optimizer=[Replicate(), Flat()])
+    return Placements(
+        dp_axes=["replicate", "shard"],
+        parameter=[Replicate(), Flat()],
+        gradient=[avg, Flat()],
+        optimizer=[Replicate(), Flat()],
+    )
 
 
 def train_reference(batches, *, num_microbatches: int, set_to_none: bool):
@@ -125,11 +129,15 @@ def warmed_up(mesh):
 def test_hsdp_losses_match_baseline(mesh, warmed_up, num_microbatches, set_to_none):
     batches = make_batches(dist.get_world_size())
     losses, params = train_hsdp(mesh, batches, num_microbatches=num_microbatches, set_to_none=set_to_none)
-    ref_losses, ref_params = train_reference(batches, num_microbatches=num_microbatches,
-                                             set_to_none=set_to_none)
-    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=RTOL, atol=ATOL,
-                               msg=lambda m: f"losses per step differ from the reference: {losses} vs "
-                                             f"{ref_losses}\n{m}")
+    ref_losses, ref_params = train_reference(batches, num_microbatches=num_microbatches, set_to_none=set_to_none)
+    torch.testing.assert_close(
+        torch.tensor(losses),
+        torch.tensor(ref_losses),
+        rtol=RTOL,
+        atol=ATOL,
+        msg=lambda m: f"losses per step differ from the reference: {losses} vs {ref_losses}\n{m}",
+    )
     for index, (param, ref) in enumerate(zip(params, ref_params, strict=True)):
-        torch.testing.assert_close(param, ref, rtol=RTOL, atol=ATOL,
-                                   msg=lambda m, i=index: f"block {i}'s weight after {STEPS} steps: {m}")
+        torch.testing.assert_close(
+            param, ref, rtol=RTOL, atol=ATOL, msg=lambda m, i=index: f"block {i}'s weight after {STEPS} steps: {m}"
+        )

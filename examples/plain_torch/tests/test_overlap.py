@@ -13,8 +13,9 @@ import torch.distributed as dist
 from overlap import ActivationOffloader, AllGatherPrefetcher, BucketedReduceScatter, DoubleBufferedAllReduce
 from torch import nn
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
-                                reason="needs a CUDA GPU: the patterns overlap CUDA streams")
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU: the patterns overlap CUDA streams"
+)
 
 HIDDEN = 2048
 LAYERS = 6
@@ -25,7 +26,7 @@ TOL = {"rtol": 1e-5, "atol": 1e-6}
 
 def _weights() -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(0)
-    return [torch.randn(HIDDEN, HIDDEN, generator=g) / HIDDEN ** 0.5 for _ in range(LAYERS)]
+    return [torch.randn(HIDDEN, HIDDEN, generator=g) / HIDDEN**0.5 for _ in range(LAYERS)]
 
 
 def _inputs(batch: int) -> torch.Tensor:
@@ -34,8 +35,9 @@ def _inputs(batch: int) -> torch.Tensor:
 
 def _model(bias: bool) -> nn.Sequential:
     torch.manual_seed(0)
-    return nn.Sequential(*[nn.Sequential(nn.Linear(HIDDEN, HIDDEN, bias=bias), nn.Tanh())
-                           for _ in range(LAYERS)]).cuda()
+    return nn.Sequential(
+        *[nn.Sequential(nn.Linear(HIDDEN, HIDDEN, bias=bias), nn.Tanh()) for _ in range(LAYERS)]
+    ).cuda()
 
 
 def _differs(what: str, got: torch.Tensor, want: torch.Tensor) -> str:
@@ -67,7 +69,9 @@ def test_offload_copy(fixed):
     del h
     for index, (handle, want) in enumerate(zip(handles, expected, strict=True)):
         got = offloader.fetch(handle)
-        torch.testing.assert_close(got, want, **TOL, msg=lambda m, i=index, got=got, want=want: _differs(f"layer {i}'s host copy", got, want))
+        torch.testing.assert_close(
+            got, want, **TOL, msg=lambda m, i=index, got=got, want=want: _differs(f"layer {i}'s host copy", got, want)
+        )
 
 
 def test_prefetch_all_gather(group, fixed):
@@ -97,8 +101,12 @@ def test_double_buffer_all_reduce(group, fixed):
     reducer.finish()
     for index, p in enumerate(params):
         got = reducer.reduced[p]
-        torch.testing.assert_close(got, p.grad, **TOL,
-                                   msg=lambda m, i=index, got=got, p=p: _differs(f"parameter {i}'s averaged gradient", got, p.grad))
+        torch.testing.assert_close(
+            got,
+            p.grad,
+            **TOL,
+            msg=lambda m, i=index, got=got, p=p: _differs(f"parameter {i}'s averaged gradient", got, p.grad),
+        )
 
 
 def test_bucketed_reduce_scatter(group, fixed):
@@ -108,8 +116,7 @@ def test_bucketed_reduce_scatter(group, fixed):
     x = _inputs(BATCH).cuda()
     reference = copy.deepcopy(model)
     _loss(reference(x)).backward()
-    want = [torch.cat([p.grad.view(-1) for p in block[0].parameters()]).chunk(world)[rank]
-            for block in reference]
+    want = [torch.cat([p.grad.view(-1) for p in block[0].parameters()]).chunk(world)[rank] for block in reference]
     del reference
 
     layers = [block[0] for block in model]
@@ -118,5 +125,9 @@ def test_bucketed_reduce_scatter(group, fixed):
     reducer.finish()
     for index, (layer, expected) in enumerate(zip(layers, want, strict=True)):
         got = reducer.shards[layer]
-        torch.testing.assert_close(got, expected, **TOL,
-                                   msg=lambda m, i=index, got=got, expected=expected: _differs(f"layer {i}'s gradient shard", got, expected))
+        torch.testing.assert_close(
+            got,
+            expected,
+            **TOL,
+            msg=lambda m, i=index, got=got, expected=expected: _differs(f"layer {i}'s gradient shard", got, expected),
+        )
