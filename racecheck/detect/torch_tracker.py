@@ -122,6 +122,15 @@ class TorchRaceTracker:
         self._names[handle] = name
         self.engine.rename(handle, name)
 
+    def event_recorded(self, event: int, stream: int) -> None:
+        """An event recorded on a stream (handles), as CUDA's trace callbacks report it: for a
+        stream API that CUDA does not trace, such as patch mode's recording twin."""
+        self._guard(self._on_event_record, event, stream)
+
+    def event_waited(self, event: int, stream: int) -> None:
+        """A stream made to wait for an event (handles), as CUDA's trace callbacks report it."""
+        self._guard(self._on_event_wait, event, stream)
+
     # -- results ---------------------------------------------------------------------------
     def reports(self) -> list[RaceReport]:
         return self.engine.reports()

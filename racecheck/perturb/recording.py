@@ -58,13 +58,13 @@ class HostEvent:
     def record(self, stream: HostStream | None = None) -> None:
         self.stream = stream if stream is not None else current_stream()
         for tracker in _trackers:  # as CUDA's trace callbacks tell the tracker
-            tracker.handler._handle_event_record(id(self), self.stream.handle)
+            tracker.event_recorded(id(self), self.stream.handle)
 
     def wait(self, stream: HostStream | None = None) -> None:
         """Nothing to wait for on the host; a tracker learns of the wait."""
         stream = stream if stream is not None else current_stream()
         for tracker in _trackers:
-            tracker.handler._handle_event_wait(id(self), stream.handle)
+            tracker.event_waited(id(self), stream.handle)
 
 
 DEFAULT = HostStream("default", handle=0)
