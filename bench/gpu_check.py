@@ -171,6 +171,7 @@ def steps(args, gpus: int, runnable: list[str]) -> dict[str, list[tuple[str, lis
                     "tests/test_cuda_runtime.py",
                     "tests/test_detect_cuda.py",
                     "tests/test_patch_cuda.py",
+                    "tests/test_device_contract.py",
                     "-q",
                     "-p",
                     "no:cacheprovider",
