@@ -216,51 +216,60 @@ def bounds_of(folder: Path) -> dict[tuple[str, str], dict]:
 BOUND_COLUMNS = ("suite", "case", "arm", "k", "trials", "first", "delayed")
 
 
-def merge_bounds(report: Path, bounds: dict) -> dict:
-    """REPORT/foreign_code_bounds.csv with `bounds` replacing the entries of the same key."""
-    path = report / "foreign_code_bounds.csv"
-    table: dict = {}
-    if path.is_file():
-        with open(path, newline="") as f:
-            for r in csv.DictReader(f):
-                table[(r["suite"], r["case"], r["arm"])] = {
-                    "k": int(r["k"]),
-                    "trials": int(r["trials"]),
-                    "first": int(r["first"]) if r["first"] != "" else None,
-                    "delayed": r["delayed"],
-                }
-    table.update(bounds)
-    report.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(BOUND_COLUMNS)
-        for (suite, case, arm), b in sorted(table.items()):
-            writer.writerow(
-                [suite, case, arm, b["k"], b["trials"], "" if b["first"] is None else b["first"], b["delayed"]]
-            )
-    return table
-
-
-def merge(report: Path, rows: list[dict]) -> list[dict]:
-    """The rows of REPORT/foreign_code.csv with `rows` replacing those of the same key."""
-    key = lambda r: (r["suite"], r["case"], r["arm"], r["mode"])  # noqa: E731
+def merge_csv(path: Path, rows: list[dict], *, key, columns, order) -> list[dict]:
+    """The rows of the CSV at `path` with `rows` replacing those of the same `key`, sorted by
+    `order` and written back."""
     table = {}
-    path = report / "foreign_code.csv"
     if path.is_file():
         with open(path, newline="") as f:
             table = {key(r): r for r in csv.DictReader(f)}
     table.update({key(r): r for r in rows})
-    order = {m: i for i, m in enumerate(MODES)}
-    merged = sorted(
-        table.values(),
-        key=lambda r: (r["suite"], r["case"], order.get(r["mode"].split(":")[0], 9), r["mode"], r["arm"]),
-    )
-    report.mkdir(parents=True, exist_ok=True)
+    merged = sorted(table.values(), key=order)
+    path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+        writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(merged)
     return merged
+
+
+def merge_bounds(report: Path, bounds: dict) -> dict:
+    """REPORT/foreign_code_bounds.csv with `bounds` replacing the entries of the same key."""
+    rows = [
+        {
+            "suite": suite,
+            "case": case,
+            "arm": arm,
+            "k": b["k"],
+            "trials": b["trials"],
+            "first": "" if b["first"] is None else b["first"],
+            "delayed": b["delayed"],
+        }
+        for (suite, case, arm), b in bounds.items()
+    ]
+    case_key = lambda r: (r["suite"], r["case"], r["arm"])  # noqa: E731
+    merged = merge_csv(report / "foreign_code_bounds.csv", rows, key=case_key, columns=BOUND_COLUMNS, order=case_key)
+    return {
+        case_key(r): {
+            "k": int(r["k"]),
+            "trials": int(r["trials"]),
+            "first": int(r["first"]) if r["first"] != "" else None,
+            "delayed": r["delayed"],
+        }
+        for r in merged
+    }
+
+
+def merge(report: Path, rows: list[dict]) -> list[dict]:
+    """The rows of REPORT/foreign_code.csv with `rows` replacing those of the same key."""
+    order = {m: i for i, m in enumerate(MODES)}
+    return merge_csv(
+        report / "foreign_code.csv",
+        rows,
+        key=lambda r: (r["suite"], r["case"], r["arm"], r["mode"]),
+        columns=COLUMNS,
+        order=lambda r: (r["suite"], r["case"], order.get(r["mode"].split(":")[0], 9), r["mode"], r["arm"]),
+    )
 
 
 def render(report: Path, rows: list[dict], *, actions: dict, bounds: dict, command: str, errors: list[str]) -> None:

@@ -301,10 +301,10 @@ def _make_handler(tracker: TorchRaceTracker):
             tracker._guard(tracker.engine.forget_event, event)
 
         def _handle_event_record(self, event, stream):
-            tracker._guard(tracker._on_event_record, event, stream)
+            tracker.event_recorded(event, stream)
 
         def _handle_event_wait(self, event, stream):
-            tracker._guard(tracker._on_event_wait, event, stream)
+            tracker.event_waited(event, stream)
 
         def _handle_memory_allocation(self, data_ptr):  # the most frequent: no extra call layer
             try:
