@@ -137,7 +137,7 @@ def test_too_few_ranks_for_a_scenario_is_a_usage_error(project):
     [
         (["--mesh", "2by2"], "Invalid value for '--mesh': '2by2' is not of the form SHARDxREPLICATE"),
         (["--mesh", "0x4"], "Invalid value for '--mesh': '0x4' is not of the form SHARDxREPLICATE"),
-        (["--mesh", "2x4"], "Invalid value for --mesh: mesh 2x4 has 8 ranks, main_grad_reuse runs on 4"),
+        (["--mesh", "2x4"], "Invalid value for --mesh: mesh 2x4 has 8 ranks, main_grad_reuse runs on 2"),
     ],
 )
 def test_a_mesh_that_does_not_fit_is_a_usage_error(project, args, message):
@@ -245,7 +245,7 @@ def test_list_shows_the_project_suite_and_the_catalogue(project):
     res = racecheck("list", "--scenarios", CHECKOUT / "scenarios", cwd=project)
     assert res.code == 0, res
     assert "tiny  (config " in res.out and " *often  race" in res.out and " *never  safe" in res.out
-    assert "main_grad_reuse  (scenario main_grad_reuse/; world size 4; default perturb rs_delay)" in res.out
+    assert "main_grad_reuse  (scenario main_grad_reuse/; world size 2; default perturb rs_window)" in res.out
     assert " *baseline         race" in res.out and "  record_stream    safe" in res.out
 
 
@@ -332,7 +332,7 @@ def test_pytest_xdist_workers_are_merged_into_one_outcome_per_test(project, tmp_
 
 
 def test_the_motivating_scenario_reproduces_in_baseline_and_not_in_fixed(tmp_path):
-    """The one test that launches the real 4-rank main_grad_reuse scenario (torchrun, gloo)."""
+    """The one test that launches the real 2-rank main_grad_reuse scenario (torchrun, gloo)."""
     res = racecheck("run", "--arms", "fixed,baseline", "--trials", 1, "--out", tmp_path / "out", "-q", cwd=CHECKOUT)
     assert res.code == 0, res
     counts = summary_counts(tmp_path / "out")

@@ -1,8 +1,11 @@
-"""The motivating race: HSDP losses must match a single-process reference.
+"""The motivating race: sharded training's losses must match a single-process reference.
 
-A 2x2 mesh (2-way shard x 2-way replicate) trains a 4-layer MLP whose layers are parameter groups
-of equal size, for a few SGD steps over microbatches. The `baseline` arm allocates `main_grad` on
-the default stream and drops it while the reduce-scatter reading it is queued; the safe arms do not.
+A 2-rank FSDP world (2-way shard; `racecheck run --world-size 4` gives the report's 2x2 HSDP
+mesh, 2-way shard x 2-way replicate) trains a 4-layer MLP whose layers are parameter groups of
+equal size, for one SGD step over microbatches: the report found the gradients wrong at the end of
+the first backward. The `baseline` arm allocates `main_grad` on the default stream and drops it
+while the reduce-scatter reading it is queued; the safe arms do not. The test keeps the report's
+name.
 """
 
 import pytest
@@ -10,12 +13,14 @@ import torch.distributed as dist
 
 from racecheck.fsdp import Mesh
 from racecheck.scenario_kit.harness import hsdp_mesh_config
-from racecheck.scenario_kit.mlp_parity import train_against_reference
+from racecheck.scenario_kit.mlp_parity import MLPTraining, train_against_reference
+
+ONE_STEP = MLPTraining(steps=1)  # the corruption is there at the end of the first backward
 
 
 @pytest.fixture(scope="module")
 def mesh(world):
-    # 2x2 (2-way shard x 2-way replicate) on 4 ranks; fewer GPUs get a smaller mesh.
+    # 2x1 on 2 ranks, 2x2 (2-way shard x 2-way replicate) on 4; RACECHECK_MESH (--mesh) overrides.
     return Mesh(hsdp_mesh_config(dist.get_world_size()), runtime=world)
 
 
@@ -30,4 +35,5 @@ def test_hsdp_losses_match_baseline(num_microbatches, set_to_none, mesh, runtime
         set_to_none=set_to_none,
         model_seed=1234,
         data_seed=racecheck_seed,
+        workload=ONE_STEP,
     )
