@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Measure the main job on this machine and write reports/main_grad_reuse.md: the motivating race
 # under its default perturbation (fixed vs baseline, then the other two fixes), the natural rates
-# without perturbation, and both isolation modes' wall times for 10 trials x 2 arms.
+# without perturbation, both isolation modes' wall times for 10 trials x 2 arms, and the report's 2x2 HSDP mesh.
 #   bash bench/main_job.sh [TRIALS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,11 +24,12 @@ section() {  # section TITLE NAME ARGS...: run, time it, append the Markdown tab
 {
   echo "# main_grad_reuse: measured on $(nproc) CPU cores, $(date -u +%Y-%m-%d)"
   echo
-  echo "Made by \`bash bench/main_job.sh $trials\` (racecheck $(.venv/bin/python -c 'import racecheck; print(racecheck.__version__)'), torch $(.venv/bin/python -c 'import torch; print(torch.__version__)'), CPU emulation over gloo, 4 ranks, 2x2 HSDP mesh)."
+  echo "Made by \`bash bench/main_job.sh $trials\` (racecheck $(.venv/bin/python -c 'import racecheck; print(racecheck.__version__)'), torch $(.venv/bin/python -c 'import torch; print(torch.__version__)'), CPU emulation over gloo, the scenario's world: 2 ranks, 2x1 mesh; the last section: the report's 4 ranks, 2x2 HSDP mesh)."
 } >"$report"
 section "Default perturbation (rs_delay): fixed vs baseline" perturbed --arms fixed,baseline --trials "$trials"
 section "Default perturbation: the other fixes" other_fixes --arms record_stream,hold_until_wait --trials "$trials"
 section "No perturbation: the natural rates" natural --arms fixed,baseline --trials "$trials" --no-perturb
 section "Process isolation (a fresh process world per trial)" process --arms fixed,baseline --trials "$trials" --isolation process
+section "The report's HSDP mesh: 4 ranks, 2x2" hsdp_2x2 --arms fixed,baseline --trials "$trials" --world-size 4 --mesh 2x2
 rm -rf "$work"
 echo "wrote $report"

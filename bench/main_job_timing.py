@@ -1,10 +1,11 @@
 """Time the README's main job five times and say where each run's time goes; writes
-reports/main_job.md and reports/main_job.csv.
+reports/main_job.md (its head; the sections below the first `## ` heading are kept) and
+reports/main_job.csv.
 
 Each run is `racecheck run --arms fixed,baseline --trials 10` as a newcomer types it, timed from
 the command's start to its exit. The split comes from the run folder: until run.json (the
 command's own start: interpreter, imports, options), until the ranks' `collected` event (torchrun,
-four interpreters importing torch, collection, the process group), the tests (the ranks' reported
+the ranks' interpreters importing torch, collection, the process group), the tests (the ranks' reported
 durations: training steps, delays, collectives), and the rest (teardown, the summary). Every run
 must give baseline 10/10 and fixed 0/10 in every parametrization; the table says whether it did.
 
@@ -87,7 +88,7 @@ def main() -> None:
         f"`{' '.join(['python', 'bench/main_job_timing.py', '--runs', str(args.runs)])}` (Python "
         f"{platform.python_version()}; load average {load:.1f} at the end). Each run is "
         "`racecheck run --arms fixed,baseline --trials 10` from its start to its exit. Columns: "
-        "the command's own start (interpreter, imports), the session's start (torchrun, four ranks "
+        "the command's own start (interpreter, imports), the session's start (torchrun, the ranks "
         "importing torch, collection), the tests as the ranks report them (training, delays, "
         "collectives), and what follows the last test (teardown, the summary).",
         "",
@@ -97,7 +98,10 @@ def main() -> None:
         f"{df['wall_s'].max():.1f}); baseline 10/10 and fixed 0/10 in every parametrization in "
         f"{int(df['baseline_10_of_10_everywhere_fixed_0'].sum())} of {len(df)} runs.",
     ]
-    (args.out / "main_job.md").write_text("\n".join(text) + "\n")
+    report = args.out / "main_job.md"
+    kept = report.read_text() if report.exists() else ""
+    kept = kept[kept.index("\n## ") :] if "\n## " in kept else ""  # earlier sections stay below
+    report.write_text("\n".join(text) + "\n" + kept)
     print("\n".join(text))
 
 
