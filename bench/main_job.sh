@@ -26,7 +26,7 @@ section() {  # section TITLE NAME ARGS...: run, time it, append the Markdown tab
   echo
   echo "Made by \`bash bench/main_job.sh $trials\` (racecheck $(.venv/bin/python -c 'import racecheck; print(racecheck.__version__)'), torch $(.venv/bin/python -c 'import torch; print(torch.__version__)'), CPU emulation over gloo, the scenario's world: 2 ranks, 2x1 mesh; the last section: the report's 4 ranks, 2x2 HSDP mesh)."
 } >"$report"
-section "Default perturbation (rs_delay): fixed vs baseline" perturbed --arms fixed,baseline --trials "$trials"
+section "Default perturbation (rs_window): fixed vs baseline" perturbed --arms fixed,baseline --trials "$trials"
 section "Default perturbation: the other fixes" other_fixes --arms record_stream,hold_until_wait --trials "$trials"
 section "No perturbation: the natural rates" natural --arms fixed,baseline --trials "$trials" --no-perturb
 section "Process isolation (a fresh process world per trial)" process --arms fixed,baseline --trials "$trials" --isolation process
