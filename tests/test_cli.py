@@ -332,13 +332,17 @@ def test_pytest_xdist_workers_are_merged_into_one_outcome_per_test(project, tmp_
 
 
 def test_the_motivating_scenario_reproduces_in_baseline_and_not_in_fixed(tmp_path):
-    """The one test that launches the real 2-rank main_grad_reuse scenario (torchrun, gloo)."""
+    """The one test that launches the real 2-rank main_grad_reuse scenario (torchrun, gloo). Under
+    its default profile (rs_window) every parametrization of the baseline fails, not just one:
+    the window it opens, not luck, makes the collision."""
     res = racecheck("run", "--arms", "fixed,baseline", "--trials", 1, "--out", tmp_path / "out", "-q", cwd=CHECKOUT)
     assert res.code == 0, res
     counts = summary_counts(tmp_path / "out")
     assert counts[("baseline", "*")] == (1, 1) and counts[("fixed", "*")] == (0, 1)
     recs = records(tmp_path / "out")
     assert len(recs) == 8 and {r.expect for r in recs} == {"race", "safe"}
+    assert {r.outcome for r in recs if r.arm == "baseline"} == {"failed"}
+    assert {r.outcome for r in recs if r.arm == "fixed"} == {"passed"}
     assert all("--scenario main_grad_reuse --arms baseline" in r.replay for r in recs if r.outcome == "failed")
 
 
