@@ -40,14 +40,16 @@ PROFILES = {
     "off": "",
     # The motivating race: hold the reduce-scatter back so a reuse of its input collides.
     "rs_delay": "sleep@before_reduce_scatter:5ms",
-    # The motivating race's collision window, opened on both sides: the default stream lags 2 ms
-    # once a reduce-scatter is enqueued, so its next writes (the next buffer's zero fill, in A's
-    # block) land after the reduce-scatter stream's copy-in into A; the reduce-scatter waits 5 ms,
-    # so they land before it reads A. On the CPU emulation the default stream runs on the host, so
-    # its lag is a host sleep that lets the copy-in run first, as the GPU's runs ahead of a lagging
-    # default stream; without it a late copy-in adds the gradient into the fresh zeros and hides
-    # the reuse.
-    "rs_window": "sleep@after_reduce_scatter:2ms/default,sleep@before_reduce_scatter:5ms",
+    # The motivating race's collision, made whatever the timing of the copy-in or the allocator's
+    # choice of block: the reduce-scatter waits 5 ms before it reads A; A's block is poisoned at its
+    # free, so a read of it is wrong even when the next allocation takes another block of that size
+    # (the allocator hands out the lowest equal free block: about 2% of the frees here); and the
+    # default stream lags 2 ms once the reduce-scatter is enqueued, so the next buffer's zero fill,
+    # when it does land in A's block, comes after the reduce-scatter stream's copy-in into A. On the
+    # CPU emulation the default stream runs on the host, so that lag is a host sleep in which the
+    # copy-in runs, as it does on a GPU ahead of a lagging default stream; without it a late copy-in
+    # adds the gradient into the fresh zeros and hides the reuse.
+    "rs_window": "sleep@after_reduce_scatter:2ms/default,sleep@before_reduce_scatter:5ms,poison@free",
     # HSDP: hold the all-reduce back while the next group's reduce-scatter runs.
     "ar_delay": "sleep@before_all_reduce:5ms",
     # Delay the consumer of all-gathered parameters (compute) right after its wait.
