@@ -46,6 +46,49 @@ def _load(ctx, out_dir: Path, signature: str | None = None):
     return records, tally.with_skipped(summary, tally.skipped_suites(out_dir))
 
 
+def gate_criteria(*, within: str = ""):
+    """The gate's criteria, --max-rate, --min-rate and --confidence, as one decorator shared by
+    `gate` and `run --gate`; `within` begins each help text there (e.g. "With --gate: ")."""
+
+    def helped(text: str) -> str:
+        return within + text[0].lower() + text[1:] if within else text
+
+    options = (
+        click.option(
+            "--max-rate",
+            type=float,
+            default=0.0,
+            show_default=True,
+            callback=check_rate,
+            help=helped("Highest failure rate allowed for the fixed arm (its upper bound with --confidence)."),
+        ),
+        click.option(
+            "--min-rate",
+            type=float,
+            default=None,
+            callback=check_rate,
+            help=helped(
+                "Lowest failure rate required of the baseline (its lower bound with --confidence). "
+                "Default: at least one failing trial."
+            ),
+        ),
+        click.option(
+            "--confidence",
+            type=float,
+            default=None,
+            callback=check_rate,
+            help=helped("Judge Wilson bounds at this confidence (e.g. 0.95) instead of observed rates."),
+        ),
+    )
+
+    def decorate(command):
+        for option in reversed(options):
+            command = option(command)
+        return command
+
+    return decorate
+
+
 _signature_option = click.option(
     "--signature",
     default=None,
@@ -103,29 +146,7 @@ def report_command(ctx, out_dir: Path, fmt: str, output: Path | None, github_sum
 @click.argument("out_dir", metavar="OUT", type=click.Path(path_type=Path))
 @click.option("--fixed", required=True, metavar="ARM", help="The arm that must not fail.")
 @click.option("--baseline", required=True, metavar="ARM", help="The arm that must still fail.")
-@click.option(
-    "--max-rate",
-    type=float,
-    default=0.0,
-    show_default=True,
-    callback=check_rate,
-    help="Highest failure rate allowed for the fixed arm (its upper bound with --confidence).",
-)
-@click.option(
-    "--min-rate",
-    type=float,
-    default=None,
-    callback=check_rate,
-    help="Lowest failure rate required of the baseline (its lower bound with "
-    "--confidence). Default: at least one failing trial.",
-)
-@click.option(
-    "--confidence",
-    type=float,
-    default=None,
-    callback=check_rate,
-    help="Judge Wilson bounds at this confidence (e.g. 0.95) instead of observed rates.",
-)
+@gate_criteria()
 @click.option("--scenario", default=None, help="Gate one scenario (default: every scenario that ran both arms).")
 @_signature_option
 @click.pass_context

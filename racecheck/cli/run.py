@@ -16,7 +16,7 @@ from pathlib import Path
 import click
 
 from racecheck.cli import node_options, run_checks, run_options
-from racecheck.cli.commands import check_rate, summarize_run
+from racecheck.cli.commands import gate_criteria, summarize_run
 from racecheck.exitcodes import ExitCode, InfrastructureError
 
 
@@ -262,28 +262,7 @@ def _parse_stop(ctx, param, value):
 )
 @click.option("--fixed", default=None, metavar="ARM", help="With --gate: the arm that must not fail.")
 @click.option("--baseline", default=None, metavar="ARM", help="With --gate: the arm that must still fail.")
-@click.option(
-    "--max-rate",
-    type=float,
-    default=0.0,
-    show_default=True,
-    callback=check_rate,
-    help="With --gate: highest failure rate allowed for the fixed arm.",
-)
-@click.option(
-    "--min-rate",
-    type=float,
-    default=None,
-    callback=check_rate,
-    help="With --gate: lowest failure rate required of the baseline.",
-)
-@click.option(
-    "--confidence",
-    type=float,
-    default=None,
-    callback=check_rate,
-    help="With --gate: judge Wilson bounds at this confidence.",
-)
+@gate_criteria(within="With --gate: ")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.argument("pytest_args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
