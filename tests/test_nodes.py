@@ -141,11 +141,22 @@ def test_two_nodes_give_the_counts_of_one_node_running_both_ranks(project, tmp_p
     assert [d[0] for d in done] == [0, 0, 0], done
     assert "ran its part of 1 session(s) of node 0's run" in done[1][1]
     assert summary_counts(tmp_path / "nodes") == summary_counts(tmp_path / "one") == expected(range(3), 4)
-    # Node 0 wrote the one log, with node 1's failure in it; node 1 kept its own rank logs.
+    # Node 0 wrote the one log, with both ranks' failures in it.
     failing = {r.message for r in records(tmp_path / "nodes") if r.outcome == "failed"}
     assert failing == {"unlucky draw", "rank 1 disagrees"}
+    # Node 1 kept its own rank log and no trial log. c10d, not the node rank, decides which global
+    # rank node 1's process gets, so its log may be rank 0's or rank 1's; node 0 holds the same
+    # events under the same name, relayed, beside its own rank's log.
     follower = tmp_path / "nodes" / "nodes" / "node-1"
-    assert not (follower / "trials.jsonl").exists() and list((follower / "ranks").glob("*-rank-1.jsonl"))
+    assert not (follower / "trials.jsonl").exists()
+    (kept,) = (follower / "ranks").glob("*-rank-*.jsonl")
+    writer_logs = sorted(p.name for p in (tmp_path / "nodes" / "ranks").glob("*-rank-*.jsonl"))
+    assert len(writer_logs) == 2 and kept.name in writer_logs, writer_logs
+
+    def events(path):
+        return [json.loads(line) for line in path.read_text().splitlines()]
+
+    assert events(kept) and events(kept) == events(tmp_path / "nodes" / "ranks" / kept.name)
     assert json.loads((follower / "run.json").read_text())["node"] == {"rank": 1, "nnodes": 2}
 
 
