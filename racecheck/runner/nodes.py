@@ -14,7 +14,8 @@ meet through torchrun's own c10d rendezvous; racecheck adds only what a trial ru
   publishes, they start their part of the world and forward their ranks' outcome events through
   the store. The writer appends those events to its own ranks/ folder under the ranks' own file
   names, so session.py merges every rank's outcome as if all ranks were local. Followers keep
-  their rank and session logs in OUT/nodes/node-R.
+  their rank and session logs in OUT/nodes/node-R. A node's rank and its ranks' global ranks
+  are unrelated: c10d orders the torchrun agents by host and pid, so node 1 may hold rank 0.
 - Liveness: every node adds to a heartbeat counter once a second. A node whose counter stands
   still for c10d's own keep-alive window (keep_alive_interval x keep_alive_max_attempt, 15 s by
   default) is lost: the writer ends the session in flight (its test becomes `crash`, naming the
