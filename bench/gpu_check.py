@@ -83,7 +83,12 @@ def catalogue_run(args, name: str, extra: list[str], runnable: list[str], gpus: 
         return rc + ["--resume", out, *limit]
     # The whole catalogue at one rank per GPU (the HSDP meshes adapt, see
     # racecheck.scenario_kit.harness.hsdp_mesh_config).
-    return rc + [
+    return rc + fresh_run_options(args, ",".join(runnable), gpus) + [*extra, *limit, "--out", out]
+
+
+def fresh_run_options(args, scenarios: str, gpus: int) -> list[str]:
+    """The options of a new `racecheck run` of every arm of `scenarios` on `gpus` ranks."""
+    return [
         "--backend",
         args.backend,
         "--arms",
@@ -91,13 +96,9 @@ def catalogue_run(args, name: str, extra: list[str], runnable: list[str], gpus: 
         "--trials",
         str(args.trials),
         "--scenario",
-        ",".join(runnable),
+        scenarios,
         "--world-size",
         str(gpus),
-        *extra,
-        *limit,
-        "--out",
-        out,
     ]
 
 
@@ -118,16 +119,7 @@ def mesh_runs(args, gpus: int) -> list[tuple[str, list[str], float]]:
                 "racecheck",
                 "run",
                 "--quiet",
-                "--backend",
-                args.backend,
-                "--arms",
-                "all",
-                "--trials",
-                str(args.trials),
-                "--scenario",
-                "main_grad_reuse",
-                "--world-size",
-                str(gpus),
+                *fresh_run_options(args, "main_grad_reuse", gpus),
                 "--mesh",
                 mesh,
                 *extra,

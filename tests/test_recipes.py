@@ -18,6 +18,8 @@ import pytest
 import yaml
 from test_runner import RATES, SEEDED_TEST, expected_failures, racecheck, summary_counts, write_suite
 
+from racecheck.runner import shard_env
+
 RECIPES = Path(__file__).resolve().parents[1] / "docs" / "recipes"
 WORKFLOW = RECIPES / "github-actions-shards.yml"
 BIN = str(Path(sys.executable).parent)  # where this environment's `racecheck` lives
@@ -27,14 +29,7 @@ BIN = str(Path(sys.executable).parent)  # where this environment's `racecheck` l
 def _fast_sessions(monkeypatch):
     monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
     monkeypatch.setenv("PATH", f"{BIN}{os.pathsep}{os.environ['PATH']}")
-    for name in (
-        "RACECHECK_SHARD",
-        "SLURM_ARRAY_TASK_ID",
-        "SLURM_ARRAY_TASK_COUNT",
-        "SLURM_ARRAY_TASK_MIN",
-        "SLURM_ARRAY_TASK_MAX",
-        "SLURM_ARRAY_TASK_STEP",
-    ):
+    for name in shard_env.VARIABLES:  # this machine's own job must not pick the shard
         monkeypatch.delenv(name, raising=False)
 
 

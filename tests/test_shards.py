@@ -9,6 +9,7 @@ import shutil
 import pytest
 from test_runner import SEEDED_TEST, racecheck, summary_counts, write_suite
 
+from racecheck.runner import shard_env
 from racecheck.runner.blocks import Shard
 from racecheck.runner.shard_env import from_environment
 
@@ -16,14 +17,7 @@ from racecheck.runner.shard_env import from_environment
 @pytest.fixture(autouse=True)
 def _fast_sessions(monkeypatch):
     monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
-    for name in (
-        "RACECHECK_SHARD",
-        "SLURM_ARRAY_TASK_ID",
-        "SLURM_ARRAY_TASK_COUNT",
-        "SLURM_ARRAY_TASK_MIN",
-        "SLURM_ARRAY_TASK_MAX",
-        "SLURM_ARRAY_TASK_STEP",
-    ):
+    for name in shard_env.VARIABLES:  # this machine's own job must not pick the shard
         monkeypatch.delenv(name, raising=False)
 
 

@@ -20,6 +20,8 @@ from collections.abc import Mapping
 from racecheck.runner.blocks import Shard
 
 SHARD_VAR = "RACECHECK_SHARD"
+# Every variable from_environment reads: racecheck's own, then a Slurm job array's.
+VARIABLES = (SHARD_VAR, *(f"SLURM_ARRAY_TASK_{part}" for part in ("ID", "COUNT", "MIN", "MAX", "STEP")))
 
 
 @dataclasses.dataclass(frozen=True)
