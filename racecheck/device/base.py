@@ -35,6 +35,7 @@ import torch
 
 from racecheck.device.observer import RuntimeObserver
 from racecheck.device.points import check_point
+from racecheck.device.pool_state import PoolState, PoolView  # noqa: F401 (part of the interface)
 
 # All-ones bytes: NaN in every IEEE float format (fp64, fp32, bf16, fp16), -1 in signed integers.
 POISON_BYTE = 0xFF
@@ -163,10 +164,6 @@ class Runtime(abc.ABC):
 
     backend: str
     device: torch.device
-    # Whether observers hear of a record_stream-deferred free before the allocator records its
-    # release events, so work they enqueue then on a recorded stream runs before the block can be
-    # handed out again (the emulation's allocator); CUDA's records them inside the free.
-    free_observed_before_release: bool = True
 
     def __init__(self) -> None:
         self._observers: tuple[RuntimeObserver, ...] = ()
@@ -258,6 +255,11 @@ class Runtime(abc.ABC):
     @abc.abstractmethod
     def allocation_stream(self, tensor: torch.Tensor) -> Stream | None:
         """The stream `tensor`'s block was allocated on (None for memory not from this runtime)."""
+
+    def pool_view(self) -> PoolView:
+        """The caching allocator's pools now (for the perturbation's allocator actions). A
+        backend that cannot show them gets none: no block is ever found free."""
+        return _NoPools()
 
     def poison(self, ptr: int, nbytes: int, *, stream: Stream) -> None:
         """Enqueue on `stream` a fill of the raw bytes [ptr, ptr + nbytes) with POISON_BYTE.
@@ -353,6 +355,11 @@ class Runtime(abc.ABC):
     def _notify(self, method: str, **kwargs) -> None:
         for fn in self._dispatch.get(method, ()):
             fn(self, **kwargs)
+
+
+class _NoPools(PoolView):
+    def find(self, ptr: int) -> None:
+        return None
 
 
 class CommGroup(abc.ABC):

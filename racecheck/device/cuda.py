@@ -45,6 +45,7 @@ report it. PyTorch's FSDP2 uses one group for all-gather and reduce-scatter alik
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import dataclasses
 import itertools
@@ -57,7 +58,18 @@ from typing import cast
 import torch
 import torch.distributed as dist
 
-from racecheck.device.base import POISON_BYTE, CommGroup, Event, NewBlock, ReduceOp, Runtime, Stream, block_size
+from racecheck.device.base import (
+    POISON_BYTE,
+    CommGroup,
+    Event,
+    NewBlock,
+    PoolState,
+    PoolView,
+    ReduceOp,
+    Runtime,
+    Stream,
+    block_size,
+)
 
 _CALIBRATION_CYCLES = 20_000_000  # about 10 ms at H200 clocks
 _cycles_per_second: float | None = None  # torch.cuda._sleep's rate, measured once per process
@@ -153,10 +165,6 @@ class _Allocation:
 
 class CudaRuntime(Runtime):
     backend = "cuda"
-    # The caching allocator records its record_stream events inside its own free, in C++; whether
-    # the storage's finalizer (on_free) runs before or after that is not this runtime's to decide,
-    # so work observers enqueue then is not known to precede the block's reuse.
-    free_observed_before_release = False
 
     def __init__(self, device: torch.device | int | None = None) -> None:
         super().__init__()
@@ -260,6 +268,9 @@ class CudaRuntime(Runtime):
         alloc = self._allocation_of(tensor)
         return None if alloc is None else alloc.stream
 
+    def pool_view(self) -> CudaPoolView:
+        return CudaPoolView(self.device, owner=self._by_handle.get)
+
     def poison(self, ptr: int, nbytes: int, *, stream: Stream) -> None:
         # A tensor over the raw bytes that owns nothing: its death frees no block. Version 2 of
         # the interface has no "stream" entry, so torch adds no synchronization of its own.
@@ -323,6 +334,38 @@ class CudaRuntime(Runtime):
             os.environ["TORCH_NCCL_AVOID_RECORD_STREAMS"] = "1"
         # One communicator per rank list is enough: see [Note: one NCCL group per rank list].
         return CudaCommGroup(ranks, dist.new_group(ranks, backend="nccl"))
+
+
+class CudaPoolView(PoolView):
+    """The caching allocator's blocks on one device, from one memory snapshot: a freed block is
+    IN_POOL when its region is `inactive` (the region may be larger than the block: free
+    neighbours merge), HELD while record_stream keeps it `active_awaiting_free`. A block's stream
+    is its segment's cudaStream_t, handed to `owner` for the caller's terms (patch mode keeps the
+    handle; the runtime maps it to its own streams)."""
+
+    def __init__(self, device: torch.device, owner=lambda handle: handle) -> None:
+        regions = []  # (start, nbytes, segment's stream handle, state)
+        for seg in torch.cuda.memory._snapshot()["segments"]:
+            if seg.get("device", device.index) != device.index:
+                continue
+            addr = seg["address"]
+            for block in seg["blocks"]:
+                regions.append((addr, block["size"], seg["stream"], block["state"]))
+                addr += block["size"]
+        regions.sort()
+        self._regions = regions
+        self._starts = [r[0] for r in regions]
+        self._owner = owner
+
+    def find(self, ptr: int) -> tuple[PoolState, int, int, object] | None:
+        i = bisect.bisect_right(self._starts, ptr) - 1
+        if i < 0 or ptr >= self._regions[i][0] + self._regions[i][1]:
+            return None  # its segment went back to the driver
+        start, nbytes, handle, state = self._regions[i]
+        owner = self._owner(handle)
+        if state == "inactive":
+            return PoolState.IN_POOL, start, nbytes, owner
+        return (PoolState.HELD if state == "active_awaiting_free" else PoolState.TAKEN), ptr, 0, owner
 
 
 class _RawBytes:

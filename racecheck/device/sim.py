@@ -28,7 +28,7 @@ from typing import cast
 import torch
 import torch.distributed as dist
 
-from racecheck.device.base import POISON_BYTE, CommGroup, Event, NewBlock, ReduceOp, Runtime, Stream
+from racecheck.device.base import POISON_BYTE, CommGroup, Event, NewBlock, PoolView, ReduceOp, Runtime, Stream
 from racecheck.device.sim_allocator import SimCachingAllocator
 
 # Gloo groups made per communicator: default, all-gather, reduce-scatter, all-reduce streams,
@@ -168,6 +168,16 @@ class SimCommGroup(CommGroup):
         return self._groups[slot]
 
 
+class _SimPoolView(PoolView):
+    """The emulated allocator's pools, read live (its lock makes each answer consistent)."""
+
+    def __init__(self, allocator: SimCachingAllocator) -> None:
+        self.allocator = allocator
+
+    def find(self, ptr: int):
+        return self.allocator.find(ptr)
+
+
 class SimRuntime(Runtime):
     backend = "sim"
     device = torch.device("cpu")
@@ -194,11 +204,16 @@ class SimRuntime(Runtime):
     @contextlib.contextmanager
     def stream(self, stream: Stream):
         prev = self.current_stream()
-        self._local.stream = stream
+        self.set_current_stream(stream)
         try:
             yield stream
         finally:
-            self._local.stream = prev
+            self.set_current_stream(prev)
+
+    def set_current_stream(self, stream: Stream) -> None:
+        """Make `stream` current on this thread (what `stream()` does on entry and exit; patch
+        mode's stream entry point, as torch.cuda.set_stream is on CUDA)."""
+        self._local.stream = stream
 
     def new_event(self) -> SimEvent:
         return SimEvent(self)
@@ -238,6 +253,9 @@ class SimRuntime(Runtime):
     def allocation_stream(self, tensor: torch.Tensor) -> Stream | None:
         block = self.allocator.block_of(tensor)
         return None if block is None else block.stream
+
+    def pool_view(self) -> PoolView:
+        return _SimPoolView(self.allocator)
 
     def poison(self, ptr: int, nbytes: int, *, stream: Stream) -> None:
         raw = self.allocator.segment_bytes(ptr, nbytes)

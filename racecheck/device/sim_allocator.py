@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from racecheck.device.base import block_size
+from racecheck.device.pool_state import PoolState
 
 if TYPE_CHECKING:
     from racecheck.device.base import Stream
@@ -174,6 +175,17 @@ class SimCachingAllocator:
         nbytes = tensor.numel() * tensor.element_size()
         raw = block.segment[offset : offset + nbytes]  # a view of the segment, not of the tracked view
         return torch.from_numpy(raw).view(tensor.dtype).view(tensor.shape)
+
+    def find(self, ptr: int) -> tuple[PoolState, int, int, object] | None:
+        """The block at `ptr` as an allocator action sees it (pool_state.PoolView.find)."""
+        with self._lock:
+            block = self._segments.get(ptr)
+            if block is None:
+                return None
+            if block.state is BlockState.CACHED:
+                return PoolState.IN_POOL, ptr, block.size, block.stream
+            state = PoolState.HELD if block.state is BlockState.DEFERRED else PoolState.TAKEN
+            return state, ptr, 0, block.stream
 
     def segment_bytes(self, ptr: int, nbytes: int) -> np.ndarray:
         """The raw bytes [ptr, ptr + nbytes) of one of this allocator's segments, in any state
