@@ -63,7 +63,9 @@ def test_rule_fields_and_round_trip():
         ("poison@before_all_gather", "poison@free"),
         ("reorder@before_all_reduce:1ms", "opens its gate"),
         ("sleep@reshard>end_of_backward:1ms", "reorder rules only"),
-        ("poison@free/default", "allocation stream"),
+        ("poison@free/default", "own stream"),
+        ("pressure@free/default", "own stream"),
+        ("random,poison", "schedule of its own"),
         ("sleep@reshard:5parsecs", "ACTION@POINT"),
         ("random:depth=0", "depth"),
         ("random:speed=3", "unknown random schedule option"),
@@ -155,26 +157,64 @@ def _late_read_under_poison(rt):
     return side, gate, seen, a
 
 
-def test_poison_on_free_reaches_a_late_reader_without_any_reuse(rt):
+def _floats(rt, ptr: int, n: int = 256):
+    return torch.from_numpy(rt.allocator.segment_bytes(ptr, 4 * n)).view(torch.float32)
+
+
+def test_poison_waits_for_the_next_allocation_on_the_blocks_stream(rt):
     side, gate, seen, a = _late_read_under_poison(rt)
-    del a  # freed while the read is queued: the fill goes on the (inline) default stream now
+    ptr = a.data_ptr()
+    del a  # freed while the read is queued: only noted
+    rt.point("reshard")  # a host step is no allocation
+    with rt.stream(side):
+        rt.empty(64)  # nor is one on another stream's pool
+    assert (_floats(rt, ptr) == 3.0).all()
+    rt.empty(4096)  # the default stream allocates (too big for a's block): the poison lands now
+    assert torch.isnan(_floats(rt, ptr)).all()
     gate.set()
     side.synchronize()
-    assert torch.isnan(seen[0]).all()
+    assert torch.isnan(seen[0]).all()  # the late reader sees what a reuse would have left
+
+
+def test_poison_comes_after_the_wait_the_program_makes_before_it_allocates(rt):
+    """FSDP2's pattern: a block of stream S's pool is freed on the host while stream R may still
+    read it, and S is made to wait for R before S next allocates: correct code, which the poison
+    must not fail (at the free it would land ahead of that wait)."""
+    s, r = rt.new_stream("copy_in"), rt.new_stream("reader")
+    gate, seen = threading.Event(), []
+    inj = install(rt, parse_profile("poison@free"))
+    with rt.stream(s):
+        x = rt.empty(256)
+        rt.launch("write", lambda out: out.fill_(3.0), writes=(x,))
+    r.wait_stream(s)
+    with rt.stream(r):
+        rt.launch("late_read", held_read(gate, seen), reads=(x,))
+    del x  # on the default stream's thread, while the read is queued
+    s.wait_stream(r)  # the program orders S after the read ...
+    with rt.stream(s):
+        rt.empty(256)  # ... before it allocates on S again (and may be handed x's block)
+        rt.empty(4096)
+    gate.set()
+    rt.synchronize()
+    assert (seen[0] == 3.0).all()
+    assert [type(f.action) for f in inj.log] == [Poison]  # it acted, behind the wait
 
 
 def test_poison_respects_record_stream(rt):
     side, gate, seen, a = _late_read_under_poison(rt)
     rt.record_stream(a, side)
     ptr = a.data_ptr()
-    del a  # the fill is queued on the recorded stream, behind the read
+    del a  # held out of the pool until the side stream passes the free
+    rt.empty(4096)  # an allocation on the block's stream while it is held: nothing to act on
+    assert (_floats(rt, ptr) == 3.0).all()
     gate.set()
     side.synchronize()
     assert (seen[0] == 3.0).all()
-    assert torch.isnan(torch.from_numpy(rt.allocator.segment_bytes(ptr, 1024)).view(torch.float32)).all()
+    rt.empty(4096)  # the block is back in the pool: the poison lands at this allocation
+    assert torch.isnan(_floats(rt, ptr)).all()
 
 
-def test_pressure_reuses_the_freed_block_on_the_default_stream(rt):
+def test_pressure_reuses_the_freed_block_at_the_next_allocation_on_its_stream(rt):
     side, gate, seen = rt.new_stream("reduce_scatter"), threading.Event(), []
     inj = install(rt, parse_profile("pressure@free"))
     with rt.stream(rt.default_stream()):
@@ -184,7 +224,9 @@ def test_pressure_reuses_the_freed_block_on_the_default_stream(rt):
         rt.launch("late_read", held_read(gate, seen), reads=(a,))
     reuses = rt.allocator.stats.reuses
     del a
-    rt.point("reshard")  # the next runtime call on the host: the pressure allocation happens here
+    rt.point("reshard")
+    assert rt.allocator.stats.reuses == reuses  # no allocation yet, no pressure
+    rt.empty(4096)  # the pressure allocation follows this one, on the same stream
     assert rt.allocator.stats.reuses == reuses + 1
     gate.set()
     side.synchronize()

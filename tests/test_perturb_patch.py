@@ -11,10 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-import torch.distributed.distributed_c10d as c10d
 
-from racecheck.perturb import recording
-from racecheck.perturb.patch import WRAPPED, PatchMode
+from racecheck.perturb import collectives, recording
+from racecheck.perturb.patch import PatchMode
 from racecheck.perturb.profiles import parse_profile
 from racecheck.perturb.recording import RecordingActions
 
@@ -47,63 +46,108 @@ def test_each_collective_gets_its_points_delay(one_rank_group):
     assert torch.equal(t, torch.ones(8)) and torch.equal(out, torch.arange(8.0))
 
 
+def _entry_points():
+    return {(id(owner), name): getattr(owner, name) for owner, name, _ in collectives.targets()}
+
+
 def test_uninstall_restores_every_function(one_rank_group):
-    before = {(m.__name__, n): getattr(m, n) for m in (dist, c10d) for n in WRAPPED if hasattr(m, n)}
+    before = _entry_points()
     patch, _ = patched("sleep@before_all_gather:1ms")
     patch.install()
-    assert all(getattr(m, n)._racecheck_patch is patch for m in (dist, c10d) for n in WRAPPED if hasattr(m, n))
+    assert all(fn._racecheck_patch is patch for fn in _entry_points().values())
     patch.uninstall()
-    assert before == {(m.__name__, n): getattr(m, n) for m in (dist, c10d) for n in WRAPPED if hasattr(m, n)}
+    assert before == _entry_points()
 
 
-def test_pressure_follows_a_free_at_the_next_point(one_rank_group):
-    patch, actions = patched("pressure@free")
+def test_collectives_are_seen_below_torch_distributed(one_rank_group):
+    """A library that calls the group's methods, or DTensor's functional collectives, passes
+    the same points as torch.distributed's functions."""
+    from torch.distributed import _functional_collectives as funcol
+
+    patch, actions = patched("sleep@before_all_gather:1ms,sleep@after_all_reduce:2ms")
+    group = dist.distributed_c10d._get_default_group()
     with patch:
-        ptr = recording.release(4000)  # the allocator's deallocation callback
-        assert actions.frees == []  # never inside the callback: at the next point the host passes
-        dist.all_reduce(torch.ones(4))
-    assert actions.frees == [(ptr, False, True)]
-    assert patch.counts == {"sleep": 0, "pressure": 1, "poison": 0}
-    recording.release(4000)  # uninstalled: no longer seen
-    assert len(actions.frees) == 1
+        opts = dist.AllreduceOptions()
+        group.allreduce([torch.ones(4)], opts).wait()
+        gather = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
+        gathered = gather(torch.arange(4.0), 0, group)
+        assert torch.equal(funcol.wait_tensor(gathered), torch.arange(4.0))
+    assert patch.calls == {"all_reduce": 1, "all_gather": 1}
+    assert (0.001, True) in actions.launches  # the functional collective runs asynchronously
+    assert ("default", 0.002) in actions.delays  # after the all-reduce, on the caller's stream
 
 
-def test_a_free_is_acted_on_before_the_next_calls_own_effect(monkeypatch):
-    # A wait made after the free would order the pressure after the reader it must collide with.
+def test_a_free_is_acted_on_at_the_next_allocation_on_its_own_stream(one_rank_group):
+    patch, actions = patched("pressure@free,poison@free")
+    side = recording.HostStream("side")
+    with patch:
+        ptr = recording.allocate(4096)  # on the default stream
+        recording.release(ptr)  # the allocator's deallocation callback: only noted
+        assert actions.frees == []
+        dist.all_reduce(torch.ones(4))  # a wrapped call is no allocation: nothing yet
+        with recording.stream(side):
+            recording.allocate(512)  # another stream's pool cannot hand the block out
+        assert actions.frees == []
+        recording.allocate(512)  # the default stream allocates: the block could be this one
+    assert actions.frees == [(ptr, True, False), (4096, False, True)]
+    assert patch.counts == {"sleep": 0, "pressure": 1, "poison": 1}
+    recording.release(recording.allocate(4096))  # uninstalled: no longer seen
+    assert len(actions.frees) == 2
+
+
+def test_a_wait_between_the_free_and_the_next_allocation_comes_first(monkeypatch):
+    """FSDP2's pattern: a block of the side stream's pool is freed while the default stream may
+    still read it, and the side stream waits for the default stream before it next allocates.
+    The poison must land after that wait, where the program's own allocation would."""
     patch, actions = patched("poison@free")
     side = recording.HostStream("side")
-    seen_at_wait = []
+    at_wait = []
     original = recording.HostEvent.wait
     monkeypatch.setattr(
         recording.HostEvent,
         "wait",
-        lambda self, stream=None: (seen_at_wait.append(list(actions.frees)), original(self, stream)),
+        lambda self, stream=None: (at_wait.append(list(actions.frees)), original(self, stream)),
     )
     with patch:
-        ptr = recording.release(4096)
-        recording.current_stream().wait_stream(side)  # its inner Event.wait is the call's effect
-    assert seen_at_wait == [[(ptr, True, False)]]
-    assert patch.counts["poison"] == 1
+        with recording.stream(side):
+            ptr = recording.allocate(4096)  # the side stream's block
+        recording.release(ptr)  # freed on the default stream (zero_grad)
+        side.wait_stream(recording.current_stream())  # the program orders the side stream first
+        with recording.stream(side):
+            recording.allocate(4096)
+    assert at_wait == [[]] and actions.frees == [(ptr, True, False)]
 
 
-def test_a_free_inside_the_patch_modes_own_locked_section_does_not_hang():
-    # The allocator's callback can run from a garbage-collection pass that starts while
-    # _flush_frees holds the lock, on the same thread.
+def test_a_block_the_program_took_back_is_left_alone(one_rank_group):
+    patch, actions = patched("poison@free")
+    with patch:
+        ptr = recording.allocate(4096)
+        recording.release(ptr)
+        recording._blocks[ptr][2] = True  # handed out again before the next callback
+        recording.allocate(512)
+    assert actions.frees == [] and patch.counts["poison"] == 0
+
+
+def test_a_free_inside_the_patch_modes_own_work_does_not_hang_or_count():
+    # The allocator's callbacks can run from a garbage-collection pass that starts inside patch
+    # mode's own allocator actions, on the same thread.
     import threading
 
     patch, actions = patched("pressure@free")
     with patch:
 
-        def free_while_locked():
-            with patch._lock:
-                recording.release(4096)
+        def free_while_acting():
+            patch._local.acting = True
+            recording.release(recording.allocate(4096))
+            patch._local.acting = False
+            recording.release(recording.allocate(4096))
 
-        worker = threading.Thread(target=free_while_locked, daemon=True)
+        worker = threading.Thread(target=free_while_acting, daemon=True)
         worker.start()
         worker.join(timeout=10)
-        assert not worker.is_alive(), "the free waited on its own thread's lock"
-        noted = len(patch._pending)
-    assert noted == 1
+        assert not worker.is_alive(), "the free waited on its own thread"
+        noted = patch._pending.take(recording.DEFAULT.handle)
+    assert patch.counts["pressure"] == 0 and len(noted) == 1  # the program's free only
 
 
 def test_patch_mode_refuses_what_it_cannot_do():
@@ -112,7 +156,6 @@ def test_patch_mode_refuses_what_it_cannot_do():
         "reorder@before_all_reduce>end_of_backward:1ms",
         "sleep@reshard:1ms",
         "sleep@before_all_reduce:1ms/other",
-        "pressure@free/other",
     ):
         with pytest.raises(ValueError, match="patch mode"):
             PatchMode(parse_profile(spec), actions=RecordingActions())
@@ -124,7 +167,7 @@ def test_launcher_runs_the_script_under_the_patch(tmp_path, monkeypatch):
     script = tmp_path / "train.py"
     script.write_text(
         "import sys\nimport torch.distributed as dist\n"
-        "patch = getattr(dist.all_reduce, '_racecheck_patch', None)\n"
+        "patch = getattr(dist.ProcessGroup.allreduce, '_racecheck_patch', None)\n"
         "open(sys.argv[1], 'w').write(patch.profile.to_spec() if patch else 'none')\n"
     )
     seen = tmp_path / "seen"
@@ -134,7 +177,7 @@ def test_launcher_runs_the_script_under_the_patch(tmp_path, monkeypatch):
     try:
         assert patch_mod.main(["--perturb", "sleep@before_all_reduce:1ms", str(script), str(seen)]) == 0
     finally:
-        installed = getattr(dist.all_reduce, "_racecheck_patch", None)
+        installed = getattr(dist.ProcessGroup.allreduce, "_racecheck_patch", None)
         if installed is not None:
             installed.uninstall()
     assert seen.read_text() == "sleep@before_all_reduce:1ms"
@@ -170,11 +213,12 @@ def test_systematic_records_then_delays_only_the_planned_keys():
     with recorder:
         alive = [step(), step()]  # a second pass adds its new stream's keys, not the same ones again
     keys = list(recorder.handoffs)
-    assert [k.split("@")[0] for k in keys] == ["stream_enter", "stream_wait", "stream_enter"]
-    assert keys[0].endswith("/s1") and keys[1].endswith("/default") and keys[2].endswith("/s2")
+    # every hand-off on both of its sides: a wait has a point before it and one after it
+    assert [k.split("@")[0] for k in keys] == ["stream_enter", "before_stream_wait", "stream_wait", "stream_enter"]
+    assert keys[0].endswith("/s1") and keys[2].endswith("/default") and keys[3].endswith("/s2")
     assert recorder.counts["sleep"] == 0
     actions = RecordingActions()
-    with PatchMode(parse_profile("systematic:delay=2ms"), actions=actions, plan=(keys[1],)):
+    with PatchMode(parse_profile("systematic:delay=2ms"), actions=actions, plan=(keys[2],)):
         alive += [step(), step()]
     assert actions.delays == [("default", 0.002), ("default", 0.002)]
 
@@ -184,8 +228,12 @@ def test_systematic_selection_and_its_stated_bound():
 
     assert [selection(t, 3, pairs=True) for t in range(8)] == [(), (0,), (1,), (2,), (0, 1), (0, 2), (1, 2), (0,)]
     assert [selection(t, 2, pairs=False) for t in range(4)] == [(), (0,), (1,), (0,)]
-    assert coverage(7, 8, pairs=False) == "systematic: k=7 points, all singles covered in trials 1..7"
+    assert (
+        coverage(7, 8, pairs=False)
+        == "systematic: k=7 points (before and after each hand-off), all singles covered in trials 1..7"
+    )
     assert coverage(3, 10, pairs=True) == (
-        "systematic: k=3 points, all singles covered in trials 1..3, all 3 pairs in trials 4..6"
+        "systematic: k=3 points (before and after each hand-off), all singles covered in trials 1..3, "
+        "all 3 pairs in trials 4..6"
     )
     assert "only in trials 1..2 (2 of 7)" in coverage(7, 3, pairs=True)

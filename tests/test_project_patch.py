@@ -84,18 +84,22 @@ def test_the_systematic_schedule_finds_the_race_within_its_bound_across_sessions
     assert res.code == 0, res
     keys = json.loads(next((out / "handoffs").glob("*-rank0.json")).read_text())["points"]
     first = records(out)
-    assert first["race", 0].handoffs == 4 and first["safe", 0].handoffs == 5
+    # both sides of each wait and record: enter s1, before/after the wait, enter s2, before/after the record
+    assert first["race", 0].handoffs == 6 and first["safe", 0].handoffs == 8
     assert first["race", 1].delayed == [keys[0]] and first["race", 1].actions["sleep"] == 1
-    # ... then trials 2..4 in a later session, from the enumeration in the run folder.
-    res = racecheck("run", "--resume", out, "--trials", 5, "-q", cwd=project)
+    # ... then trials 2..6 in a later session, from the enumeration in the run folder.
+    res = racecheck("run", "--resume", out, "--trials", 7, "-q", cwd=project)
     assert res.code == 0, res
     got = records(out)
-    assert [t for t in range(5) if got["race", t].outcome == "failed"] == [3]
-    assert got["race", 3].delayed == [COPY_KEY]
-    assert all(got["safe", t].outcome == "passed" for t in range(5))
-    assert "tiny/race: systematic: k=4 points, all singles covered in trials 1..4; first failure in trial 3" in res.out
+    assert [t for t in range(7) if got["race", t].outcome == "failed"] == [4]
+    assert got["race", 4].delayed == [COPY_KEY]
+    assert all(got["safe", t].outcome == "passed" for t in range(7))
+    assert (
+        "tiny/race: systematic: k=6 points (before and after each hand-off), all singles covered in trials 1..6; "
+        "first failure in trial 4" in res.out
+    )
     # The replay line delays that point in a run of one trial, without recording first.
-    argv = shlex.split(got["race", 3].replay)
+    argv = shlex.split(got["race", 4].replay)
     assert argv[:2] == ["racecheck", "run"] and f"systematic:delay=1ms:pairs=0:at={COPY_KEY}" in argv
     res = racecheck("run", "--out", tmp_path / "replay", *argv[2:], cwd=project)
     assert res.code == 0, res
@@ -105,7 +109,10 @@ def test_the_systematic_schedule_finds_the_race_within_its_bound_across_sessions
 
 def test_frees_are_counted_and_a_profile_that_never_acted_is_called_out(tmp_path, monkeypatch):
     monkeypatch.setenv("RACECHECK_PATCH_ACTIONS", "recording")
-    frees = SUITE.replace("    late = copy.delayed > 0", "    rs.release(4096)\n    rs.release(512)\n    late = False")
+    frees = SUITE.replace(
+        "    late = copy.delayed > 0",
+        "    rs.release(rs.allocate(4096))\n    rs.release(rs.allocate(512))\n    rs.allocate(64)\n    late = False",
+    )
     root = write_suite(
         tmp_path / "p",
         arms={"race": {"perturb": "pressure@free,poison@free"}, "safe": {"perturb": "sleep@before_all_gather:1ms"}},

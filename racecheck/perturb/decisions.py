@@ -20,8 +20,8 @@ in the place of threads:
   probability `pressure`, which turns a free-while-in-use into wrong numbers whether or not a real
   reuse happens to collide.
 Every action respects the stream semantics a correct program relies on (a delay only stretches a
-stream; poison and pressure only touch a block the allocator could hand out again at that moment),
-so correct code cannot fail under it.
+stream; poison and pressure only touch a block where the program's own next allocation could be
+handed it, [Note: sound allocator actions] in free_actions.py), so correct code cannot fail under it.
 """
 
 from __future__ import annotations
@@ -57,14 +57,13 @@ class Hold:
 
 @dataclasses.dataclass(frozen=True)
 class Poison:
-    """Fill the freed block with NaN on its allocation stream."""
+    """Fill the freed block with NaN on its stream, at the program's next allocation there."""
 
 
 @dataclasses.dataclass(frozen=True)
 class Pressure:
-    """Allocate blocks of the freed size on `stream` (None: the default stream) and write them."""
-
-    stream: str | None = None
+    """Allocate the freed block's size on its stream and write it, at the program's next
+    allocation there."""
 
 
 Action = Sleep | Hold | Poison | Pressure
@@ -103,7 +102,7 @@ def _rule_action(rule) -> Action:
     if rule.action == "poison":
         return Poison()
     if rule.action == "pressure":
-        return Pressure(rule.stream)
+        return Pressure()
     raise AssertionError(f"unhandled action {rule.action!r}")  # parse_profile rejects the rest
 
 

@@ -14,11 +14,10 @@ How each action is carried out (identically on both backends, through the Runtim
   held stream waits for the gate like any other queued work. A CUDA stream cannot wait for the
   host, so there the gate is a delay of its bound; an inline stream (the emulation's default
   stream is the host itself) is never held.
-- poison: `Runtime.poison` on the freed block's allocation stream; for a block that record_stream
-  deferred, on the recorded stream instead, behind the work the free had to wait for.
-- pressure: right after a free, at the next runtime call on the host (on CUDA the block reaches
-  the allocator's pool only after its storage's finalizer has run), allocate blocks of the freed
-  size on the default stream and write them, as the program's next allocations would.
+- poison and pressure: noted at the free and done at the program's next allocation on the freed
+  block's own stream, if the block is still free in that stream's pool then ([Note: sound
+  allocator actions], free_actions.py): poison fills it with NaN there (`Runtime.poison`), pressure
+  allocates its size there and writes it, as the program's next owner of the block would.
 
 An injector whose profile is off subscribes to no event (RuntimeObserver.events): installed, it
 costs the runtime nothing; bench/injector_overhead.py measures it.
@@ -33,8 +32,9 @@ import time
 from collections.abc import Sequence
 
 from racecheck.device import Runtime, RuntimeObserver, Stream
-from racecheck.device.base import POISON_BYTE
+from racecheck.device.base import POISON_BYTE, PoolState
 from racecheck.perturb.decisions import Hold, Poison, Pressure, Sleep, make_schedule
+from racecheck.perturb.free_actions import FreeRequest, PendingFrees
 from racecheck.perturb.points import EVENT_WAIT, FREE
 from racecheck.perturb.profiles import Profile, parse_profile
 
@@ -97,7 +97,7 @@ class Injector(RuntimeObserver):
         self._named = profile.random is None and any(r.stream for r in profile.rules)
         self._streams: dict[str, Stream] = {}  # streams seen so far, for actions on a named stream
         self._gates: list[_Gate] = []
-        self._pending_pressure: list[tuple[int, str | None]] = []
+        self._frees = PendingFrees()  # by the freed block's stream, see [Note: sound allocator actions]
         self._lock = threading.RLock()  # re-entered when a finalizer frees a block inside a callback
         self._inside = threading.local()  # set while the injector itself calls the runtime
         self._step = 0
@@ -128,30 +128,26 @@ class Injector(RuntimeObserver):
     ) -> None:
         if not self._active or getattr(self._inside, "on", False):
             return  # frees of the injector's own pressure blocks are not the program's
-        self._flush_pressure(rt)
         if not (self._all_points or FREE in self._points):
             return
+        poison = pressure = False
         for action in self.schedule.actions(FREE, stream=stream.name):
             if isinstance(action, Poison):
-                self._poison(rt, stream, ptr, nbytes, deferred_to)
+                poison = True
             elif isinstance(action, Pressure):
-                with self._lock:
-                    self._pending_pressure.append((nbytes, action.stream))
-            else:
+                pressure = True
+            else:  # a delay is sound anywhere: it only postpones one stream's work
                 self._act(rt, action, FREE, rt.current_stream())
-                continue
-            self._record(FREE, stream, action)
+        if poison or pressure:
+            # Acted on at the next allocation on the block's stream (on_alloc), not here.
+            self._frees.note(stream, FreeRequest(ptr, nbytes, poison, pressure))
 
-    def on_alloc(self, rt: Runtime, **kwargs) -> None:
-        if self._active and self._pending_pressure and not getattr(self._inside, "on", False):
-            self._flush_pressure(rt)
+    def on_alloc(self, rt: Runtime, *, block: int, stream: Stream, ptr: int, nbytes: int) -> None:
+        if self._active and self._frees.has(stream) and not getattr(self._inside, "on", False):
+            self._act_on_frees(rt, stream)
 
     def on_launch(self, rt: Runtime, *, stream: Stream, **kwargs) -> None:
-        if not self._active or getattr(self._inside, "on", False):
-            return
-        if self._pending_pressure:
-            self._flush_pressure(rt)
-        if self._named:
+        if self._named and not getattr(self._inside, "on", False):
             self._streams.setdefault(stream.name, stream)
 
     def on_event_record(self, rt: Runtime, *, event, stream: Stream) -> None:
@@ -162,8 +158,6 @@ class Injector(RuntimeObserver):
     def _host_step(self, rt: Runtime, point: str) -> None:
         """Count a host step and open the gates that wait for it."""
         self._step += 1
-        if self._pending_pressure:
-            self._flush_pressure(rt)
         if self._gates:
             with self._lock:
                 opened = [g for g in self._gates if g.step(point)]
@@ -221,39 +215,40 @@ class Injector(RuntimeObserver):
         for g in gates:
             g.flag.set()
 
-    def _poison(self, rt: Runtime, stream: Stream, ptr: int, nbytes: int, deferred_to: Sequence[Stream]) -> None:
-        # Poison models the earliest legal reuse of the block: at the free on its allocation
-        # stream; after record_stream, once the recorded stream has passed the free.
-        if len(deferred_to) > 1:
-            self.skipped["poison_multi_deferred"] = self.skipped.get("poison_multi_deferred", 0) + 1
-            return
-        if deferred_to and not rt.free_observed_before_release:
-            # A fill enqueued now would follow the allocator's release event on the recorded
-            # stream and could land in the block's next owner: a failure of correct code.
-            self.skipped["poison_after_release"] = self.skipped.get("poison_after_release", 0) + 1
-            return
-        target = deferred_to[0] if deferred_to else stream
-        try:
-            rt.poison(ptr, nbytes, stream=target)
-        except NotImplementedError:
-            self.skipped["poison_unsupported"] = self.skipped.get("poison_unsupported", 0) + 1
+    def _act_on_frees(self, rt: Runtime, stream: Stream) -> None:
+        """The program allocated on `stream`: poison and pressure its freed blocks that are still
+        in its pool; blocks record_stream holds back wait for a later allocation."""
+        requests = self._frees.take(stream)
+        view = rt.pool_view()
+        held = []
+        with self._as_injector(), rt.stream(stream):
+            for request in requests:
+                state, start, nbytes = view.state(request.ptr, stream)
+                if state is PoolState.HELD:
+                    held.append(request)
+                    continue
+                if state is PoolState.TAKEN:  # the program has the block again: its own writes
+                    self.skipped["free_taken"] = self.skipped.get("free_taken", 0) + 1
+                    continue
+                if request.poison:
+                    try:
+                        rt.poison(start, nbytes, stream=stream)
+                    except NotImplementedError:
+                        self.skipped["poison_unsupported"] = self.skipped.get("poison_unsupported", 0) + 1
+                    else:
+                        self._record(FREE, stream, Poison())
+                if request.pressure:
+                    self._pressure(rt, nbytes)
+                    self._record(FREE, stream, Pressure())
+        self._frees.defer(stream, held)
 
-    def _flush_pressure(self, rt: Runtime) -> None:
-        with self._lock:
-            pending, self._pending_pressure = self._pending_pressure, []
-        if not pending:
-            return
+    @staticmethod
+    def _pressure(rt: Runtime, nbytes: int) -> None:
         import torch
 
-        with self._as_injector():
-            for nbytes, name in pending:
-                stream = rt.default_stream() if name is None else self._streams.get(name)
-                if stream is None:
-                    continue
-                with rt.stream(stream):
-                    block = rt.empty(nbytes, dtype=torch.uint8)
-                    rt.launch("racecheck_pressure", lambda out: out.fill_(POISON_BYTE), writes=(block,))
-                del block  # back to the pool, written: the collision a real next allocation makes
+        block = rt.empty(nbytes, dtype=torch.uint8)  # on the current stream: the freed block's
+        rt.launch("racecheck_pressure", lambda out: out.fill_(POISON_BYTE), writes=(block,))
+        del block  # back to the pool, written: the collision a real next allocation makes
 
     def _as_injector(self):
         return _Inside(self._inside)

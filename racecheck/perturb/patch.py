@@ -1,30 +1,27 @@
-"""Patch mode: perturb code that is not ours, with no change to it, by wrapping torch's stream and
-collective APIs while a test (or a script) runs.
+"""Patch mode: perturb code that is not ours, with no change to it, by wrapping torch's stream API,
+its collectives and the caching allocator's callbacks while a test (or a script) runs.
 
-Which stream a delay goes on, per point (always the stream the work after the point runs on):
-- stream_enter (torch.cuda.set_stream, and so torch.cuda.stream(s)'s entry, to a non-default
-  stream): on the stream just made current, before any work the host enqueues in its context;
-- stream_wait (Stream.wait_stream, Stream.wait_event, Event.wait): on the waiting stream, right
-  after the wait, so its later work (the consumer of what it waited for) runs late;
-- event_record (Event.record, Stream.record_event): on the recording stream, right before the
-  record, so the work the event marks completes late and only the event's waiters see it done;
-- free (the caching allocator's deallocation callback, torch.cuda._gpu_trace): poison and
-  pressure on the freed block's own stream, on entry to the next wrapped call the host makes,
-  before that call's own effect (a wait it makes would otherwise order them after the reader);
-- before_all_gather / before_reduce_scatter / before_all_reduce: the collectives of
-  `torch.distributed` (tensor, list and deprecated forms, synchronous and `async_op=True`), with
-  the delay on the stream the collective actually runs on:
+Where each point acts (always the stream the work after the point runs on):
+- the hand-off points, on both sides of each stream API call (handoffs.py: stream_enter,
+  before_stream_wait / stream_wait, event_record / after_event_record);
+- before_all_gather / before_reduce_scatter / before_all_reduce, and their after_* points: every
+  collective, through the ProcessGroup methods and the functional collectives (collectives.py).
+  The before delay goes on the stream the collective actually runs on:
   - synchronous (`async_op=False`): since PyTorch 2.8 ProcessGroupNCCL launches it on the caller's
     current stream, so the delay is queued there first. (From 2.2 to 2.7 it ran on the group's
     internal stream, which first waits for the current stream: the delay holds it back all the same.)
-  - asynchronous (`async_op=True`): it runs on the group's internal stream, which first waits for
-    the current stream. Delaying the current stream would delay the caller's later work as well, so
-    the wrapper issues the call from a side stream that waits for the current stream and then
-    sleeps: only the collective runs late, the caller's stream runs on.
+  - asynchronous (`async_op=True`, functional collectives): it runs on the group's internal
+    stream, which first waits for the current stream. Delaying the current stream would delay the
+    caller's later work as well, so the actions issue the call from a side stream that waits for
+    the current stream and then sleeps: only the collective runs late.
+  The after delay goes on the caller's current stream, behind the call: its next work runs late.
+- free (poison@free, pressure@free): the caching allocator's deallocation callback notes the
+  block; the action happens at the program's next allocation on the block's own stream, if the
+  block is still free there ([Note: sound allocator actions], free_actions.py).
 
-The allocator calls its deallocation callback before the block is back in its pool, so a free is
-only noted there and acted on when the host next enters a wrapped call. Wrapped calls made by patch mode itself (its
-delays, its pressure) are passed through: a thread-local flag marks them.
+Calls made inside a wrapped call (all_gather_into_tensor -> the group's method, wait_stream ->
+Event.wait) and patch mode's own work (its delays, poison and pressure) pass through unwrapped:
+thread-local flags mark them.
 
 A profile acts only where it names points: `off` wraps nothing at all. The systematic schedule
 (systematic.py) wraps every hand-off point and collective; trial 0 records their keys, a later
@@ -39,40 +36,21 @@ Reorder needs the runtime's view of streams and is not offered here.
 from __future__ import annotations
 
 import functools
-import inspect
 import os
 import runpy
 import sys
 import threading
 
-from racecheck.perturb import systematic
+from racecheck.device.pool_state import PoolState
+from racecheck.perturb import collectives, systematic
 from racecheck.perturb.decisions import Hold, Poison, Pressure, Schedule, Sleep, make_schedule
-from racecheck.perturb.points import COLLECTIVE_POINTS, EVENT_RECORD, FREE, HANDOFF_POINTS, STREAM_ENTER, STREAM_WAIT
+from racecheck.perturb.free_actions import FreeRequest, PendingFrees
+from racecheck.perturb.handoffs import CALLS, HandoffCall
+from racecheck.perturb.points import COLLECTIVE_AFTER_POINTS, COLLECTIVE_POINTS, FREE, HANDOFF_POINTS
 from racecheck.perturb.profiles import Profile, parse_profile
 
-# torch.distributed function -> (collective kind, name of its input argument)
-WRAPPED = {
-    "all_reduce": ("all_reduce", "tensor"),
-    "all_gather": ("all_gather", "tensor"),
-    "all_gather_single": ("all_gather", "input_tensor"),
-    "all_gather_into_tensor": ("all_gather", "input_tensor"),
-    "_all_gather_base": ("all_gather", "input_tensor"),
-    "reduce_scatter": ("reduce_scatter", "input_list"),
-    "reduce_scatter_single": ("reduce_scatter", "input"),
-    "reduce_scatter_tensor": ("reduce_scatter", "input"),
-    "_reduce_scatter_base": ("reduce_scatter", "input"),
-}
-PATCH_POINTS = frozenset(COLLECTIVE_POINTS.values()) | frozenset(HANDOFF_POINTS) | {FREE}
-# The kind of a wrapped stream API function (patch_actions.py) -> its point, and whether the delay
-# goes before the call (on the recording stream) rather than after it.
-HANDOFF_KINDS = {
-    "set_stream": (STREAM_ENTER, False),
-    "wait_stream": (STREAM_WAIT, False),
-    "wait_event": (STREAM_WAIT, False),
-    "event_wait": (STREAM_WAIT, False),
-    "record_event": (EVENT_RECORD, True),
-    "event_record": (EVENT_RECORD, True),
-}
+_COLLECTIVE_POINTS = frozenset(COLLECTIVE_POINTS.values()) | frozenset(COLLECTIVE_AFTER_POINTS.values())
+PATCH_POINTS = _COLLECTIVE_POINTS | frozenset(HANDOFF_POINTS) | {FREE}
 
 
 class PatchMode:
@@ -91,20 +69,7 @@ class PatchMode:
         actions=None,
         plan: tuple[str, ...] | None = None,
     ) -> None:
-        bad = [
-            r.to_spec()
-            for r in profile.rules
-            if r.stream
-            or not (
-                (r.action == "sleep" and r.point in PATCH_POINTS - {FREE})
-                or (r.action in ("pressure", "poison") and r.point == FREE)
-            )
-        ]
-        if bad:
-            raise ValueError(
-                f"patch mode takes sleep@{{{','.join(sorted(PATCH_POINTS - {FREE}))}}} and "
-                f"pressure@free / poison@free rules only, not {', '.join(bad)}"
-            )
+        _check(profile)
         if rank is None:
             rank = int(os.environ.get("RANK", "0"))
         if actions is None:
@@ -120,17 +85,14 @@ class PatchMode:
             plan = self.systematic.at
         self.plan = plan  # systematic: the keys delayed in this run (None: recording)
         points = None if self.systematic is not None else self.schedule.points
-        self._collectives = points is None or bool(points & set(COLLECTIVE_POINTS.values()))
+        self._collectives = points is None or bool(points & _COLLECTIVE_POINTS)
         self._handoffs = points is None or bool(points & set(HANDOFF_POINTS))
         self._frees = self.systematic is None and (points is None or FREE in points)
-        if self._frees:  # frees are acted on at the next point the host passes: wrap them all
-            self._collectives = self._handoffs = True
         self._originals: list[tuple[object, str, object]] = []
-        self._local = threading.local()  # `inside`: patch mode's own calls, or a wrapped call's inner ones
-        # _freed runs on whatever thread frees, this one included: the allocator calls it from a
-        # garbage-collection pass that can start inside _flush_frees's locked section (re-entrant).
-        self._lock = threading.RLock()
-        self._pending: list[int] = []
+        # `inside`: a wrapped call's inner calls; `acting`: patch mode's own allocator work.
+        self._local = threading.local()
+        self._pending = PendingFrees()  # by the freed block's stream id
+        self._alloc_streams: dict[int, object] = {}  # block address -> stream id at its allocation
         self._labels: dict[object, str] = {}  # stream id -> default, s1, s2, ... (first appearance)
         self.handoffs: dict[str, None] = {}  # systematic recording: keys in order of first passage
         self.calls: dict[str, int] = {}  # collective kind -> wrapped calls seen
@@ -142,37 +104,29 @@ class PatchMode:
         if self._originals:
             raise RuntimeError("this patch is already installed")
         if self._collectives:
-            import torch.distributed as dist
-            import torch.distributed.distributed_c10d as c10d
-
-            wrappers: dict[int, object] = {}  # one wrapper per original function, shared by modules
-            for module in (dist, c10d):
-                for name in WRAPPED:
-                    fn = getattr(module, name, None)
-                    if fn is None or getattr(fn, "_racecheck_patch", None) is not None:
-                        continue
-                    wrapper = wrappers.get(id(fn))
-                    if wrapper is None:
-                        wrapper = wrappers[id(fn)] = self._wrap(name, fn)
-                    self._replace(module, name, wrapper)
+            for owner, name, call in collectives.targets():
+                fn = getattr(owner, name)
+                if getattr(fn, "_racecheck_patch", None) is None:
+                    self._replace(owner, name, self._outermost(fn, functools.partial(self._collective, fn, call)))
         if self._handoffs:
             for owner, name, kind in self.actions.handoff_targets():
                 fn = owner.__dict__.get(name) if isinstance(owner, type) else getattr(owner, name)
                 if fn is not None and getattr(fn, "_racecheck_patch", None) is None:
-                    self._replace(owner, name, self._wrap_handoff(kind, fn))
+                    self._replace(owner, name, self._outermost(fn, functools.partial(self._handoff, fn, CALLS[kind])))
         if self._frees:
-            self.actions.attach_free(self._freed)
+            self.actions.attach_allocator(self._allocated, self._freed)
         return self
 
     def _replace(self, owner, name: str, wrapper) -> None:
-        self._originals.append(
-            (owner, name, getattr(owner, name) if not isinstance(owner, type) else owner.__dict__[name])
-        )
+        original = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
+        self._originals.append((owner, name, original))
         setattr(owner, name, wrapper)
 
     def uninstall(self) -> None:
         if self._frees:
-            self.actions.detach_free(self._freed)
+            self.actions.detach_allocator(self._allocated, self._freed)
+            self._pending.clear()
+            self._alloc_streams.clear()
         for owner, name, fn in reversed(self._originals):
             setattr(owner, name, fn)
         self._originals.clear()
@@ -186,8 +140,7 @@ class PatchMode:
     # -- the wrappers ----------------------------------------------------------------------------
     def _outermost(self, fn, body):
         """A wrapper that runs `body` for the outermost call only: calls made inside a wrapped
-        call (all_gather_into_tensor -> all_gather_single, wait_stream -> Event.wait) or by patch
-        mode itself go straight to the original."""
+        call or by patch mode itself go straight to the original."""
 
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
@@ -195,8 +148,6 @@ class PatchMode:
                 return fn(*args, **kwargs)
             self._local.inside = True
             try:
-                if self._pending:  # before the call: what a next allocation here would collide with
-                    self._flush_frees()
                 return body(*args, **kwargs)
             finally:
                 self._local.inside = False
@@ -204,41 +155,28 @@ class PatchMode:
         wrapper._racecheck_patch = self
         return wrapper
 
-    def _wrap(self, name: str, fn):
-        kind, input_name = WRAPPED[name]
-        point = COLLECTIVE_POINTS[kind]
-        signature = inspect.signature(fn)
-        return self._outermost(fn, lambda *a, **kw: self._call(fn, a, kw, kind, point, signature, input_name))
-
-    def _call(self, fn, args, kwargs, kind, point, signature, input_name):
-        try:
-            bound = signature.bind(*args, **kwargs)
-        except TypeError:
-            return fn(*args, **kwargs)  # let the original report the misuse
-        if not self.actions.applies(_tensors(bound.arguments.get(input_name))):
+    def _collective(self, fn, call: collectives.CollectiveCall, *args, **kwargs):
+        if not self.actions.applies(call.tensors(args)):
             return fn(*args, **kwargs)
-        self.calls[kind] = self.calls.get(kind, 0) + 1
-        delay = self._decide(point, self.actions.current_stream())
-        async_op = bool(bound.arguments.get("async_op", False))
+        self.calls[call.kind] = self.calls.get(call.kind, 0) + 1
+        current = self.actions.current_stream()
+        delay = self._decide(COLLECTIVE_POINTS[call.kind], current)
         if delay > 0:
             self.counts["sleep"] += 1
-        return self.actions.launch(lambda: fn(*args, **kwargs), delay=delay, async_op=async_op)
+        out = self.actions.launch(lambda: fn(*args, **kwargs), delay=delay, async_op=call.is_async(args, kwargs))
+        self._delay(COLLECTIVE_AFTER_POINTS[call.kind], current)  # the caller's next work
+        return out
 
-    def _wrap_handoff(self, kind: str, fn):
-        point, before = HANDOFF_KINDS[kind]
-
-        def body(*args, **kwargs):
-            target = _handoff_stream(kind, args, kwargs, self.actions)
-            if kind == "set_stream" and (target is None or self.actions.is_default(target)):
-                return fn(*args, **kwargs)  # back to the default stream: no hand-off
-            if before:
-                self._delay(point, target)
-                return fn(*args, **kwargs)
-            out = fn(*args, **kwargs)
-            self._delay(point, target)
-            return out
-
-        return self._outermost(fn, body)
+    def _handoff(self, fn, call: HandoffCall, *args, **kwargs):
+        target = call.target(args, kwargs, self.actions)
+        if call.entry and (target is None or self.actions.is_default(target)):
+            return fn(*args, **kwargs)  # back to the default stream: no hand-off
+        if call.before is not None:
+            self._delay(call.before, target)
+        out = fn(*args, **kwargs)
+        if call.after is not None:
+            self._delay(call.after, target)
+        return out
 
     # -- decisions -------------------------------------------------------------------------------
     def _delay(self, point: str, stream) -> None:
@@ -273,47 +211,74 @@ class PatchMode:
             return 0.0
         return self.systematic.delay if key in self.plan else 0.0
 
+    # -- frees: see [Note: sound allocator actions] ------------------------------------------------
+    def _allocated(self, ptr: int) -> None:
+        # The allocator's callback, on the allocating thread: its current stream is the block's.
+        if getattr(self._local, "acting", False):
+            return
+        sid = self.actions.current_stream_id()
+        self._alloc_streams[ptr] = sid
+        if self._pending.has(sid) or self._pending.has(None):
+            self._act_on_frees(sid)
+
     def _freed(self, ptr: int) -> None:
-        # The allocator's callback: any thread, inside any call; only note the free here. Frees
-        # of patch mode's own blocks (its pressure) are not the program's.
-        if not getattr(self._local, "inside", False):
-            with self._lock:
-                self._pending.append(ptr)
+        # Any thread, inside any call: only note the free (and decide, so a seed replays).
+        if getattr(self._local, "acting", False):
+            return  # patch mode's own pressure blocks are not the program's
+        sid = self._alloc_streams.pop(ptr, None)  # None: allocated before patch mode was installed
+        acts = self.schedule.actions(FREE, stream="allocation")
+        poison = any(isinstance(a, Poison) for a in acts)
+        pressure = any(isinstance(a, Pressure) for a in acts)
+        if poison or pressure:
+            self._pending.note(sid, FreeRequest(ptr, 0, poison, pressure))
 
-    def _flush_frees(self) -> None:
-        with self._lock:
-            pending, self._pending = self._pending, []
-        requests = []
-        for ptr in pending:
-            acts = self.schedule.actions(FREE, stream="allocation")
-            poison = any(isinstance(a, Poison) for a in acts)
-            pressure = any(isinstance(a, Pressure) for a in acts)
-            if poison or pressure:
-                requests.append((ptr, poison, pressure))
-        if requests:
-            poisoned, pressured = self.actions.on_frees(requests)
-            self.counts["poison"] += poisoned
-            self.counts["pressure"] += pressured
+    def _act_on_frees(self, sid) -> None:
+        """The program allocated on stream `sid`: act on the blocks freed to its pool that are
+        still free there; a block of another pool, or held by record_stream, waits."""
+        local = self._local
+        was_inside = getattr(local, "inside", False)
+        local.acting = local.inside = True
+        try:
+            view = self.actions.pool_view()
+            held = []
+            for request in self._pending.take(sid) + self._pending.take(None):
+                found = view.find(request.ptr)
+                if found is None:
+                    continue  # its memory went back to the device
+                state, start, nbytes, owner = found
+                if state is PoolState.TAKEN:
+                    continue  # the program has the block again: its own writes
+                if owner != sid or state is PoolState.HELD:
+                    held.append((owner, request))
+                    continue
+                if request.poison:
+                    self.actions.poison(start, nbytes, sid)
+                    self.counts["poison"] += 1
+                if request.pressure:
+                    self.actions.pressure(nbytes, sid)
+                    self.counts["pressure"] += 1
+            for owner, request in held:
+                self._pending.defer(owner, [request])
+        finally:
+            local.acting = False
+            local.inside = was_inside
 
 
-def _handoff_stream(kind: str, args, kwargs, actions):
-    """The stream a wrapped stream API call hands work to (see HANDOFF_KINDS)."""
-    if kind == "set_stream":
-        return args[0] if args else kwargs.get("stream")
-    if kind in ("wait_stream", "wait_event", "record_event"):
-        return args[0]  # self: the waiting or recording stream
-    stream = args[1] if len(args) > 1 else kwargs.get("stream")  # Event.wait / Event.record
-    return stream if stream is not None else actions.current_stream()
-
-
-def _tensors(value) -> list:
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [v for v in value if isinstance(v, torch.Tensor)]
-    return []
+def _check(profile: Profile) -> None:
+    bad = [
+        r.to_spec()
+        for r in profile.rules
+        if r.stream
+        or not (
+            (r.action == "sleep" and r.point in PATCH_POINTS - {FREE})
+            or (r.action in ("pressure", "poison") and r.point == FREE)
+        )
+    ]
+    if bad:
+        raise ValueError(
+            f"patch mode takes sleep@{{{','.join(sorted(PATCH_POINTS - {FREE}))}}} and "
+            f"pressure@free / poison@free rules only, not {', '.join(bad)}"
+        )
 
 
 def install_from_env() -> PatchMode | None:

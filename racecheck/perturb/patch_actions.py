@@ -4,22 +4,26 @@ Patch mode (patch.py) decides; an actions object carries the decision out. This 
 lets the CPU tests drive patch mode's whole logic with a recording twin (recording.py) in place of
 this one. An actions object provides:
 - `applies(tensors)`: whether a collective with these inputs is one to perturb (CUDA tensors);
-- `current_stream()`, `is_default(stream)`, `stream_id(stream)`: the host's view of streams;
+- `current_stream()`, `is_default(stream)`, `stream_id(stream)`, `current_stream_id()`: the
+  host's view of streams (the last is called at every allocation: keep it cheap);
 - `launch(call, delay=, async_op=)`: issue a collective behind a delay (see patch.py's docstring
   for which stream the delay goes on);
 - `delay(stream, seconds)`: enqueue a delay on `stream` (hand-off points);
-- `handoff_targets()`: the (owner, attribute, kind) of every stream API function to wrap;
-- `attach_free(callback)` / `detach_free(callback)`: `callback(ptr)` at every free the caching
-  allocator sees, through torch.cuda._gpu_trace's deallocation callbacks (the hook that
-  torch.cuda._sanitizer uses; once switched on, tracing stays on for the process);
-- `on_frees(requests)`: act on freed blocks, at a host point after the frees; each request is
-  (ptr, poison, pressure); returns how many were poisoned and how many pressured;
+- `handoff_targets()`: the (owner, attribute, kind) of every stream API function to wrap, kind a
+  key of handoffs.CALLS;
+- `attach_allocator(on_alloc, on_free)` / `detach_allocator(...)`: `on_alloc(ptr)` and
+  `on_free(ptr)` at every allocation and free the caching allocator makes, through
+  torch.cuda._gpu_trace's callbacks (the hooks torch.cuda._sanitizer uses; once switched on,
+  tracing stays on for the process); the allocation callback runs on the allocating thread;
+- `pool_view()`: the allocator's pools now (racecheck.device.pool_state.PoolView, streams by id);
+- `poison(start, nbytes, sid)`, `pressure(nbytes, sid)`: the allocator actions, on stream id
+  `sid`, at the program's allocation there ([Note: sound allocator actions]); hidden from any
+  dispatch mode (the detector sees the program, not the perturbation);
 - `start_tracker()` / `stop_tracker(tracker)` (static): TorchRaceTracker around a test (--detect).
 """
 
 from __future__ import annotations
 
-import bisect
 import os
 
 
@@ -164,60 +168,62 @@ class CudaActions:
         finally:
             tracker.__exit__(None, None, None)
 
-    # -- frees -----------------------------------------------------------------------------
-    def attach_free(self, callback) -> None:
+    # -- frees: see [Note: sound allocator actions] in free_actions.py -------------------------
+    def current_stream_id(self) -> int:
+        import torch
+
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        if raw is None:
+            return torch.cuda.current_stream().cuda_stream
+        return raw(torch.cuda.current_device())
+
+    def attach_allocator(self, on_alloc, on_free) -> None:
         import torch
         import torch.cuda._gpu_trace as gpu_trace
 
         torch._C._activate_gpu_trace()
-        gpu_trace.register_callback_for_memory_deallocation(callback)
-        self._callbacks.append(callback)
+        gpu_trace.register_callback_for_memory_allocation(on_alloc)
+        gpu_trace.register_callback_for_memory_deallocation(on_free)
+        self._callbacks += [on_alloc, on_free]
 
-    def detach_free(self, callback) -> None:
+    def detach_allocator(self, on_alloc, on_free) -> None:
         import torch.cuda._gpu_trace as gpu_trace
 
-        registry = gpu_trace.MemoryDeallocationCallbacks.callback_list
-        while callback in registry:
-            registry.remove(callback)
-        if callback in self._callbacks:
-            self._callbacks.remove(callback)
+        for registry, callback in (
+            (gpu_trace.MemoryAllocationCallbacks.callback_list, on_alloc),
+            (gpu_trace.MemoryDeallocationCallbacks.callback_list, on_free),
+        ):
+            while callback in registry:
+                registry.remove(callback)
+            if callback in self._callbacks:
+                self._callbacks.remove(callback)
 
-    def on_frees(self, requests) -> tuple[int, int]:
-        """Poison and pressure act only on a block that is free in its stream's pool right now
-        (state `inactive` in the snapshot), on that stream: what the program's own next
-        allocation on the stream could do. A block that record_stream holds back (pending free)
-        or that the program has taken again is left alone."""
+    def pool_view(self):
         import torch
+
+        from racecheck.device.cuda import CudaPoolView
+
+        return CudaPoolView(torch.device("cuda", torch.cuda.current_device()))
+
+    def poison(self, start: int, nbytes: int, sid: int) -> None:
+        import torch
+        from torch.utils._python_dispatch import _disable_current_modes
 
         from racecheck.device.base import POISON_BYTE
 
-        regions = []  # (start, nbytes, stream handle) of every free block
-        for seg in torch.cuda.memory._snapshot()["segments"]:
-            addr = seg["address"]
-            for block in seg["blocks"]:
-                if block["state"] == "inactive":
-                    regions.append((addr, block["size"], seg["stream"]))
-                addr += block["size"]
-        regions.sort()
-        starts = [r[0] for r in regions]
-        poisoned = pressured = 0
-        acted: set[int] = set()  # a free region acted on once, however many frees merged into it
-        for ptr, poison, pressure in requests:
-            i = bisect.bisect_right(starts, ptr) - 1
-            if i < 0 or i in acted or not regions[i][0] <= ptr < regions[i][0] + regions[i][1]:
-                continue
-            acted.add(i)
-            start, nbytes, handle = regions[i]
-            with torch.cuda.stream(self._stream(handle)):
-                if poison:
-                    torch.as_tensor(_RawBlock(start, nbytes), device="cuda").fill_(POISON_BYTE)
-                    poisoned += 1
-                if pressure:
-                    block = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-                    block.fill_(POISON_BYTE)  # NaN in every float format
-                    del block
-                    pressured += 1
-        return poisoned, pressured
+        with _disable_current_modes(), torch.cuda.stream(self._stream(sid)):
+            torch.as_tensor(_RawBlock(start, nbytes), device="cuda").fill_(POISON_BYTE)
+
+    def pressure(self, nbytes: int, sid: int) -> None:
+        import torch
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        from racecheck.device.base import POISON_BYTE
+
+        with _disable_current_modes(), torch.cuda.stream(self._stream(sid)):
+            block = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+            block.fill_(POISON_BYTE)  # NaN in every float format
+            del block  # back to the pool, written: what a next owner of the block would leave
 
     def _stream(self, handle: int):
         import torch

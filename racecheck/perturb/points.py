@@ -1,6 +1,6 @@
 """The named injection points: where along the FSDP path a perturbation can act.
 
-Two kinds, one namespace:
+Three kinds, one namespace:
 - marked points: racecheck.fsdp (and scenario code written against the runtime) calls
   `Runtime.point(Point.X, ...)` on the host (racecheck.device.points.Point, checked there); the
   stream current at that moment is where a delay goes.
@@ -24,23 +24,36 @@ RUNTIME_POINTS = {
 }
 
 STREAM_ENTER = "stream_enter"
+BEFORE_STREAM_WAIT = "before_stream_wait"
 STREAM_WAIT = "stream_wait"
 EVENT_RECORD = "event_record"
+AFTER_EVENT_RECORD = "after_event_record"
 
+# Where each sits on its call, and why a call has the sides it has: racecheck.perturb.handoffs.
 HANDOFF_POINTS = {
     STREAM_ENTER: "host, right after it made a non-default stream current (torch.cuda.stream(s), "
     "torch.cuda.set_stream); the delay goes on that stream",
+    BEFORE_STREAM_WAIT: "host, right before a stream is made to wait (wait_stream, wait_event, Event.wait); "
+    "the delay goes on the waiting stream, ahead of the wait",
     STREAM_WAIT: "host, right after a stream was made to wait (wait_stream, wait_event, Event.wait); "
     "the delay goes on the waiting stream",
     EVENT_RECORD: "host, right before an event is recorded (Event.record, Stream.record_event); the "
     "delay goes on the recording stream, ahead of the record",
+    AFTER_EVENT_RECORD: "host, right after an event was recorded (Event.record, Stream.record_event); the "
+    "delay goes on the recording stream, behind the record (work the event does not cover)",
 }
 
 POINTS = {**MARKED_POINTS, **RUNTIME_POINTS, **HANDOFF_POINTS}
 
-# The collective each `before_*` point precedes: patch mode maps torch.distributed calls onto them.
+# The collective each `before_*` point precedes and each `after_*` point follows: patch mode maps
+# torch.distributed's calls onto them (the names are the runtime's marked points as well).
 COLLECTIVE_POINTS = {
     "all_gather": "before_all_gather",
     "reduce_scatter": "before_reduce_scatter",
     "all_reduce": "before_all_reduce",
+}
+COLLECTIVE_AFTER_POINTS = {
+    "all_gather": "after_all_gather",
+    "reduce_scatter": "after_reduce_scatter",
+    "all_reduce": "after_all_reduce",
 }

@@ -2,15 +2,17 @@
 
 A spec is one of
 - a profile name from PROFILES (`rs_delay`, `poison`, ...) or `off`;
-- rules joined by commas, each `ACTION@POINT[>UNTIL][:SIZE][/STREAM]`:
+- rules and profile names joined by commas (`enter_delay,pressure`), each rule
+  `ACTION@POINT[>UNTIL][:SIZE][/STREAM]`:
     sleep@before_reduce_scatter:5ms      a 5 ms delay on the stream current at the point
     sleep@free:2ms/reduce_scatter        a delay on the named stream instead
     reorder@before_all_reduce>end_of_backward:20ms
                                          hold the stream's later work until the host reaches
                                          end_of_backward (at most 20 ms)
     poison@free                          fill each freed block with NaN on its allocation stream
-    pressure@free                        same-size allocations written on the default stream
-                                         (or /STREAM) right after each free
+    pressure@free                        a same-size allocation written on that stream
+                                         (both at the program's next allocation on that stream,
+                                         while the block is still free there: free_actions.py)
   Sizes take `us`, `ms`, `s`; a sleep without a size lasts 10 ms, a hold at most 50 ms.
 - the random schedule, `random[:KEY=VALUE]...`, with keys max (largest delay), sleep, poison and
   pressure (probabilities per point or free), depth (PCT depth: 1 + the number of priority change
@@ -28,10 +30,11 @@ import dataclasses
 import functools
 import re
 
-from racecheck.perturb.points import COLLECTIVE_POINTS, FREE, HANDOFF_POINTS, POINTS
+from racecheck.perturb.points import COLLECTIVE_AFTER_POINTS, COLLECTIVE_POINTS, FREE, HANDOFF_POINTS, POINTS
 
-# The points the systematic schedule enumerates: every place where work passes between streams.
-SYSTEMATIC_POINTS = (*HANDOFF_POINTS, *COLLECTIVE_POINTS.values())
+# The points the systematic schedule enumerates: every place where work passes between streams,
+# on both sides of the call.
+SYSTEMATIC_POINTS = (*HANDOFF_POINTS, *COLLECTIVE_POINTS.values(), *COLLECTIVE_AFTER_POINTS.values())
 
 ACTIONS = ("sleep", "reorder", "poison", "pressure")
 FREE_ONLY_ACTIONS = ("poison", "pressure")  # they act on a freed block
@@ -64,7 +67,10 @@ PROFILES = {
     # entered a side stream, after a stream was made to wait, or the work an event marks.
     "enter_delay": "sleep@stream_enter:5ms",
     "wait_delay": "sleep@stream_wait:5ms",
+    "before_wait_delay": "sleep@before_stream_wait:5ms",
     "record_delay": "sleep@event_record:5ms",
+    # Hold back the work after a record, which the event does not cover (an event recorded early).
+    "after_record_delay": "sleep@after_event_record:5ms",
     "poison": "poison@free",
     "pressure": "pressure@free",
     "random": "random",
@@ -190,8 +196,20 @@ def parse_profile(spec: str | None) -> Profile:
         return Profile(spec, random=_parse_random(text))
     if text == "systematic" or text.startswith("systematic:"):
         return Profile(spec, systematic=_parse_systematic(text))
-    rules = tuple(_parse_rule(part) for part in filter(None, (p.strip() for p in text.split(","))))
-    return Profile(spec, rules)
+    rules: list[Rule] = []
+    for part in _parts(text):
+        named = PROFILES.get(part)
+        if named is None:
+            rules.append(_parse_rule(part))
+        elif named.partition(":")[0] in ("random", "systematic"):
+            raise ValueError(f"{part!r} is a schedule of its own: it cannot be joined with other rules in {spec!r}")
+        else:  # a named profile joined with others: its rules in its place
+            rules.extend(_parse_rule(p) for p in _parts(named))
+    return Profile(spec, tuple(dict.fromkeys(rules)))  # a rule named twice acts once
+
+
+def _parts(text: str) -> list[str]:
+    return [p for p in (p.strip() for p in text.split(",")) if p]
 
 
 def _parse_rule(part: str) -> Rule:
@@ -213,8 +231,8 @@ def _parse_rule(part: str) -> Rule:
         raise ValueError(f"'>{until}' (a gate's opening point) belongs to reorder rules only")
     if action == "reorder" and not until:
         raise ValueError(f"reorder needs the point that opens its gate: reorder@{point}>POINT")
-    if action == "poison" and m["stream"]:
-        raise ValueError("poison always fills on the block's allocation stream; drop the /STREAM")
+    if action in FREE_ONLY_ACTIONS and m["stream"]:
+        raise ValueError(f"{action} always acts on the freed block's own stream; drop the /STREAM")
     default = DEFAULT_HOLD_S if action == "reorder" else DEFAULT_SLEEP_S
     seconds = float(m["size"]) * _UNITS[m["unit"]] if m["size"] else default
     return Rule(action, point, seconds, until, m["stream"])

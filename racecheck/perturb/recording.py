@@ -6,8 +6,10 @@ torch.cuda's (HostStream.wait_stream / wait_event / record_event, HostEvent.reco
 set_stream, stream(s)); a CPU test suite written against it passes the same hand-off points that
 torch.cuda code passes, and patch mode wraps them exactly as it wraps torch.cuda's. A delay lands
 on the HostStream it targets (`stream.delayed`, seconds), so a suite can play a race that a
-delayed hand-off exposes; `release(nbytes)` plays a free seen by the caching allocator. Its
-tracker (start_tracker) is TorchRaceTracker over CPU tensors, with these streams for CUDA's.
+delayed hand-off exposes; `allocate(nbytes)` and `release(ptr)` play an allocation on the current
+host stream and a free, as the caching allocator's callbacks report them (its pools are the
+blocks these made). Its tracker (start_tracker) is TorchRaceTracker over CPU tensors, with these
+streams for CUDA's.
 
 The trial runner's plugin uses it in place of CudaActions when $RACECHECK_PATCH_ACTIONS is
 `recording` (for tests only: it perturbs no real stream).
@@ -23,9 +25,10 @@ ENV_VAR = "RACECHECK_PATCH_ACTIONS"
 
 _names = itertools.count(1)
 _handles = itertools.count(0x100, 0x100)  # what cudaStream_t handles are to CUDA (0: default)
-_free_callbacks: list = []
+_allocator_callbacks: list = []  # (on_alloc, on_free) pairs attached
 _trackers: list = []  # active TorchRaceTrackers fed the host events' record and wait
-_blocks = itertools.count(0x1000, 0x1000)  # fake block addresses
+_addresses = itertools.count(0x1000, 0x1000)  # fake block addresses
+_blocks: dict[int, list] = {}  # address -> [stream handle, nbytes, live]
 
 
 class HostStream:
@@ -95,12 +98,39 @@ def stream(s: HostStream | None):
         set_stream(previous)
 
 
-def release(nbytes: int) -> int:
-    """Play a free of an `nbytes` block: every attached callback gets its (fake) address."""
-    ptr = next(_blocks)
-    for callback in list(_free_callbacks):
-        callback(ptr)
+def allocate(nbytes: int) -> int:
+    """Play an allocation of `nbytes` on the current host stream: every attached allocation
+    callback gets its (fake) address, as from the caching allocator's."""
+    ptr = next(_addresses)
+    _blocks[ptr] = [current_stream().handle, nbytes, True]
+    for on_alloc, _ in list(_allocator_callbacks):
+        on_alloc(ptr)
     return ptr
+
+
+def release(ptr: int) -> int:
+    """Play the free of a block `allocate` made (back to its stream's pool), or of a block of
+    that many bytes the callbacks never saw allocated; returns its address."""
+    if ptr not in _blocks:
+        nbytes, ptr = ptr, next(_addresses)
+        _blocks[ptr] = [DEFAULT.handle, nbytes, True]
+    _blocks[ptr][2] = False
+    for _, on_free in list(_allocator_callbacks):
+        on_free(ptr)
+    return ptr
+
+
+class _RecordedPools:
+    """The pools of the blocks allocate/release played (pool_state.PoolView.find)."""
+
+    def find(self, ptr: int):
+        from racecheck.device.pool_state import PoolState
+
+        block = _blocks.get(ptr)
+        if block is None:
+            return None
+        handle, nbytes, live = block
+        return (PoolState.TAKEN, ptr, 0, handle) if live else (PoolState.IN_POOL, ptr, nbytes, handle)
 
 
 class RecordingActions:
@@ -109,7 +139,7 @@ class RecordingActions:
     def __init__(self) -> None:
         self.launches: list[tuple[float, bool]] = []  # (delay, async_op) of every collective
         self.delays: list[tuple[str, float]] = []  # (stream name, seconds) at hand-off points
-        self.frees: list[tuple[int, bool, bool]] = []  # (ptr, poison, pressure) acted on
+        self.frees: list[tuple[int, bool, bool]] = []  # (ptr or bytes, poison, pressure) acted on
 
     def applies(self, tensors) -> bool:
         return bool(tensors)
@@ -121,7 +151,10 @@ class RecordingActions:
         return s is DEFAULT
 
     def stream_id(self, s: HostStream) -> int:
-        return id(s)
+        return s.handle
+
+    def current_stream_id(self) -> int:
+        return current_stream().handle
 
     def handoff_targets(self) -> list[tuple[object, str, str]]:
         import sys
@@ -146,12 +179,21 @@ class RecordingActions:
             current_stream().delayed += delay
         return call()
 
-    def attach_free(self, callback) -> None:
-        _free_callbacks.append(callback)
+    def attach_allocator(self, on_alloc, on_free) -> None:
+        _allocator_callbacks.append((on_alloc, on_free))
 
-    def detach_free(self, callback) -> None:
-        while callback in _free_callbacks:
-            _free_callbacks.remove(callback)
+    def detach_allocator(self, on_alloc, on_free) -> None:
+        while (on_alloc, on_free) in _allocator_callbacks:
+            _allocator_callbacks.remove((on_alloc, on_free))
+
+    def pool_view(self) -> _RecordedPools:
+        return _RecordedPools()
+
+    def poison(self, start: int, nbytes: int, sid: int) -> None:
+        self.frees.append((start, True, False))
+
+    def pressure(self, nbytes: int, sid: int) -> None:
+        self.frees.append((nbytes, False, True))
 
     @staticmethod
     def start_tracker():
@@ -171,8 +213,3 @@ class RecordingActions:
         if tracker in _trackers:
             _trackers.remove(tracker)
         tracker.__exit__(None, None, None)
-
-    def on_frees(self, requests) -> tuple[int, int]:
-        requests = list(requests)
-        self.frees.extend(requests)
-        return sum(1 for r in requests if r[1]), sum(1 for r in requests if r[2])

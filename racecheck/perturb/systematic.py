@@ -2,9 +2,11 @@
 
 Trial 0 of each test (per arm and rank) delays nothing and records the distinct hand-off points
 the test passes, in the order it first passes them: a point is its kind (racecheck.perturb.points:
-stream_enter, stream_wait, event_record, before_*), the code location that reached it (the first
-frame outside torch and racecheck) and the stream it hands work to, named by first appearance in
-the test (`default`, `s1`, `s2`, ...), so that the key is the same in every trial and process:
+stream_enter, before_stream_wait and stream_wait, event_record and after_event_record, before_*
+and after_* of the collectives: both sides of every hand-off, racecheck.perturb.handoffs), the
+code location that reached it (the first frame outside torch and racecheck) and the stream it
+hands work to, named by first appearance in the test (`default`, `s1`, `s2`, ...), so that the
+key is the same in every trial and process:
 
     stream_enter@model/fsdp.py:212/s1
 
@@ -41,12 +43,13 @@ def coverage(k: int, trials: int, *, pairs: bool) -> str:
     if k == 0:
         return "systematic: k=0 points: the test passed no hand-off point, nothing to delay"
     ran = max(trials - 1, 0)  # trial 0 records
+    points = f"k={k} points (before and after each hand-off)"
     if ran < k:
         return (
-            f"systematic: k={k} points, singles covered only in trials 1..{ran} ({ran} of {k}); "
+            f"systematic: {points}, singles covered only in trials 1..{ran} ({ran} of {k}); "
             f"run {k + 1} trials to cover every single point"
         )
-    line = f"systematic: k={k} points, all singles covered in trials 1..{k}"
+    line = f"systematic: {points}, all singles covered in trials 1..{k}"
     total_pairs = k * (k - 1) // 2
     if pairs and total_pairs:
         done = min(ran - k, total_pairs)
