@@ -1,0 +1,185 @@
+"""Run a generated program (programs.py) and read back what it computed: on racecheck's runtime
+(the CPU emulation, or CUDA) and on plain torch.cuda, so that the perturbation and the detector
+can be judged against `programs.expected` on both.
+
+Every access is a launch on its stream (a fill, a copy), so that nothing but the program's own
+operations allocate: a read copies its buffer into a slice of one witness buffer made before the
+program starts, which no later allocation can be handed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+
+import torch
+
+from racecheck.scenario_kit.programs import STREAMS, Outcome, Program, witness_sizes
+
+
+def _uniform(t: torch.Tensor) -> float | None:
+    """The value every element holds, None when they differ (or are NaN)."""
+    flat = t.flatten()
+    first = float(flat[0])
+    return first if bool((flat == first).all()) else None
+
+
+def _slices(program: Program) -> list[tuple[int, int]]:
+    out, at = [], 0
+    for n in witness_sizes(program):
+        out.append((at, at + n))
+        at += n
+    return out
+
+
+def run_on_runtime(
+    program: Program, rt, *, around: Callable[[], contextlib.AbstractContextManager] | None = None
+) -> Outcome:
+    """Run `program` on racecheck runtime `rt` (its default stream queued, as on a GPU), inside
+    `around()` (a perturbation, a detector) from the first operation to the last."""
+    streams = [rt.default_stream()] + [rt.new_stream(f"s{i}") for i in range(1, STREAMS)]
+    slices = _slices(program)
+    with rt.queued_default_stream():
+        witness = rt.empty(max(1, slices[-1][1] if slices else 1))
+        host_witness: dict[int, torch.Tensor] = {}
+        bufs: dict[int, torch.Tensor] = {}
+        events: dict[int, object] = {}
+        addresses: dict[int, int] = {}
+        with around() if around is not None else contextlib.nullcontext():
+            for op in program.ops:
+                _runtime_op(rt, op, streams, bufs, events, witness, slices, host_witness)
+                if op.kind == "alloc":
+                    addresses[op.buf] = bufs[op.buf].data_ptr()
+            rt.synchronize()
+        values = {b: _uniform(t) for b, t in sorted(bufs.items())}
+        seen = [
+            _uniform(host_witness[i]) if i in host_witness else _uniform(witness[a:z])
+            for i, (a, z) in enumerate(slices)
+        ]
+    return Outcome(values, seen, addresses)
+
+
+def _fill(value: float):
+    return lambda out: out.fill_(value)
+
+
+def _copy(out, src):
+    out.copy_(src)
+
+
+def _runtime_op(rt, op, streams, bufs, events, witness, slices, host_witness) -> None:
+    kind = op.kind
+    s = streams[op.stream] if op.stream >= 0 else None
+    if kind == "alloc":
+        with rt.stream(s):
+            t = rt.empty(op.size)
+            rt.launch("fill", _fill(op.value), writes=(t,))
+        bufs[op.buf] = t
+    elif kind == "write":
+        with rt.stream(s):
+            rt.launch("fill", _fill(op.value), writes=(bufs[op.buf],))
+    elif kind in ("copy", "to_host", "from_host"):
+        with rt.stream(s):
+            rt.launch(kind, _copy, writes=(bufs[op.buf],), reads=(bufs[op.src],))
+    elif kind == "read":
+        a, z = slices[op.other]
+        with rt.stream(s):
+            rt.launch("read", _copy, writes=(witness[a:z],), reads=(bufs[op.src],))
+    elif kind == "record":
+        events.setdefault(op.other, rt.new_event()).record(s)
+    elif kind == "wait":
+        s.wait_event(events[op.other])
+    elif kind == "wait_stream":
+        s.wait_stream(streams[op.other])
+    elif kind == "stream_sync":
+        s.synchronize()
+    elif kind == "event_sync":
+        events[op.other].synchronize()
+    elif kind == "synchronize":
+        rt.synchronize()
+    elif kind == "record_stream":
+        rt.record_stream(bufs[op.buf], s)
+    elif kind == "free":
+        del bufs[op.buf]
+    elif kind == "host_alloc":
+        bufs[op.buf] = rt.pinned_empty(op.size)
+        bufs[op.buf].fill_(op.value)  # the host writes its own buffer at once
+    elif kind == "host_write":
+        bufs[op.buf].fill_(op.value)
+    elif kind == "host_read":
+        host_witness[op.other] = bufs[op.src].clone()
+    else:
+        raise AssertionError(f"unknown operation {op}")
+
+
+def run_on_torch_cuda(
+    program: Program, *, around: Callable[[], contextlib.AbstractContextManager] | None = None
+) -> Outcome:
+    """Run `program` with torch.cuda itself (streams, events, the caching allocator, pinned
+    memory), inside `around()`: what patch mode and the PyTorch tracker act on."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    streams = [torch.cuda.default_stream(device)] + [torch.cuda.Stream(device) for _ in range(1, STREAMS)]
+    slices = _slices(program)
+    witness = torch.empty(max(1, slices[-1][1] if slices else 1), device=device)
+    host_witness: dict[int, torch.Tensor] = {}
+    bufs: dict[int, torch.Tensor] = {}
+    events: dict[int, torch.cuda.Event] = {}
+    addresses: dict[int, int] = {}
+    torch.cuda.synchronize(device)
+    with around() if around is not None else contextlib.nullcontext():
+        for op in program.ops:
+            _torch_op(op, device, streams, bufs, events, witness, slices, host_witness)
+            if op.kind == "alloc":
+                addresses[op.buf] = bufs[op.buf].data_ptr()
+        torch.cuda.synchronize(device)
+    values = {b: _uniform(t.cpu()) for b, t in sorted(bufs.items())}
+    seen = [
+        _uniform(host_witness[i]) if i in host_witness else _uniform(witness[a:z].cpu())
+        for i, (a, z) in enumerate(slices)
+    ]
+    return Outcome(values, seen, addresses)
+
+
+def _torch_op(op, device, streams, bufs, events, witness, slices, host_witness) -> None:
+    kind = op.kind
+    s = streams[op.stream] if op.stream >= 0 else None
+    if kind == "alloc":
+        with torch.cuda.stream(s):
+            t = torch.empty(op.size, device=device)
+            t.fill_(op.value)
+        bufs[op.buf] = t
+    elif kind == "write":
+        with torch.cuda.stream(s):
+            bufs[op.buf].fill_(op.value)
+    elif kind in ("copy", "to_host", "from_host"):
+        with torch.cuda.stream(s):
+            bufs[op.buf].copy_(bufs[op.src], non_blocking=True)
+    elif kind == "read":
+        a, z = slices[op.other]
+        with torch.cuda.stream(s):
+            witness[a:z].copy_(bufs[op.src])
+    elif kind == "record":
+        events.setdefault(op.other, torch.cuda.Event()).record(s)
+    elif kind == "wait":
+        s.wait_event(events[op.other])
+    elif kind == "wait_stream":
+        s.wait_stream(streams[op.other])
+    elif kind == "stream_sync":
+        s.synchronize()
+    elif kind == "event_sync":
+        events[op.other].synchronize()
+    elif kind == "synchronize":
+        torch.cuda.synchronize(device)
+    elif kind == "record_stream":
+        bufs[op.buf].record_stream(s)
+    elif kind == "free":
+        del bufs[op.buf]
+    elif kind == "host_alloc":
+        bufs[op.buf] = torch.empty(op.size, pin_memory=True)
+        bufs[op.buf].fill_(op.value)
+    elif kind == "host_write":
+        bufs[op.buf].fill_(op.value)
+    elif kind == "host_read":
+        host_witness[op.other] = bufs[op.src].clone()
+    else:
+        raise AssertionError(f"unknown operation {op}")

@@ -1,0 +1,127 @@
+"""The perturbation never fails correct code and the detector never reports it; the same code with
+one synchronization removed is reported and found. On the CPU emulation, over programs that
+Hypothesis generates (racecheck.scenario_kit.programs): correctly synchronized by construction,
+with events, wait_stream, host synchronizations, record_stream, pinned host buffers, and frees at
+every legal moment (before the other streams are done, with the buffer's stream made to wait
+before it next allocates). The GPU check runs the same programs on torch.cuda (bench/soundness.py).
+
+The examples are drawn from a fixed seed (derandomize), so CI sees the same programs every run;
+RACECHECK_SOUNDNESS_EXAMPLES raises their number for a longer search.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from racecheck.scenario_kit.programs import expected, programs
+from racecheck.scenario_kit.soundness import (
+    EmulationInjector,
+    EmulationPatch,
+    correct_failures,
+    profile_specs,
+    racy_verdict,
+)
+
+EXAMPLES = int(os.environ.get("RACECHECK_SOUNDNESS_EXAMPLES", "12"))
+
+
+def examples(n: int):
+    return settings(
+        max_examples=n, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck)
+    )
+
+
+@examples(EXAMPLES)
+@given(programs())
+def test_correct_programs_pass_under_patch_modes_profiles_their_pairs_and_random(program):
+    backend = EmulationPatch()
+    assert correct_failures(backend, program, profile_specs(backend.profiles)) == [], program.text()
+
+
+@examples(EXAMPLES)
+@given(programs())
+def test_correct_programs_pass_under_the_injectors_profiles_their_pairs_and_random(program):
+    backend = EmulationInjector()
+    assert correct_failures(backend, program, profile_specs(backend.profiles)) == [], program.text()
+
+
+@examples(max(3, EXAMPLES // 3))
+@given(programs())
+def test_correct_programs_pass_with_every_single_point_delayed(program):
+    backend = EmulationPatch()
+    spec = "systematic:delay=2ms:pairs=0"
+    keys = backend.run(program, spec=spec).handoffs
+    want = expected(program)
+    assert [k for k in keys if backend.run(program, spec=spec, plan=(k,)).outcome != want] == [], program.text()
+
+
+@examples(EXAMPLES)
+@given(programs(), st.data())
+def test_a_missing_synchronization_is_reported_and_found_within_the_bound(program, data):
+    assume(any(s.reason == "access" for s in program.syncs))
+    i = data.draw(st.sampled_from([i for i, s in enumerate(program.syncs) if s.reason == "access"]))
+    verdict = racy_verdict(EmulationPatch(), program, i)
+    assert verdict.reported, program.text()
+    if verdict.must_find:
+        assert verdict.found_in is not None and verdict.found_in <= verdict.k, (verdict, program.text())
+
+
+@examples(max(4, EXAMPLES // 2))
+@given(programs(), st.data())
+def test_a_missing_wait_before_reuse_is_reported_and_found_within_the_bound(program, data):
+    reuses = [i for i, s in enumerate(program.syncs) if s.reason == "reuse"]
+    assume(reuses)
+    verdict = racy_verdict(EmulationPatch(), program, data.draw(st.sampled_from(reuses)))
+    if verdict.physical:  # the allocation was handed the freed block: a reuse race happened
+        assert verdict.reported, program.text()
+    if verdict.must_find:
+        assert verdict.found_in is not None and verdict.found_in <= verdict.k, (verdict, program.text())
+
+
+def test_the_check_fails_an_allocator_action_at_the_free(monkeypatch):
+    """The check has teeth: acting on a freed block at its free, on the block's stream (before
+    the waits the program makes before it next allocates there), fails correct programs."""
+    from racecheck.device.pool_state import PoolState
+    from racecheck.perturb.patch import PatchMode
+
+    noted = PatchMode._freed
+
+    def at_the_free(self, ptr):
+        noted(self, ptr)
+        view = self.actions.pool_view()
+        for key in list(self._pending._by_stream):
+            for request in self._pending.take(key):
+                found = view.find(request.ptr)
+                if found is not None and found[0] is PoolState.IN_POOL:
+                    self.actions.poison(found[1], found[2], found[3])
+
+    monkeypatch.setattr(PatchMode, "_freed", at_the_free)
+    failing = []
+
+    @examples(60)
+    @given(programs())
+    def search(program):
+        if not failing and correct_failures(EmulationPatch(), program, ["enter_delay,poison"]):
+            failing.append(program)
+
+    search()
+    assert failing, "no generated program exposed an allocator action at the free"
+
+
+@pytest.mark.parametrize("backend", [EmulationPatch(), EmulationInjector()], ids=lambda b: b.name)
+def test_the_profiles_act_on_generated_programs(backend):
+    """A profile that never acted would pass vacuously: each acts somewhere in a few programs."""
+    acted: dict[str, int] = {spec: 0 for spec in backend.profiles}
+
+    @examples(8)
+    @given(programs())
+    def count(program):
+        for spec in backend.profiles:
+            acted[spec] += sum(backend.run(program, spec=spec).counts.values())
+
+    count()
+    assert all(acted.values()), acted
