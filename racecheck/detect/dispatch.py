@@ -80,7 +80,7 @@ class OpKind(enum.Enum):
 class OpPlan:
     """The data-touching tensor arguments of one operator overload."""
 
-    __slots__ = ("name", "kind", "args", "writes_returns", "multi_return", "call")
+    __slots__ = ("name", "kind", "args", "writes_returns", "multi_return", "call", "blocks_host")
 
     def __init__(self, name: str, kind: OpKind, args: tuple, writes_returns: bool, multi_return: bool) -> None:
         self.call = None  # the operator without OpOverload.__call__'s Python frame (set by plan_for)
@@ -89,6 +89,9 @@ class OpPlan:
         self.args = args  # (position, name, is_write, is_list)
         self.writes_returns = writes_returns
         self.multi_return = multi_return
+        # The host waits for the current stream before the call returns (`.item()`); copies
+        # between host and device decide per call (torch_tracker, [Note: host accesses]).
+        self.blocks_host = name.rsplit(".", 1)[0] in _HOST_BLOCKING
 
     def tensors(self, args: tuple, kwargs: dict, out) -> tuple[list, list]:
         """(read tensors, written tensors) of one call."""
@@ -132,6 +135,7 @@ def returned_tensors(out) -> list:
 
 
 _plans: dict = {}
+_HOST_BLOCKING = frozenset({"aten._local_scalar_dense", "aten.item"})
 _UNINITIALIZED = frozenset({"empty", "empty_like", "empty_strided", "empty_permuted", "new_empty", "new_empty_strided"})
 
 

@@ -35,6 +35,7 @@ _TrackerMode).
 from __future__ import annotations
 
 import collections
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -52,6 +53,17 @@ from racecheck.detect.dispatch import (
 )
 from racecheck.detect.engine import HappensBefore
 from racecheck.detect.report import RaceReport, render
+
+
+_HOST = "host operations"  # the engine key of the host's own work on tracked host memory
+
+
+def _non_blocking(plan, args: tuple, kwargs: dict) -> bool:
+    """Whether a copy was asked to return before the stream did it (copy_'s third argument,
+    _to_copy's keyword)."""
+    if "non_blocking" in kwargs:
+        return bool(kwargs["non_blocking"])
+    return plan.name.startswith("aten.copy_") and len(args) > 2 and bool(args[2])
 
 
 def _handler_base():
@@ -79,9 +91,11 @@ class TorchRaceTracker:
         stacks_on: bool = True,
         current_stream: Callable[[], int] | None = None,
         stream_handle: Callable[[object], int] | None = None,
+        host_memory: Callable[[torch.Tensor], bool] | None = None,
     ) -> None:
-        """`device_type`, `current_stream` and `stream_handle` exist for tests on the CPU, which
-        drive the trace handler by hand; on CUDA leave them alone."""
+        """`device_type`, `current_stream`, `stream_handle` and `host_memory` (which tensors are
+        host memory, on the CPU where all are) exist for tests on the CPU, which drive the trace
+        handler by hand; on CUDA leave them alone."""
         self.engine = HappensBefore()
         self.device_type = device_type
         self._capture = stacks.capturer() if stacks_on else (lambda: ())
@@ -89,6 +103,13 @@ class TorchRaceTracker:
         self._stream_handle = stream_handle or _cuda_stream_handle
         self._names: dict[int, str] = {}
         self._domains = self.engine.domains
+        if host_memory is None:
+            host_memory = (lambda t: not t.is_cuda) if device_type == "cuda" else (lambda t: False)
+        self._is_host = host_memory
+        # The host's own work on host memory that streams touch ([Note: host accesses]).
+        self._host = self.engine.domain(_HOST, "host")
+        self._host_touched: dict[int, set] = {}  # host allocation start -> stream keys that touched it
+        self._host_pinned: dict[int, bool] = {}  # tracked host allocations (all pinned)
         self._pending: dict[int, list] = {}  # ptr -> [stream, clock at allocation, stack]
         self._inflight: _InFlight | None = None
         self.handler = _make_handler(self)
@@ -195,6 +216,9 @@ class TorchRaceTracker:
         engine = self.engine
         live_get = engine.live.get
         items = []
+        fresh_host = None  # host tensors no stream has touched yet: tracked if this op is a copy
+        host = self._host
+        touches_host = False
         for tensors, is_write in ((reads, False), (writes, True)):
             for t in tensors:
                 ptr = t.data_ptr()
@@ -208,11 +232,23 @@ class TorchRaceTracker:
                     alloc = self._resolve(t, stack)
                 nbytes = t.nbytes if t.is_contiguous() else byte_range(t)[1]
                 if alloc is None:
-                    if not nbytes or t.is_cuda is not (self.device_type == "cuda"):
-                        continue  # e.g. a CPU scalar: no device memory (never at a block's start)
-                    alloc = engine.allocation_at(ptr) or self._adopt(t, stack)
+                    if not nbytes:
+                        continue
+                    if self._is_host(t):
+                        alloc = engine.allocation_at(ptr)
+                        if alloc is None:
+                            fresh_host = fresh_host or []
+                            fresh_host.append((t, is_write, nbytes))
+                            continue
+                    else:
+                        alloc = engine.allocation_at(ptr) or self._adopt(t, stack)
+                if alloc.stream is host:
+                    touches_host = True
                 if nbytes:
                     items.append((ptr, nbytes, is_write, alloc))
+        if touches_host or fresh_host:
+            self._host_op(plan, args, kwargs, items, fresh_host, stream, stack)
+            return
         if not items:
             return
         assert self._current is not None, "given to __init__, or set by __enter__ on CUDA"
@@ -220,7 +256,64 @@ class TorchRaceTracker:
         if key not in self._domains:
             self._key(key)
         engine.access_many(key, items, plan.name, stack if stack is not None else self._capture())
+        if plan.blocks_host:  # .item(): the host waited for the stream
+            engine.host_sync_stream(key)
         self.ops += 1
+
+    # [Note: host accesses]
+    # Host memory that a stream reads or writes (a pinned buffer a non-blocking copy fills or
+    # drains) takes part in happens-before. A copy between host and device memory is stream work
+    # on both sides; the host memory is tracked from then on, as an allocation the host owns,
+    # until its storage dies (then its reuse waits for the streams that touched it, as CUDA's
+    # pinned-memory allocator waits for their events). A later operation of the host's own on
+    # that memory (`host.sum()`, `host.fill_()`) is an access by the host: it must follow every
+    # stream access it conflicts with through a host synchronization (a stream, event or device
+    # synchronize; a blocking copy; `.item()`), and once it returns, work enqueued afterwards on
+    # any stream follows it. A copy is asynchronous only when it is non_blocking and every host
+    # tensor in it is pinned; any other copy returns once the stream has done it, so the host
+    # learns the stream complete. Host memory no stream ever touched is not tracked.
+    def _host_op(self, plan, args, kwargs, items, fresh_host, stream, stack) -> None:
+        engine = self.engine
+        host = self._host
+        if stack is None:
+            stack = self._capture()
+        device = [it for it in items if it[3].stream is not host]
+        if not device:  # the host's own operation on host memory that streams touch
+            if items:
+                engine.access_many(_HOST, items, plan.name, stack)
+                engine.host_sync_stream(_HOST)  # done when it returns: later stream work follows it
+            return
+        assert self._current is not None, "given to __init__, or set by __enter__ on CUDA"
+        key = self._current() if stream is None else stream
+        if key not in self._domains:
+            self._key(key)
+        pinned = all(self._host_pinned.get(it[3].ptr, False) for it in items if it[3].stream is host)
+        for t, is_write, nbytes in fresh_host or ():
+            if self.device_type == "cuda" and not t.is_pinned():
+                pinned = False  # pageable memory: the copy is synchronous, nothing to track
+                continue
+            items.append((t.data_ptr(), nbytes, is_write, self._host_allocation(t, stack)))
+        for it in items:
+            if it[3].stream is host:
+                self._host_touched.setdefault(it[3].ptr, set()).add(key)
+        engine.access_many(key, items, plan.name, stack)
+        self.ops += 1
+        if not (pinned and _non_blocking(plan, args, kwargs)):
+            engine.host_sync_stream(key)  # a synchronous copy: the host waited for the stream
+
+    def _host_allocation(self, t: torch.Tensor, stack):
+        """Track the host storage behind `t` from now on; its death frees it."""
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        alloc = self.engine.allocate(_HOST, ptr, storage.nbytes(), stack=stack)
+        self._host_pinned[ptr] = True
+        weakref.finalize(storage, self._host_freed, ptr)
+        return alloc
+
+    def _host_freed(self, ptr: int) -> None:
+        self._host_pinned.pop(ptr, None)
+        touched = self._host_touched.pop(ptr, set())
+        self._guard(lambda: self.engine.free(ptr, deferred_to=sorted(touched, key=str)))
 
     def _resolve_returns(self, out, stack) -> None:
         for t in returned_tensors(out):
