@@ -1,8 +1,9 @@
-"""Four ways of overlapping work with a side stream in plain PyTorch, each with its known mistake.
+"""Six ways of overlapping work with a side stream in plain PyTorch, each with its known mistake.
 
 Each class is written the way training code of its kind is (activation offloading, parameter
-prefetch, DDP-style gradient all-reduce, FSDP1/ZeRO-style gradient reduce-scatter); `fixed=False`
-leaves out the one line that makes it correct, `fixed=True` has it:
+prefetch, DDP-style gradient all-reduce, FSDP1/ZeRO-style gradient reduce-scatter, statistics
+copied to the host for logging, an input pipeline on a side stream); `fixed=False` leaves out the
+one line that makes it correct, `fixed=True` has it:
 
 - ActivationOffloader: a device-to-host copy of each activation on a copy stream, the device copy
   dropped once the copy is queued. Mistake: no `record_stream(copy_stream)`, so the block returns
@@ -16,6 +17,11 @@ leaves out the one line that makes it correct, `fixed=True` has it:
 - BucketedReduceScatter: each layer's gradients flattened into a bucket and reduce-scattered on a
   comm stream, the bucket and the gradients dropped right after. Mistake: no
   `record_stream(comm_stream)` on the bucket.
+- HostStatistics: per-row statistics copied into pinned host memory on a copy stream, with an
+  event, for the host to log. Mistake: the host reads the buffer without synchronizing that event
+  (a race between the host and a stream).
+- StagedInputs: each batch normalized on a side stream into a fresh buffer, handed to the compute
+  stream with an event. Mistake: the event recorded before the work it should mark.
 """
 
 from __future__ import annotations
@@ -191,3 +197,53 @@ class BucketedReduceScatter:
     def finish(self) -> None:
         """Make the compute stream wait for every reduce-scatter; call after backward."""
         torch.cuda.current_stream().wait_stream(self.comm_stream)
+
+
+class HostStatistics:
+    """Copies statistics of a device tensor to pinned host memory for the host to log."""
+
+    def __init__(self, numel: int, *, fixed: bool) -> None:
+        self.fixed = fixed
+        self.host = torch.empty(numel, pin_memory=True)
+        # The device-to-host copy runs here so that the compute stream does not wait for it.
+        self.copy_stream = torch.cuda.Stream()
+
+    def snapshot(self, values: torch.Tensor) -> torch.Tensor:
+        """The values, on the host, for the host to read."""
+        # Producer: the compute stream wrote `values`; consumer: the copy stream.
+        self.copy_stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.copy_stream):
+            self.host.copy_(values, non_blocking=True)
+            copied = self.copy_stream.record_event()
+        values.record_stream(self.copy_stream)
+        if self.fixed:
+            # Producer: the copy stream; consumer: the host, which reads the buffer next.
+            copied.synchronize()
+        return self.host
+
+
+class StagedInputs:
+    """Normalizes each batch on a side stream, ahead of the compute stream that uses it."""
+
+    def __init__(self, *, fixed: bool) -> None:
+        self.fixed = fixed
+        # Input preparation runs here, overlapping the compute stream's work.
+        self.stream = torch.cuda.Stream()
+
+    def stage(self, batch: torch.Tensor) -> torch.Tensor:
+        """The batch normalized per row, safe for the current stream to read."""
+        # Producer: the current stream wrote `batch`; consumer: the side stream.
+        self.stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.stream):
+            out = torch.empty_like(batch)
+            if not self.fixed:
+                ready = self.stream.record_event()  # too early: before the work it should mark
+            mean = batch.mean(dim=1, keepdim=True)
+            torch.sub(batch, mean, out=out)
+            if self.fixed:
+                ready = self.stream.record_event()  # after the write: it marks the output done
+        # Consumer: the current stream reads `out` once the side stream's event has passed.
+        torch.cuda.current_stream().wait_event(ready)
+        out.record_stream(torch.cuda.current_stream())  # allocated on the side stream, read here
+        batch.record_stream(self.stream)
+        return out

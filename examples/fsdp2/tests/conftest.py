@@ -1,5 +1,6 @@
 """Fixtures of the FSDP2 example: the process world and its device mesh (FSDP on one GPU, HSDP
-on an even number above 2), and a fresh allocator per test.
+on an even number above 2), the precision the arm trains in (FSDP2_PRECISION: bf16 parameters
+with fp32 reduction, or fp32 throughout), and a fresh allocator per test.
 
 The suite runs as one process on one GPU (plain pytest) or one process per GPU under torchrun; it
 needs CUDA and skips without it (test_fully_shard.py says so at collection).
@@ -45,6 +46,24 @@ def mesh():
     names = ("replicate", "shard") if len(shape) == 2 else ("shard",)
     yield init_device_mesh("cuda", shape, mesh_dim_names=names)
     dist.destroy_process_group()
+
+
+PRECISION_ENV = "FSDP2_PRECISION"
+
+
+@pytest.fixture(scope="session")
+def param_dtype():
+    """The dtype FSDP2 all-gathers parameters in and computes with (gradients reduce in fp32)."""
+    import torch
+
+    value = os.environ.get(PRECISION_ENV, "bf16")
+    if value not in ("bf16", "fp32"):
+        raise pytest.UsageError(f"{PRECISION_ENV}={value!r}: expected bf16 or fp32")
+    return torch.bfloat16 if value == "bf16" else torch.float32
+
+
+def pytest_report_header(config):
+    return f"fsdp2 example: {PRECISION_ENV}={os.environ.get(PRECISION_ENV, 'bf16')}"
 
 
 @pytest.fixture(autouse=True)

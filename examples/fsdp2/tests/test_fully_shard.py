@@ -1,11 +1,11 @@
-"""Training with PyTorch's FSDP2 (`fully_shard`, bf16 parameters, fp32 gradient reduction)
-against a single-process reference that does the same arithmetic without sharding.
+"""Training with PyTorch's FSDP2 (`fully_shard`, bf16 or fp32 parameters, fp32 gradient
+reduction) against a single-process reference that does the same arithmetic without sharding.
 
 The model is four blocks of `Linear(2048, 2048, bias=False)` + `Tanh`; each block is one
-`fully_shard` unit, then the root, with `MixedPrecisionPolicy(param_dtype=bf16,
+`fully_shard` unit, then the root, with `MixedPrecisionPolicy(param_dtype=the arm's,
 reduce_dtype=fp32)`. Three SGD steps of `num_microbatches` microbatches each; each rank trains on
 its slice of the global batch. The reference keeps fp32 master weights and, each step, computes
-every rank's microbatches on a bf16 copy of them, casting each microbatch's gradient to fp32 and
+every rank's microbatches on a copy of them in the parameter dtype, casting each microbatch's gradient to fp32 and
 averaging over ranks, which is what FSDP2 computes. Losses and final parameters must match.
 
 FSDP2 keeps every buffer that crosses streams alive until the consuming stream has waited on an
@@ -32,7 +32,6 @@ STEPS = 3
 LR = 2.0  # a corrupted gradient moves the parameters by about 1e-3, ten times the tolerance
 LOSS_RTOL = 1e-3
 PARAM_ATOL = 1e-4  # bf16 compute: a master weight one ulp apart can round to another bf16 value
-MP = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
 
 
 def make_model() -> nn.Sequential:
@@ -50,11 +49,12 @@ def microbatches(x, y, n):
     return zip(x.chunk(n), y.chunk(n), strict=True)
 
 
-def train_fsdp2(mesh, batches, *, num_microbatches: int, reshard_after_forward: bool):
+def train_fsdp2(mesh, batches, *, num_microbatches: int, reshard_after_forward: bool, param_dtype):
     model = make_model().cuda()
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     for block in model:
-        fully_shard(block, mesh=mesh, mp_policy=MP, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mesh=mesh, mp_policy=MP, reshard_after_forward=reshard_after_forward)
+        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, foreach=False)
     rank, world = dist.get_rank(), dist.get_world_size()
     losses = []
@@ -72,19 +72,19 @@ def train_fsdp2(mesh, batches, *, num_microbatches: int, reshard_after_forward: 
     return losses, [p.full_tensor().cpu() for p in model.parameters()]
 
 
-def train_reference(batches, *, world: int, num_microbatches: int):
+def train_reference(batches, *, world: int, num_microbatches: int, param_dtype):
     master = make_model().cuda()
     optimizer = torch.optim.SGD(master.parameters(), lr=LR, foreach=False)
     losses = []
     for x, y in batches:
         for p in master.parameters():
             p.grad = torch.zeros_like(p)  # the fp32 sums of the microbatches' gradients
-        compute = copy.deepcopy(master).to(torch.bfloat16)  # FSDP2's all-gathered bf16 copy
+        compute = copy.deepcopy(master).to(param_dtype)  # FSDP2's all-gathered copy
         step_loss = 0.0
         for xr, yr in zip(x.chunk(world), y.chunk(world), strict=True):  # what each rank computes
             for xm, ym in microbatches(xr.cuda(), yr.cuda(), num_microbatches):
                 compute.zero_grad(set_to_none=True)
-                out = compute(xm.to(torch.bfloat16))
+                out = compute(xm.to(param_dtype))
                 loss = nn.functional.mse_loss(out.float(), ym) / num_microbatches
                 loss.backward()
                 step_loss += loss.item() / world
@@ -96,13 +96,19 @@ def train_reference(batches, *, world: int, num_microbatches: int):
 
 
 @pytest.mark.parametrize(("num_microbatches", "reshard_after_forward"), list(itertools.product([1, 3], [True, False])))
-def test_fully_shard_losses_match_reference(mesh, num_microbatches, reshard_after_forward):
+def test_fully_shard_losses_match_reference(mesh, param_dtype, num_microbatches, reshard_after_forward):
     world = dist.get_world_size()
     batches = make_batches(world)
     losses, params = train_fsdp2(
-        mesh, batches, num_microbatches=num_microbatches, reshard_after_forward=reshard_after_forward
+        mesh,
+        batches,
+        num_microbatches=num_microbatches,
+        reshard_after_forward=reshard_after_forward,
+        param_dtype=param_dtype,
     )
-    ref_losses, ref_params = train_reference(batches, world=world, num_microbatches=num_microbatches)
+    ref_losses, ref_params = train_reference(
+        batches, world=world, num_microbatches=num_microbatches, param_dtype=param_dtype
+    )
     torch.testing.assert_close(
         torch.tensor(losses),
         torch.tensor(ref_losses),

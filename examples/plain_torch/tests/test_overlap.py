@@ -1,4 +1,4 @@
-"""Tests of the four overlap patterns in overlap.py: each compares what the overlapped code
+"""Tests of the six overlap patterns in overlap.py: each compares what the overlapped code
 produced with the same computation done without side streams.
 
 `fixed` (PLAIN_TORCH_FIXED) picks the version: 1 the correct one, 0 the one with the mistake.
@@ -10,7 +10,14 @@ import copy
 import pytest
 import torch
 import torch.distributed as dist
-from overlap import ActivationOffloader, AllGatherPrefetcher, BucketedReduceScatter, DoubleBufferedAllReduce
+from overlap import (
+    ActivationOffloader,
+    AllGatherPrefetcher,
+    BucketedReduceScatter,
+    DoubleBufferedAllReduce,
+    HostStatistics,
+    StagedInputs,
+)
 from torch import nn
 
 pytestmark = pytest.mark.skipif(
@@ -131,3 +138,25 @@ def test_bucketed_reduce_scatter(group, fixed):
             **TOL,
             msg=lambda m, i=index, got=got, expected=expected: _differs(f"layer {i}'s gradient shard", got, expected),
         )
+
+
+def test_host_statistics(fixed):
+    """Per-row norms copied to the host for logging, three steps in a row; no collective."""
+    x = _inputs(OFFLOAD_BATCH).cuda()
+    stats = HostStatistics(OFFLOAD_BATCH, fixed=fixed)
+    for step in range(3):
+        norms = (x * (step + 1)).norm(dim=1)
+        want = norms.cpu()  # blocking: the reference, read after the device is done
+        got = stats.snapshot(norms).clone()  # the host reads the pinned buffer
+        torch.testing.assert_close(got, want, **TOL, msg=lambda m, s=step: _differs(f"step {s}'s norms", got, want))
+
+
+def test_staged_inputs(fixed):
+    """Batches normalized on a side stream and consumed by the compute stream."""
+    stager = StagedInputs(fixed=fixed)
+    weights = _weights()[0].cuda()
+    for step in range(3):
+        batch = _inputs(OFFLOAD_BATCH).cuda() * (step + 1)
+        got = (stager.stage(batch) @ weights).cpu()
+        want = ((batch - batch.mean(dim=1, keepdim=True)) @ weights).cpu()
+        torch.testing.assert_close(got, want, **TOL, msg=lambda m, s=step: _differs(f"step {s}'s output", got, want))
