@@ -1,19 +1,23 @@
 """Code that is not racecheck's, through `racecheck run` only: the example projects in examples/
-(megatron-fsdp 0.6.1 as released and with its fix, PyTorch's FSDP2, four plain-torch patterns),
-each in every mode, into one table.
+(megatron-fsdp 0.6.1 as released and with its fix, PyTorch's FSDP2, six plain-torch patterns),
+each in every mode, and the soundness check's generated programs (bench/soundness.py), into one
+table.
 
     python3 bench/foreign_code.py --out DIR [--suites megatron_fsdp,fsdp2,plain_torch]
         [--modes natural,profile,systematic,random,detect] [--trials 10] [--report reports/gpu]
 
 Modes, each `--trials` trials of every arm, run from the example's folder:
 - natural      `--no-perturb`: the rate with nothing injected;
-- profile:SPEC `--perturb SPEC`, the profile named for the case below (FSDP2: every profile named
-               for the other cases, one run each);
+- profile:SPEC `--perturb SPEC`, the profile named for the case below (FSDP2, correct code: every
+               named profile of patch mode and of the cases, every pair of a delay at a hand-off
+               or a collective with pressure or poison, one run each);
 - systematic   `--perturb systematic`: one recorded hand-off point delayed per trial, with
                `--systematic-trials` trials (default 30: at least k + 1, trial 0 records the k
                points); the Markdown table gives each case's k and its first failing trial;
 - random       `--perturb random`;
-- detect       `--detect --no-perturb`: the detector, nothing injected.
+- detect       `--detect --no-perturb`: the detector, nothing injected;
+- soundness    bench/soundness.py on torch.cuda: generated programs under every patch-mode profile
+               and pair, and with one synchronization removed (suite `generated`).
 Natural runs go one at a time, alone; with `--jobs N` the other runs go N at a time (a forced or
 detected outcome does not need a quiet GPU). Each run's folder (trials.jsonl, summary.csv, the
 console log) lands under DIR/runs/;
@@ -40,7 +44,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 COLUMNS = ("suite", "case", "arm", "expect", "mode", "trials", "failures", "detected")
-MODES = ("natural", "profile", "systematic", "random", "detect")
+MODES = ("natural", "profile", "systematic", "random", "detect", "soundness")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,13 +68,44 @@ CASES = (
     Case("plain_torch", ("tests/test_overlap.py::test_double_buffer_all_reduce",), "sleep@before_all_reduce:5ms"),
     # The reduce-scatter held back while the compute stream reuses the freed bucket.
     Case("plain_torch", ("tests/test_overlap.py::test_bucketed_reduce_scatter",), "sleep@before_reduce_scatter:5ms"),
+    # The copy to pinned memory held back at its stream's entry while the host reads the buffer.
+    Case("plain_torch", ("tests/test_overlap.py::test_host_statistics",), "sleep@stream_enter:5ms"),
+    # The side stream's work held back after its (early) event: the consumer reads before it.
+    Case("plain_torch", ("tests/test_overlap.py::test_staged_inputs",), "sleep@after_event_record:5ms"),
 )
-ARMS = {"megatron_fsdp": "fixed,asis", "fsdp2": "fully_shard", "plain_torch": "correct,race"}
+ARMS = {"megatron_fsdp": "fixed,asis", "fsdp2": "bf16,fp32", "plain_torch": "correct,race"}
 WHOLE_SUITE = {
     "megatron_fsdp": ("tests/test_hsdp.py",),
-    "fsdp2": ("tests/test_fully_shard.py",),
+    "fsdp2": ("tests/test_fully_shard.py", "tests/test_transformer.py"),
     "plain_torch": ("tests/test_overlap.py",),
 }
+# Correct code under every action racecheck takes, alone and combined: the named profiles of
+# patch mode, each delay at a hand-off or collective joined with pressure and with poison, and
+# the combinations a user saw fail FSDP2 before allocator actions waited for an allocation.
+_DELAYS = (
+    "sleep@stream_enter:3ms",
+    "sleep@stream_wait:3ms",
+    "sleep@before_stream_wait:3ms",
+    "sleep@event_record:3ms",
+    "sleep@after_event_record:3ms",
+    "sleep@before_all_gather:5ms",
+    "sleep@before_reduce_scatter:5ms",
+    "sleep@before_all_reduce:5ms",
+)
+FSDP2_PROFILES = (
+    "enter_delay",
+    "wait_delay",
+    "before_wait_delay",
+    "record_delay",
+    "after_record_delay",
+    "rs_delay",
+    "ar_delay",
+    "poison",
+    "pressure",
+    *(f"{d},{a}@free" for d in _DELAYS for a in ("pressure", "poison")),
+    "sleep@stream_enter:3ms,sleep@stream_wait:3ms,pressure@free",
+    "sleep@stream_enter:3ms,sleep@stream_wait:3ms,poison@free",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,11 +136,13 @@ def plan(suites: list[str], modes: list[str]) -> list[Run]:
     runs: list[Run] = []
     for suite in suites:
         for mode in modes:
+            if mode == "soundness":
+                continue  # once for all suites: see main
             if mode != "profile":
                 runs.append(Run(suite, mode, WHOLE_SUITE[suite]))
                 continue
-            if suite == "fsdp2":  # correct code: every profile that exposes one of the races
-                profiles = dict.fromkeys(c.profile for c in CASES)
+            if suite == "fsdp2":  # correct code: every action, alone and combined
+                profiles = dict.fromkeys((*FSDP2_PROFILES, *(c.profile for c in CASES)))
                 runs += [Run(suite, f"profile:{p}", WHOLE_SUITE[suite]) for p in profiles]
             else:
                 runs += [Run(suite, f"profile:{c.profile}", c.targets) for c in CASES if c.suite == suite]
@@ -324,6 +361,27 @@ def render(report: Path, rows: list[dict], *, actions: dict, bounds: dict, comma
     (report / "foreign_code.md").write_text("\n".join(lines) + "\n")
 
 
+def soundness(args, rows: list[dict], errors: list[str]) -> None:
+    """bench/soundness.py on torch.cuda, its rows into the table (--from-runs: its rows as kept)."""
+    if args.from_runs is not None:
+        kept = args.from_runs / "runs" / "soundness.csv"
+        if kept.is_file():
+            with open(kept, newline="") as f:
+                rows.extend(csv.DictReader(f))
+        return
+    out = args.out / "runs" / "soundness.csv"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, str(ROOT / "bench" / "soundness.py"), "--out", str(out), "--max-seconds", "240"]
+    with open(out.with_suffix(".log"), "w") as log:
+        rc = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, timeout=600).returncode
+    print(f"soundness: exit {rc}", flush=True)
+    if rc != 0:
+        errors.append(f"soundness: exit {rc} (see runs/soundness.log)")
+    if out.is_file():
+        with open(out, newline="") as f:
+            rows.extend(csv.DictReader(f))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="where the run folders and logs go")
@@ -389,7 +447,11 @@ def main() -> int:
     for run in (r for r in runs if r.mode == "natural"):  # alone: nothing else on the GPU
         one(run)
     with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        list(pool.map(one, [r for r in runs if r.mode != "natural"]))
+        pending = [pool.submit(one, r) for r in runs if r.mode != "natural"]
+        if "soundness" in modes:
+            pending.append(pool.submit(soundness, args, rows, errors))
+        for future in pending:
+            future.result()
     merged = merge(args.report, rows)
     bounds = merge_bounds(args.report, bounds)
     command = "python3 bench/foreign_code.py " + " ".join(sys.argv[1:])

@@ -110,3 +110,48 @@ def test_torch_tracker_on_plain_pytorch(fix):
     kinds = [r.kind for r in tracker.reports()]
     assert kinds == ([RaceKind.REUSE] if fix is None else []), tracker.render() if kinds else ""
     del b, c
+
+
+@pytest.mark.parametrize("wait_for", [None, "event", "stream", "device", "blocking"])
+def test_torch_tracker_sees_the_host_read_pinned_memory(wait_for):
+    """A side stream copies into pinned memory (non-blocking) and records an event; the host reads
+    the buffer, after a host synchronization or not ([Note: host accesses])."""
+    from racecheck.detect.torch_tracker import TorchRaceTracker
+
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    host = torch.empty(N, pin_memory=True)
+    with TorchRaceTracker() as tracker:
+        src = torch.full((N,), 2.0, device="cuda")
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            host.copy_(src, non_blocking=wait_for != "blocking")
+            done = side.record_event()
+        if wait_for == "event":
+            done.synchronize()
+        elif wait_for == "stream":
+            side.synchronize()
+        elif wait_for == "device":
+            torch.cuda.synchronize()
+        total = float(host.sum())  # the host reads the buffer
+        torch.cuda.synchronize()
+    kinds = [r.kind for r in tracker.reports()]
+    assert kinds == ([RaceKind.READ_AFTER_WRITE] if wait_for is None else []), tracker.render()
+    assert wait_for is None or total == 2.0 * N
+
+
+def test_torch_tracker_sees_the_host_refill_a_queued_upload():
+    from racecheck.detect.torch_tracker import TorchRaceTracker
+
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    host = torch.ones(N, pin_memory=True)
+    with TorchRaceTracker() as tracker:
+        dst = torch.empty(N, device="cuda")
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(1_000_000)
+            dst.copy_(host, non_blocking=True)  # reads the pinned buffer once the stream gets there
+        host.fill_(3.0)  # the host refills it meanwhile
+        torch.cuda.synchronize()
+    assert [r.kind for r in tracker.reports()] == [RaceKind.WRITE_AFTER_READ], tracker.render()
