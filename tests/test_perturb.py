@@ -328,3 +328,13 @@ def test_install_from_env(rt, monkeypatch):
     monkeypatch.setenv(injector_mod.ENV_VAR, "off")
     monkeypatch.delenv(injector_mod.SEED_ENV_VAR)
     assert install_from_env(rt) is None
+
+
+def test_every_name_the_package_exports_imports_without_a_warning():
+    import warnings
+
+    import racecheck.perturb as perturb
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert all(getattr(perturb, name) is not None for name in perturb.__all__)

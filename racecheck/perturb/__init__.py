@@ -21,9 +21,9 @@ _EXPORTS = {
     "parse_profile": "profiles",
     "SystematicConfig": "profiles",
     "PatchMode": "patch",
-    "RandomSchedule": "schedule",
-    "RuleSchedule": "schedule",
-    "make_schedule": "schedule",
+    "RandomSchedule": "decisions",
+    "RuleSchedule": "decisions",
+    "make_schedule": "decisions",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -233,12 +233,3 @@ def select(catalogue: dict[str, Suite], names: str) -> list[Suite]:
         raise CatalogueError("no scenario named")
     return chosen
 
-
-def __getattr__(name: str):
-    """`Scenario`, the old name of Suite (it means any suite, not only a catalogue scenario)."""
-    if name == "Scenario":
-        from racecheck.compat import warn_moved
-
-        warn_moved("racecheck.suites.catalogue.Scenario", "racecheck.suites.catalogue.Suite")
-        return Suite
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
