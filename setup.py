@@ -1,5 +1,5 @@
-"""Builds racecheck's happens-before engine (racecheck/detect/engine.py and shadow.py) into C
-extensions with mypyc, the compiler mypy ships, and records which sources they were built from.
+"""Builds racecheck's happens-before engine (racecheck/detect/engine.py and the modules it is made of)
+into C extensions with mypyc, the compiler mypy ships, and records which sources they were built from.
 
 The pure-Python modules stay the source of truth and the fallback: without mypyc, without a C
 compiler (the extensions are optional: a failed build is skipped), or with RACECHECK_PURE_PYTHON=1
@@ -14,7 +14,13 @@ from pathlib import Path
 from setuptools import setup
 from setuptools.command.build_ext import build_ext
 
-NATIVE = ["racecheck/detect/engine.py", "racecheck/detect/shadow.py"]  # native.py's _MODULES
+# native.py's _MODULES
+NATIVE = [
+    "racecheck/detect/clocks.py",
+    "racecheck/detect/allocations.py",
+    "racecheck/detect/shadow.py",
+    "racecheck/detect/engine.py",
+]
 RECORD = "racecheck/detect/_native_build.py"  # generated next to the extensions, not in git
 
 
@@ -40,7 +46,7 @@ def native_extensions() -> list:
         from mypyc.build import mypycify
     except ImportError:
         return []
-    # Only these two modules are analyzed and compiled: every other import (torch, the rest of the
+    # Only these modules are analyzed and compiled: every other import (torch, the rest of the
     # package) is opaque to mypy, which keeps the build fast wherever torch is installed.
     try:
         extensions = mypycify(

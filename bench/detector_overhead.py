@@ -167,7 +167,7 @@ def split_tracker(tracker, mode: str, cpu: bool):
     bookkeeping). racecheck itself adds the bookkeeping of each operator's accesses."""
     import contextlib
 
-    from racecheck.detect import torch_tracker
+    from racecheck.detect import torch_hooks
     from racecheck.detect.dispatch import sanitizer_module, set_trace_handler
 
     tracker._op = lambda *a, **k: None  # the operator bookkeeping, off in every split mode
@@ -188,7 +188,7 @@ def split_tracker(tracker, mode: str, cpu: bool):
         torch._C._activate_gpu_trace()
         set_trace_handler(idle, attached=True)
         stack.callback(set_trace_handler, idle, attached=False)
-    stack.enter_context(torch_tracker._TrackerMode(tracker))
+    stack.enter_context(torch_hooks.TrackerMode(tracker))
     return stack
 
 

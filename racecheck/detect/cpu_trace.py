@@ -29,7 +29,7 @@ from racecheck.detect.dispatch import returned_tensors
 class AllocatorTrace(TorchDispatchMode):
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
-        return False  # never runs under Dynamo; see torch_tracker._TrackerMode
+        return False  # never runs under Dynamo; see torch_hooks.TrackerMode
 
     def __init__(self, on_alloc: Callable[[int], None], on_free: Callable[[int], None]) -> None:
         super().__init__()

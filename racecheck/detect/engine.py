@@ -37,57 +37,18 @@ run time and uses them to make attribute access and arithmetic native.
 from __future__ import annotations
 
 import collections
-import enum
 import itertools
 import threading
 from bisect import bisect_right
 from collections.abc import Mapping, MutableMapping
 
+from racecheck.detect.allocations import Allocation, AllocState, LiveAllocations
+from racecheck.detect.clocks import Clock, Domain, join
 from racecheck.detect.report import RaceKind, RaceReport
 from racecheck.detect.shadow import Access, Cell, ShadowMemory
 from racecheck.detect.stacks import key as stack_key
 
-Clock = dict["Domain", int]  # a vector clock: domain -> the last epoch of it that is covered
 MAX_REPORTS = 64  # distinct races kept per engine; more are only counted
-
-
-class Domain:
-    """A stream (or the host) as a clock domain."""
-
-    __slots__ = ("key", "name", "clock", "inline", "host_version")
-
-    def __init__(self, key, name: str, *, inline: bool = False) -> None:
-        self.key: object = key
-        self.name = name
-        self.clock: Clock = {self: 1}
-        self.inline = inline  # the CPU emulation's default stream, executed by the host thread
-        self.host_version = -1
-
-    def __repr__(self) -> str:
-        return f"<Domain {self.name}>"
-
-
-class AllocState(enum.Enum):
-    LIVE = "live"
-    FREED = "freed"
-
-
-class Allocation:
-    """One generation of a block: from its allocation to its free."""
-
-    __slots__ = ("serial", "ptr", "nbytes", "end", "stream", "stack", "state", "free_stack", "holds", "recorded")
-
-    def __init__(self, serial: int, ptr: int, nbytes: int, stream: Domain | None, stack: object) -> None:
-        self.serial = serial
-        self.ptr = ptr
-        self.nbytes = nbytes
-        self.end = ptr + nbytes
-        self.stream: Domain | None = stream  # None: allocated before the detector saw it
-        self.stack: object = stack
-        self.state = AllocState.LIVE
-        self.free_stack: object = None
-        self.holds: tuple[Clock, ...] = ()  # clock snapshots of record_stream'd streams at the free
-        self.recorded: frozenset[Domain] = frozenset()  # streams given to record_stream while live
 
 
 def _kept_at_reuse(acc: Access, d: Domain, clock: Clock, host: Clock, racing: dict[Domain, Access]) -> bool:
@@ -110,12 +71,6 @@ def _kept_at_reuse(acc: Access, d: Domain, clock: Clock, host: Clock, racing: di
     return False
 
 
-def _join(dst: Clock, src: Clock) -> None:
-    for d, t in src.items():
-        if dst.get(d, 0) < t:
-            dst[d] = t
-
-
 class HappensBefore:
     def __init__(self, *, events: MutableMapping | None = None, max_reports: int = MAX_REPORTS) -> None:
         self.lock = threading.RLock()  # frees can arrive on any thread
@@ -123,8 +78,7 @@ class HappensBefore:
         self._host_version = 0
         self._domains: dict[object, Domain] = {}
         self._events: MutableMapping[object, Clock] = {} if events is None else events  # event key -> clock snapshot
-        self._live: dict[int, Allocation] = {}  # start address -> live allocation
-        self._live_starts: list[int] = []  # the same addresses, sorted
+        self._live = LiveAllocations()
         self.shadow = ShadowMemory()
         self._reports: dict[tuple, RaceReport] = {}
         self._serials = itertools.count(1)
@@ -152,12 +106,12 @@ class HappensBefore:
     @property
     def live(self) -> Mapping[int, Allocation]:
         """The live allocations by start address (`allocation_at` finds one by any address)."""
-        return self._live
+        return self._live.by_start
 
     def _now(self, d: Domain) -> Clock:
         """d's clock, after merging what the host knows complete (see [Note: clocks])."""
         if d.host_version != self._host_version:
-            _join(d.clock, self.host.clock)
+            join(d.clock, self.host.clock)
             d.host_version = self._host_version
         return d.clock
 
@@ -174,14 +128,14 @@ class HappensBefore:
         with self.lock:
             snap = self._events.get(event)
             if snap is not None:  # an event never recorded is complete: waiting orders nothing
-                _join(self._now(self.domain(stream)), snap)
+                join(self._now(self.domain(stream)), snap)
 
     def forget_event(self, event) -> None:
         with self.lock:
             self._events.pop(event, None)
 
     def _host_learns(self, snap: Clock) -> None:
-        _join(self.host.clock, snap)
+        join(self.host.clock, snap)
         self._host_version += 1
 
     def host_sync_stream(self, stream) -> None:
@@ -213,52 +167,31 @@ class HappensBefore:
         with self.lock:
             d = (self._domains.get(stream) or self.domain(stream)) if stream is not None else None
             live = self._live
-            starts = self._live_starts
             end = ptr + nbytes
-            i = bisect_right(starts, ptr)
-            # A live record at these bytes missed its free (the allocator handed them out again).
-            if (i and (starts[i - 1] == ptr or live[starts[i - 1]].end > ptr)) or (i < len(starts) and starts[i] < end):
-                for old in self._live_overlapping(ptr, end):
+            if live.clashes(ptr, end):  # a live record at these bytes missed its free
+                for old in live.overlapping(ptr, end):
                     self._retire(old)
-                i = bisect_right(starts, ptr)
             alloc = Allocation(next(self._serials), ptr, nbytes, d, stack)
             if nbytes > 0 and d is not None:
                 self._check_reuse(alloc, d, clock if clock is not None else self._now(d))
-            live[ptr] = alloc
-            starts.insert(i, ptr)
+            live.add(alloc)
             return alloc
 
-    def _live_overlapping(self, start: int, end: int) -> list[Allocation]:
-        starts = self._live_starts
-        i = max(bisect_right(starts, start) - 1, 0)
-        out = []
-        while i < len(starts) and starts[i] <= end:
-            a = self._live[starts[i]]
-            if a.ptr == start or (a.end > start and a.ptr < end):
-                out.append(a)
-            i += 1
-        return out
-
-    def _unlink(self, alloc: Allocation) -> None:
-        del self._live[alloc.ptr]
-        starts = self._live_starts
-        del starts[bisect_right(starts, alloc.ptr) - 1]  # kept in step with _live
-
     def _retire(self, alloc: Allocation) -> None:
-        self._unlink(alloc)
+        self._live.remove(alloc)
         alloc.state = AllocState.FREED
         self.stats["unseen_frees"] += 1
 
     def retire(self, ptr: int) -> None:
         """The live allocation starting at `ptr` was freed unseen (its block is handed out again)."""
         with self.lock:
-            alloc = self._live.get(ptr)
+            alloc = self._live.by_start.get(ptr)
             if alloc is not None:
                 self._retire(alloc)
 
     def record_stream(self, ptr: int, stream) -> None:
         with self.lock:
-            alloc = self._live.get(ptr)
+            alloc = self._live.by_start.get(ptr)
             if alloc is not None:
                 alloc.recorded = alloc.recorded | {self.domain(stream)}
 
@@ -266,11 +199,11 @@ class HappensBefore:
         """The last reference to the block at `ptr` died on the host; `deferred_to`: the streams
         record_stream named."""
         with self.lock:
-            alloc = self._live.get(ptr)
+            alloc = self._live.by_start.get(ptr)
             if alloc is None:
                 self.stats["unknown_frees"] += 1
                 return None
-            self._unlink(alloc)
+            self._live.remove(alloc)
             alloc.state = AllocState.FREED
             alloc.free_stack = stack
             if alloc.recorded or deferred_to:
@@ -281,15 +214,7 @@ class HappensBefore:
 
     def allocation_at(self, ptr: int) -> Allocation | None:
         """The live allocation containing address `ptr`."""
-        alloc = self._live.get(ptr)
-        if alloc is not None:
-            return alloc
-        i = bisect_right(self._live_starts, ptr) - 1
-        if i >= 0:
-            alloc = self._live[self._live_starts[i]]
-            if ptr < alloc.end:
-                return alloc
-        return None
+        return self._live.containing(ptr)
 
     def _check_reuse(self, alloc: Allocation, d: Domain, clock: Clock) -> None:
         shadow = self.shadow

@@ -1,5 +1,5 @@
-"""Which happens-before engine runs: the mypyc-compiled build of engine.py and shadow.py, or the
-pure-Python modules themselves.
+"""Which happens-before engine runs: the mypyc-compiled build of engine.py and the modules it is
+made of (clocks.py, allocations.py, shadow.py), or the pure-Python modules themselves.
 
 setup.py compiles the two modules when it can (on one H200 that cut racecheck's cost above the
 dispatch floor from 3.34 to 1.80 ms per training step, reports/gpu/README.md) and records the
@@ -23,7 +23,8 @@ import warnings
 from pathlib import Path
 
 _HERE = Path(__file__).resolve().parent
-_MODULES = ("shadow", "engine")  # in import order (engine imports shadow); setup.py's NATIVE
+# In import order (the engine imports the others); setup.py's NATIVE.
+_MODULES = ("clocks", "allocations", "shadow", "engine")
 
 
 def _compiled(name: str) -> bool:
@@ -43,7 +44,7 @@ def _built_from_these_sources() -> bool:
 
 
 def _load_python_modules() -> None:
-    """Import engine.py and shadow.py from source under their own names, ahead of the extensions."""
+    """Import the engine's modules from source under their own names, ahead of the extensions."""
     package = sys.modules[__name__.rpartition(".")[0]]
     for name in _MODULES:
         fullname = f"{package.__name__}.{name}"
@@ -64,7 +65,7 @@ def _select() -> str:
     if not _built_from_these_sources():  # an edited source, or a build that stopped half-way
         warnings.warn(
             "racecheck: the compiled detector engine was not built from "
-            "racecheck/detect/engine.py and shadow.py as they are now; running those "
+            "racecheck/detect/engine.py, clocks.py, allocations.py and shadow.py as they are now; running those "
             "sources in Python (reinstall racecheck to compile them)",
             stacklevel=2,
         )

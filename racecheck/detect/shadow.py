@@ -14,7 +14,8 @@ from bisect import bisect_right
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from racecheck.detect.engine import Allocation, Domain
+    from racecheck.detect.allocations import Allocation
+    from racecheck.detect.clocks import Domain
 
 
 class Access:

@@ -29,7 +29,7 @@ allocation stream (its first reuse is not checked); on PyTorch < 2.8, ProcessGro
 record_stream calls are invisible (set TORCH_NCCL_AVOID_RECORD_STREAMS=1); one device; code
 compiled with torch.compile is not tracked (its kernels bypass the dispatcher), and compiling while
 the tracker is active is not supported (its mode opts out of PyTorch's Dynamo guard, see
-_TrackerMode).
+TrackerMode in torch_hooks.py).
 """
 
 from __future__ import annotations
@@ -39,21 +39,12 @@ import weakref
 from collections.abc import Callable
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from racecheck.detect import stacks
-from racecheck.detect.dispatch import (
-    OpKind,
-    _plans,
-    byte_range,
-    plan_for,
-    returned_tensors,
-    sanitizer_module,
-    set_trace_handler,
-)
+from racecheck.detect.dispatch import byte_range, returned_tensors, set_trace_handler
 from racecheck.detect.engine import HappensBefore
 from racecheck.detect.report import RaceReport, render
-
+from racecheck.detect.torch_hooks import TrackerMode, cuda_current_stream_fn, cuda_stream_handle, make_handler
 
 _HOST = "host operations"  # the engine key of the host's own work on tracked host memory
 
@@ -64,10 +55,6 @@ def _non_blocking(plan, args: tuple, kwargs: dict) -> bool:
     if "non_blocking" in kwargs:
         return bool(kwargs["non_blocking"])
     return plan.name.startswith("aten.copy_") and len(args) > 2 and bool(args[2])
-
-
-def _handler_base():
-    return sanitizer_module().EventHandler
 
 
 class _InFlight:
@@ -100,7 +87,7 @@ class TorchRaceTracker:
         self.device_type = device_type
         self._capture = stacks.capturer() if stacks_on else (lambda: ())
         self._current = current_stream
-        self._stream_handle = stream_handle or _cuda_stream_handle
+        self._stream_handle = stream_handle or cuda_stream_handle
         self._names: dict[int, str] = {}
         self._domains = self.engine.domains
         if host_memory is None:
@@ -112,8 +99,8 @@ class TorchRaceTracker:
         self._host_pinned: dict[int, bool] = {}  # tracked host allocations (all pinned)
         self._pending: dict[int, list] = {}  # ptr -> [stream, clock at allocation, stack]
         self._inflight: _InFlight | None = None
-        self.handler = _make_handler(self)
-        self._mode: _TrackerMode | None = None
+        self.handler = make_handler(self)
+        self._mode: TrackerMode | None = None
         self.errors: list[str] = []  # internal failures (callbacks must never raise into PyTorch)
         self.stats: collections.Counter[str] = collections.Counter()
         self.ops = 0  # operators with tracked accesses
@@ -122,11 +109,11 @@ class TorchRaceTracker:
     def __enter__(self) -> TorchRaceTracker:
         if self.device_type == "cuda":
             if self._current is None:
-                self._current = _cuda_current_stream_fn()
+                self._current = cuda_current_stream_fn()
             self.name_stream(torch.cuda.default_stream().cuda_stream, "default")
             torch._C._activate_gpu_trace()
             set_trace_handler(self.handler, attached=True)
-        self._mode = _TrackerMode(self)
+        self._mode = TrackerMode(self)
         self._mode.__enter__()
         return self
 
@@ -375,110 +362,3 @@ class TorchRaceTracker:
             fn(*args)
         except Exception as exc:  # never break the program under test
             self.errors.append(f"{type(exc).__name__}: {exc}")
-
-
-def _make_handler(tracker: TorchRaceTracker):
-    """An EventHandler of torch.cuda._sanitizer whose callbacks feed the racecheck engine instead
-    of the sanitizer's per-pointer history (which a free erases)."""
-
-    domains = tracker._domains
-    live = tracker.engine.live
-
-    # The base is torch.cuda._sanitizer.EventHandler, imported only here (its import has a side
-    # effect, see dispatch.py); a class computed at run time is beyond the type check.
-    class TraceHandler(_handler_base()):  # type: ignore[misc]
-        def _handle_event_creation(self, event):
-            """Nothing to track (overrides the sanitizer's bookkeeping): an event matters once recorded."""
-
-        def _handle_event_deletion(self, event):
-            tracker._guard(tracker.engine.forget_event, event)
-
-        def _handle_event_record(self, event, stream):
-            tracker.event_recorded(event, stream)
-
-        def _handle_event_wait(self, event, stream):
-            tracker.event_waited(event, stream)
-
-        def _handle_memory_allocation(self, data_ptr):  # the most frequent: no extra call layer
-            try:
-                # The stack is the allocating operator's: _op captures it when it resolves this.
-                stream = tracker._current()
-                if stream not in domains:
-                    tracker._key(stream)
-                if data_ptr in live:  # the block is free again, so that record missed its free
-                    tracker.engine.retire(data_ptr)
-                tracker._pending[data_ptr] = [stream, None, None]
-            except Exception as exc:
-                tracker.errors.append(f"{type(exc).__name__}: {exc}")
-
-        def _handle_memory_deallocation(self, data_ptr):
-            try:
-                if tracker._pending.pop(data_ptr, None) is None:  # else: no op ever touched it
-                    tracker.engine.free(data_ptr, stack=tracker._capture())
-            except Exception as exc:
-                tracker.errors.append(f"{type(exc).__name__}: {exc}")
-
-        def _handle_stream_creation(self, stream):
-            """Nothing to track (overrides the sanitizer's bookkeeping): streams are named at first use."""
-
-        def _handle_device_synchronization(self):
-            tracker._guard(tracker._on_host_sync, "device")
-
-        def _handle_stream_synchronization(self, stream):
-            tracker._guard(tracker._on_host_sync, "stream", stream)
-
-        def _handle_event_synchronization(self, event):
-            tracker._guard(tracker._on_host_sync, "event", event)
-
-    return TraceHandler()
-
-
-_PLAIN = OpKind.PLAIN
-_NO_KWARGS: dict = {}  # read only
-
-
-class _TrackerMode(TorchDispatchMode):
-    @classmethod
-    def _should_skip_dynamo(cls) -> bool:
-        """No torch._disable_dynamo wrapper around __torch_dispatch__ (PyTorch >= 2.9 adds one to
-        every mode unless it opts out): it costs more per operator than the tracker's own
-        bookkeeping, and this mode's frames never run under Dynamo (compiled code is not tracked)."""
-        return False
-
-    def __init__(self, tracker: TorchRaceTracker) -> None:
-        super().__init__()
-        self.tracker = tracker
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        plan = _plans.get(func) or plan_for(func)
-        kind = plan.kind
-        if kind is _PLAIN:
-            out = plan.call(*args, **kwargs) if kwargs else plan.call(*args)
-            try:
-                self.tracker._op(plan, args, kwargs or _NO_KWARGS, out)
-            except Exception as exc:  # never break the program under test
-                self.tracker.errors.append(f"{type(exc).__name__}: {exc}")
-            return out
-        kwargs = kwargs or {}
-        tracker = self.tracker
-        if kind is OpKind.COLLECTIVE:
-            return tracker._collective(func, plan, args, kwargs)
-        if kind is OpKind.RECORD_STREAM:
-            tracker._guard(tracker._record_stream, args)
-        return func(*args, **kwargs)
-
-
-def _cuda_current_stream_fn() -> Callable[[], int]:
-    index = torch.cuda.current_device()
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if raw is not None:
-        return lambda: raw(index)
-    return lambda: torch.cuda.current_stream(index).cuda_stream
-
-
-def _cuda_stream_handle(stream) -> int:
-    if isinstance(stream, torch.cuda.Stream):
-        return stream.cuda_stream
-    return torch.cuda.Stream(
-        stream_id=stream.stream_id, device_index=stream.device_index, device_type=stream.device_type
-    ).cuda_stream

@@ -232,4 +232,3 @@ def select(catalogue: dict[str, Suite], names: str) -> list[Suite]:
     if not chosen:
         raise CatalogueError("no scenario named")
     return chosen
-

@@ -1,0 +1,128 @@
+"""The PyTorch tracker's two hooks into PyTorch (torch_tracker.py): a subclass of
+torch.cuda._sanitizer's EventHandler that receives the CUDA trace callbacks, and the
+TorchDispatchMode that sees every operator; plus how the current stream is read on CUDA.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from racecheck.detect.dispatch import OpKind, _plans, plan_for, sanitizer_module
+
+if TYPE_CHECKING:
+    from racecheck.detect.torch_tracker import TorchRaceTracker
+
+
+def _handler_base():
+    return sanitizer_module().EventHandler
+
+
+def make_handler(tracker: TorchRaceTracker):
+    """An EventHandler of torch.cuda._sanitizer whose callbacks feed the racecheck engine instead
+    of the sanitizer's per-pointer history (which a free erases)."""
+
+    domains = tracker._domains
+    live = tracker.engine.live
+
+    # The base is torch.cuda._sanitizer.EventHandler, imported only here (its import has a side
+    # effect, see dispatch.py); a class computed at run time is beyond the type check.
+    class TraceHandler(_handler_base()):  # type: ignore[misc]
+        def _handle_event_creation(self, event):
+            """Nothing to track (overrides the sanitizer's bookkeeping): an event matters once recorded."""
+
+        def _handle_event_deletion(self, event):
+            tracker._guard(tracker.engine.forget_event, event)
+
+        def _handle_event_record(self, event, stream):
+            tracker.event_recorded(event, stream)
+
+        def _handle_event_wait(self, event, stream):
+            tracker.event_waited(event, stream)
+
+        def _handle_memory_allocation(self, data_ptr):  # the most frequent: no extra call layer
+            try:
+                # The stack is the allocating operator's: _op captures it when it resolves this.
+                stream = tracker._current()
+                if stream not in domains:
+                    tracker._key(stream)
+                if data_ptr in live:  # the block is free again, so that record missed its free
+                    tracker.engine.retire(data_ptr)
+                tracker._pending[data_ptr] = [stream, None, None]
+            except Exception as exc:
+                tracker.errors.append(f"{type(exc).__name__}: {exc}")
+
+        def _handle_memory_deallocation(self, data_ptr):
+            try:
+                if tracker._pending.pop(data_ptr, None) is None:  # else: no op ever touched it
+                    tracker.engine.free(data_ptr, stack=tracker._capture())
+            except Exception as exc:
+                tracker.errors.append(f"{type(exc).__name__}: {exc}")
+
+        def _handle_stream_creation(self, stream):
+            """Nothing to track (overrides the sanitizer's bookkeeping): streams are named at first use."""
+
+        def _handle_device_synchronization(self):
+            tracker._guard(tracker._on_host_sync, "device")
+
+        def _handle_stream_synchronization(self, stream):
+            tracker._guard(tracker._on_host_sync, "stream", stream)
+
+        def _handle_event_synchronization(self, event):
+            tracker._guard(tracker._on_host_sync, "event", event)
+
+    return TraceHandler()
+
+
+_PLAIN = OpKind.PLAIN
+_NO_KWARGS: dict = {}  # read only
+
+
+class TrackerMode(TorchDispatchMode):
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """No torch._disable_dynamo wrapper around __torch_dispatch__ (PyTorch >= 2.9 adds one to
+        every mode unless it opts out): it costs more per operator than the tracker's own
+        bookkeeping, and this mode's frames never run under Dynamo (compiled code is not tracked)."""
+        return False
+
+    def __init__(self, tracker: TorchRaceTracker) -> None:
+        super().__init__()
+        self.tracker = tracker
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        plan = _plans.get(func) or plan_for(func)
+        kind = plan.kind
+        if kind is _PLAIN:
+            out = plan.call(*args, **kwargs) if kwargs else plan.call(*args)
+            try:
+                self.tracker._op(plan, args, kwargs or _NO_KWARGS, out)
+            except Exception as exc:  # never break the program under test
+                self.tracker.errors.append(f"{type(exc).__name__}: {exc}")
+            return out
+        kwargs = kwargs or {}
+        tracker = self.tracker
+        if kind is OpKind.COLLECTIVE:
+            return tracker._collective(func, plan, args, kwargs)
+        if kind is OpKind.RECORD_STREAM:
+            tracker._guard(tracker._record_stream, args)
+        return func(*args, **kwargs)
+
+
+def cuda_current_stream_fn() -> Callable[[], int]:
+    index = torch.cuda.current_device()
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return lambda: raw(index)
+    return lambda: torch.cuda.current_stream(index).cuda_stream
+
+
+def cuda_stream_handle(stream) -> int:
+    if isinstance(stream, torch.cuda.Stream):
+        return stream.cuda_stream
+    return torch.cuda.Stream(
+        stream_id=stream.stream_id, device_index=stream.device_index, device_type=stream.device_type
+    ).cuda_stream
