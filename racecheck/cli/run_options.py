@@ -190,24 +190,26 @@ def resumed_config(ctx, opts):
     from click.core import ParameterSource
 
     from racecheck.runner import state
-    from racecheck.runner.run_config import RunConfig
+    from racecheck.runner.run_config import RunConfig, settings_from_json
     from racecheck.suites.catalogue import CatalogueError
     from racecheck.suites.project import load_suites
 
     given = [name for name in _DEFINING if ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE]
     if given:
-        option = "PYTEST_ARGS" if given[0] == "pytest_args" else "--" + given[0].replace("_", "-")
-        raise click.UsageError(f"{option} cannot be given with --resume: the run's settings come from its run.json")
+        raise click.UsageError(
+            f"{_option_name(ctx, given[0])} cannot be given with --resume: the run's settings come from its run.json"
+        )
     out = opts["resume_dir"]
     timeout_given = ctx.get_parameter_source("timeout") is ParameterSource.COMMANDLINE
     try:
         run = state.read_run(out)
+        settings = settings_from_json(run)
         suites = load_suites(run["source"])
         config = RunConfig.from_json(
             run,
             scenarios=tuple(suites),
             out=out,
-            trials=trials_value(opts["trials"], int(run["trials"])),
+            trials=trials_value(opts["trials"], settings["trials"]),
             max_time=opts["max_time"],
             stop_rules=opts["stop_rules"],
             **({"timeout": opts["timeout"]} if timeout_given else {}),
@@ -219,6 +221,12 @@ def resumed_config(ctx, opts):
         raise click.BadParameter(f"cannot resume it: {exc}", param_hint="--resume") from None
     run_checks.check_run(config)
     return with_revisions(config)
+
+
+def _option_name(ctx, name: str) -> str:
+    """How the command line spells the parameter `name` (`--config` for config_file)."""
+    param = next(p for p in ctx.command.params if p.name == name)
+    return param.opts[0] if isinstance(param, click.Option) else param.human_readable_name.upper()
 
 
 def gate_options(ctx, opts, config):

@@ -25,14 +25,20 @@ RUN_FILE, COMPLETED_FILE, LOCK_FILE = "run.json", "completed.jsonl", "runner.jso
 
 
 def read_run(out: Path) -> dict:
-    """OUT/run.json; ValueError (one line) when it is missing or unreadable."""
+    """OUT/run.json as a JSON object; ValueError (one line) when it is missing, unreadable or no
+    object. Its settings are checked where they are read back (RunConfig.settings_from_json)."""
     path = Path(out) / RUN_FILE
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ValueError(f"{out}: no {RUN_FILE} (not a racecheck run folder)") from None
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
+        raise ValueError(f"{path}: unreadable: {exc.strerror or exc}") from None
+    except ValueError as exc:
         raise ValueError(f"{path}: unreadable: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    return data
 
 
 def write_run(out: Path, data: dict) -> None:
@@ -71,12 +77,16 @@ class CompletedLog:
 
 def read_completed(out: Path) -> dict[tuple[str, str, int], tuple[str, int | None]]:
     """(suite, arm, trial) -> (worst outcome, records it wrote, None where not noted) of every
-    finished block; a line that does not parse (a torn last line) is skipped: its block reruns."""
+    finished block; a line that does not parse (a torn last line) is skipped: its block reruns.
+    ValueError (one line) when the file exists and cannot be read."""
     done: dict[tuple[str, str, int], tuple[str, int | None]] = {}
+    path = Path(out) / COMPLETED_FILE
     try:
-        lines = (Path(out) / COMPLETED_FILE).read_text(encoding="utf-8").splitlines()
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
     except FileNotFoundError:
         return done
+    except OSError as exc:
+        raise ValueError(f"{path}: unreadable: {exc.strerror or exc}") from None
     for line in lines:
         try:
             d = json.loads(line)

@@ -144,13 +144,14 @@ class Runner:
         try:
             bad = repair_log(log)
             records = list(read_log(log)) if log.exists() else []
+            completed = state.read_completed(out)
         except ValueError as exc:
             raise InputError(f"cannot resume {out}: {exc}") from None
         for b in bad:
             self.listener.note(f"{log}: {b.describe()}: removed (kept in {log.name}.rejected)")
         written = collections.Counter((r.scenario, r.arm, r.trial) for r in records)
         done = {}
-        for key, (outcome, expected) in state.read_completed(out).items():
+        for key, (outcome, expected) in completed.items():
             if expected is not None and written[key] < expected:
                 self.listener.note(
                     f"{key[0]}: trial {key[2]} of arm {key[1]!r} lost "
