@@ -108,6 +108,9 @@ def test_a_run_json_setting_that_does_not_read_back_is_one_line_and_exit_2(finis
     (out / "run.json").write_text(json.dumps(run))
     err = _one_line(racecheck("run", "--resume", out, "-q", cwd=root))
     assert message in err, err
+    shutil.copytree(finished[1], tmp_path / "other")
+    err = _one_line(racecheck("merge", tmp_path / "other", out, "--out", tmp_path / "m", cwd=root))
+    assert message in err, err
 
 
 def test_a_run_json_that_is_no_object_is_one_line_and_exit_2(finished, tmp_path):

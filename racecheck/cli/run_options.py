@@ -106,6 +106,12 @@ def fresh_config(ctx, opts):
     config = run_checks.fit_worlds(config)
     run_checks.check_run(config)
     config = with_revisions(config)
+    from racecheck.runner.state import ForeignFolder, check_out_folder
+
+    try:
+        check_out_folder(out_dir)
+    except ForeignFolder as exc:
+        raise click.BadParameter(str(exc), param_hint="--out") from None
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

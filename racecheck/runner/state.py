@@ -8,6 +8,9 @@
   last record, so a partly logged block counts once);
 - `runner.lock` and `runner.json`: the live runner's lock on the folder, and its own and its
   current session's identities (Lock).
+
+A run or a merge writes only into a folder that is new, empty, or already racecheck's
+(check_out_folder): never into one that holds someone else's files.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import psutil
 
 from racecheck.runner.blocks import Block
 
-RUN_FILE, COMPLETED_FILE, LOCK_FILE = "run.json", "completed.jsonl", "runner.json"
+RUN_FILE, COMPLETED_FILE, LOCK_FILE, LOCK_NAME = "run.json", "completed.jsonl", "runner.json", "runner.lock"
 
 
 def read_run(out: Path) -> dict:
@@ -39,6 +42,37 @@ def read_run(out: Path) -> dict:
     if not isinstance(data, dict):
         raise ValueError(f"{path}: not a JSON object")
     return data
+
+
+class ForeignFolder(ValueError):
+    """A folder that holds files and no racecheck run: no run or merge writes into it."""
+
+
+def is_run_folder(folder: Path) -> bool:
+    """Whether `folder` holds a racecheck run: the lock file a runner or a merge takes before it
+    writes anything else, or a run.json that reads as a run's."""
+    if (folder / LOCK_NAME).is_file():
+        return True
+    try:
+        return "source" in read_run(folder)
+    except ValueError:
+        return False
+
+
+def check_out_folder(out: Path) -> None:
+    """ForeignFolder (one line) unless a run or a merge may write into `out`: a folder that does
+    not exist yet, an empty one, or one that holds a racecheck run (is_run_folder; whether it may
+    take another run is the runner's or the merge's to say). A symbolic link is judged by the
+    folder it leads to, so that it leads no run into someone else's folder."""
+    out = Path(out)
+    target = out.resolve() if out.is_symlink() else out
+    try:
+        if not target.is_dir() or not any(target.iterdir()) or is_run_folder(target):
+            return  # a new folder, or something that creating or writing it reports
+    except OSError:
+        return  # unreadable: writing to it says so
+    where = f"{out} (a link to {target})" if out.is_symlink() else str(out)
+    raise ForeignFolder(f"{where} holds files and no racecheck run; give a new or an empty folder")
 
 
 def write_run(out: Path, data: dict) -> None:
@@ -139,7 +173,7 @@ class Lock:
     def acquire(self) -> list[int]:
         """Take the folder; returns the ids of left-over session processes it killed. FolderInUse
         when another process holds it; OSError when the folder cannot be written."""
-        fd = os.open(self.out / "runner.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(self.out / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
