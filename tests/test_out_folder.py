@@ -1,9 +1,11 @@
 """A run's folder stays its own: `--out` takes no folder that holds someone else's files (nor one
-behind a symbolic link)."""
+behind a symbolic link), `--resume` refuses a suite that changed since the run started unless
+asked, and its hints quote the folder for the shell."""
 
 from __future__ import annotations
 
 import os
+import shlex
 
 import pytest
 from test_runner import SEEDED_TEST, racecheck, records, write_suite
@@ -45,3 +47,37 @@ def test_an_empty_folder_is_taken_and_a_run_folder_resumed(project, tmp_path):
     assert state.is_run_folder(tmp_path / "empty")
     res = racecheck("run", "--resume", tmp_path / "empty", "--trials", 2, "-q", cwd=project)
     assert res.code == 0 and len(records(tmp_path / "empty")) == 8, res
+
+
+def test_resume_refuses_a_changed_suite_unless_asked_and_names_its_options_as_spelled(project, tmp_path):
+    out = tmp_path / "out"
+    assert racecheck("run", "--trials", 1, "--out", out, "-q", cwd=project).code == 0
+    with open(project / "test_seeded.py", "a") as fh:
+        fh.write("\n\ndef test_added():\n    pass\n")
+    (project / "test_other.py").write_text("def test_more():\n    pass\n")
+    err = _one_line(racecheck("run", "--resume", out, "--trials", 2, "-q", cwd=project))
+    assert (
+        f"cannot resume {out}: the suite changed since the run started (tiny: test_other.py added, "
+        "test_seeded.py changed)" in err
+    ), err
+    assert "--allow-changed-suite" in err and len(records(out)) == 4  # nothing ran
+    res = racecheck("run", "--resume", out, "--trials", 2, "--allow-changed-suite", "-q", cwd=project)
+    assert res.code == 0 and "warning: the suite changed since the run started" in res.err, res
+    assert len(records(out)) == 4 + 2 * 4  # two arms of trial 1, each of its four tests
+    assert racecheck("run", "--resume", out, "--trials", 2, "-q", cwd=project).code == 0  # now the kept state
+    for option in ("--config", "--out", "--scenarios"):
+        err = _one_line(racecheck("run", "--resume", out, option, "x", cwd=project))
+        assert f"error: {option} cannot be given with --resume" in err, err
+    err = _one_line(racecheck("run", "--allow-changed-suite", "--out", tmp_path / "new", cwd=project))
+    assert "--allow-changed-suite needs --resume" in err
+
+
+def test_the_resume_hints_quote_the_folder_for_the_shell(project, tmp_path):
+    out = tmp_path / "it's $(touch gotcha)"
+    res = racecheck("run", "--trials", 2, "--stop-when", "never:clean>=1", "--out", out, "-q", cwd=project)
+    assert res.code == 0, res
+    hint = next(line for line in res.out.splitlines() if line.startswith("stopped early"))
+    assert shlex.split(hint.split("continue with: ", 1)[1]) == ["racecheck", "run", "--resume", str(out)], hint
+    err = _one_line(racecheck("run", "--trials", 1, "--out", out, cwd=project))
+    assert shlex.split(err.split("continue it: ", 1)[1]) == ["racecheck", "run", "--resume", str(out)], err
+    assert not (project / "gotcha").exists()

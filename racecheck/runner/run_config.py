@@ -56,6 +56,7 @@ class RunConfig:
     stop_rules: tuple[StopRule, ...] = ()
     revisions: dict = dataclasses.field(default_factory=dict)  # "suite/arm" -> resolved commit
     source: dict = dataclasses.field(default_factory=dict)
+    fingerprints: dict = dataclasses.field(default_factory=dict)  # suite -> suites/fingerprint.py's, for --resume
     worlds: dict = dataclasses.field(default_factory=dict)  # suite -> ranks this machine gives it
     skipped: dict = dataclasses.field(default_factory=dict)  # suite -> why it cannot run here
 
@@ -215,6 +216,7 @@ _READ_BACK: dict[str, Callable[[Any], Any]] = {
     "shard_source": lambda v: v if isinstance(v, str) else str(v),
     "revisions": _object,
     "source": _object,
+    "fingerprints": _object,
 }
 
 

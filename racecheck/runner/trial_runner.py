@@ -31,7 +31,7 @@ from racecheck.runner import blocks, launch, state
 from racecheck.runner.blocks import Block, SessionPlan
 from racecheck.runner.gitarms import Worktrees, pythonpath
 from racecheck.runner.record import Outcome, TestOutcome, TrialLog, TrialRecord, read_log, repair_log
-from racecheck.runner.run_config import RunConfig, replay_command, split_targets
+from racecheck.runner.run_config import RunConfig, replay_command, resume_command, split_targets
 from racecheck.runner.session import Ending, SessionRun
 from racecheck.runner.stopping import LiveCounts
 from racecheck.suites.catalogue import Suite
@@ -104,7 +104,7 @@ class Runner:
             raise InputError(f"cannot write to the run folder {out}: {exc.strerror or exc}") from None
         if not self.resume and (out / "trials.jsonl").exists() and (out / "trials.jsonl").stat().st_size:
             self._lock.release()
-            raise InputError(f"{out} already holds a run; choose another --out, or continue it with --resume {out}")
+            raise InputError(f"{out} already holds a run; choose another --out, or continue it: {resume_command(out)}")
         if killed:
             self.listener.note(f"killed the session a previous runner left running (pid {killed[0]})")
         try:
