@@ -1,12 +1,16 @@
 """A run's folder stays its own: `--out` takes no folder that holds someone else's files (nor one
 behind a symbolic link), `--resume` refuses a suite that changed since the run started unless
-asked, and its hints quote the folder for the shell."""
+asked, its hints quote the folder for the shell, and a forged runner.json gets no foreign process
+killed."""
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
+import subprocess
 
+import psutil
 import pytest
 from test_runner import SEEDED_TEST, racecheck, records, write_suite
 
@@ -81,3 +85,39 @@ def test_the_resume_hints_quote_the_folder_for_the_shell(project, tmp_path):
     err = _one_line(racecheck("run", "--trials", 1, "--out", out, cwd=project))
     assert shlex.split(err.split("continue it: ", 1)[1]) == ["racecheck", "run", "--resume", str(out)], err
     assert not (project / "gotcha").exists()
+
+
+def _acquire(folder, session) -> list[int]:
+    """What a new runner's lock kills, given the session that runner.json names."""
+    (folder / "runner.json").write_text(json.dumps({"runner": None, "session": session}))
+    lock = state.Lock(folder)
+    try:
+        return lock.acquire()
+    finally:
+        lock.release()
+
+
+def _identity(proc) -> dict:
+    return {"pid": proc.pid, "started": psutil.Process(proc.pid).create_time(), "cmdline": ["sleep", "60"]}
+
+
+def test_a_left_over_session_is_killed_only_when_its_identity_and_token_prove_it(tmp_path):
+    runner = state.Lock(tmp_path)  # the runner that started `ours`
+    ours = subprocess.Popen(["sleep", "60"], env={**os.environ, **runner.session_env()})
+    foreign = subprocess.Popen(["sleep", "60"])
+    try:
+        # A forged runner.json: the foreign process's pid, start time and command line, and a token.
+        assert _acquire(tmp_path, {**_identity(foreign), "token": runner.token}) == []
+        for wrong in (
+            {**_identity(ours), "cmdline": ["python", "-m", "pytest"], "token": runner.token},
+            {**_identity(ours), "started": 1.0, "token": runner.token},
+            {**_identity(ours), "token": "0" * 32},
+            _identity(ours),  # written without a token
+        ):
+            assert _acquire(tmp_path, wrong) == [], wrong
+        assert foreign.poll() is None and ours.poll() is None
+        assert _acquire(tmp_path, {**_identity(ours), "token": runner.token}) == [ours.pid]
+        assert ours.wait(timeout=10) is not None and foreign.poll() is None
+    finally:
+        ours.kill()
+        foreign.kill()

@@ -243,30 +243,3 @@ def test_a_skipped_suite_is_a_row_of_the_summary_and_a_line_of_the_table(tmp_pat
     row = table[table["scenario"] == "pair"].iloc[0]
     assert (row["test"], row["trials"], row["note"]) == ("*", 0, "skipped: needs at least 2 ranks")
     assert "pair\n  race (race)  skipped: needs at least 2 ranks" in report.render_terminal(table)
-
-
-def test_a_left_over_session_is_killed_only_when_its_identity_proves_it(tmp_path):
-    import psutil
-
-    from racecheck.runner import state
-
-    sleeper = subprocess.Popen(["sleep", "60"])
-    try:
-        ident = {"pid": sleeper.pid, "started": psutil.Process(sleeper.pid).create_time(), "cmdline": ["sleep", "60"]}
-        for wrong in (
-            {**ident, "cmdline": ["python", "-m", "pytest"]},
-            {**ident, "started": 1.0},
-            {"pid": sleeper.pid, "started": ident["started"]},
-        ):  # the pid alone proves nothing
-            (tmp_path / "runner.json").write_text(json.dumps({"runner": None, "session": wrong}))
-            lock = state.Lock(tmp_path)
-            assert lock.acquire() == []
-            lock.release()
-            assert sleeper.poll() is None
-        (tmp_path / "runner.json").write_text(json.dumps({"runner": None, "session": ident}))
-        lock = state.Lock(tmp_path)
-        assert lock.acquire() == [sleeper.pid]
-        lock.release()
-        assert sleeper.wait(timeout=10) is not None
-    finally:
-        sleeper.kill()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import secrets
 from pathlib import Path
 
 import psutil
@@ -134,6 +135,10 @@ def read_completed(out: Path) -> dict[tuple[str, str, int], tuple[str, int | Non
     return done
 
 
+# The variable that carries a runner's token into the environment of every session it starts.
+TOKEN_VARIABLE = "RACECHECK_RUNNER_TOKEN"
+
+
 def _identity(pid: int) -> dict:
     """What proves later that a pid is still the process we meant: its start time and command."""
     p = psutil.Process(pid)
@@ -141,13 +146,18 @@ def _identity(pid: int) -> dict:
 
 
 def _alive(ident: dict | None) -> psutil.Process | None:
-    """The process `ident` names, if it still runs: the same pid, start time and command line (a
-    reused pid matches neither)."""
-    if not ident or "cmdline" not in ident:
+    """The session `ident` names, if it still runs and provably is a racecheck session: the same
+    pid, start time and command line (a reused pid matches neither), and the runner's token in its
+    environment. runner.json is only a file: anyone can write a foreign process's pid, start time
+    and command line into it, but not the token into that process's environment, so a process
+    whose environment cannot be read (another user's) or lacks the token is never touched."""
+    if not isinstance(ident, dict) or "cmdline" not in ident or not ident.get("token"):
         return None  # written without the proof: never act on it
     try:
         p = psutil.Process(int(ident["pid"]))
-        if abs(p.create_time() - float(ident["started"])) < 0.01 and p.cmdline() == ident["cmdline"]:
+        if abs(p.create_time() - float(ident["started"])) >= 0.01 or p.cmdline() != ident["cmdline"]:
+            return None
+        if p.environ().get(TOKEN_VARIABLE) == ident["token"]:
             return p
     except (psutil.Error, KeyError, TypeError, ValueError):
         pass
@@ -162,13 +172,19 @@ class Lock:
     """The run folder held by one runner: an exclusive `flock` on OUT/runner.lock for the whole
     run (the kernel drops it when the process dies, however it dies), and OUT/runner.json with the
     runner's and its current session's identities, so that a later runner can kill a session left
-    behind, once it proves that the process is that session."""
+    behind, once it proves that the process is that session (_alive). Every session the runner
+    starts carries `session_env()` in its environment for that proof."""
 
     def __init__(self, out: Path) -> None:
         self.out = Path(out)
         self.path = self.out / LOCK_FILE
+        self.token = secrets.token_hex(16)
         self._fd: int | None = None
         self._data: dict = {"runner": None, "session": None}
+
+    def session_env(self) -> dict[str, str]:
+        """The environment entry that marks a session as this runner's."""
+        return {TOKEN_VARIABLE: self.token}
 
     def acquire(self) -> list[int]:
         """Take the folder; returns the ids of left-over session processes it killed. FolderInUse
@@ -194,7 +210,7 @@ class Lock:
 
     def session(self, pid: int | None) -> None:
         try:
-            self._data["session"] = _identity(pid) if pid is not None else None
+            self._data["session"] = {**_identity(pid), "token": self.token} if pid is not None else None
         except psutil.NoSuchProcess:  # it died at once: nothing to prove later
             self._data["session"] = None
         self._write()

@@ -278,7 +278,7 @@ class Runner:
             args.append(f"--racecheck-steps={len(plan.blocks)}")
         if c.detect:
             args.append("--racecheck-detect")
-        env = {}
+        env = self._lock.session_env()  # proves the session this runner's to a later one (state.Lock)
         cwd = suite.run_root
         if suite.config_file is None:
             env["OMP_NUM_THREADS"] = "1"
