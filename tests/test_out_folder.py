@@ -45,6 +45,15 @@ def test_out_refuses_a_folder_of_someone_elses_files_and_a_link_to_one(project, 
     assert os.listdir(mine) == ["summary.csv"] and (mine / "summary.csv").read_text() == "precious\n"
 
 
+def test_a_folder_holding_only_follower_nodes_folders_is_taken(tmp_path):
+    # On a shared file system node 1 creates OUT/nodes/node-1 before node 0 takes OUT.
+    (tmp_path / "out" / "nodes" / "node-1").mkdir(parents=True)
+    state.check_out_folder(tmp_path / "out")
+    (tmp_path / "out" / "nodes" / "notes.txt").write_text("mine\n")
+    with pytest.raises(state.ForeignFolder, match="holds files and no racecheck run"):
+        state.check_out_folder(tmp_path / "out")
+
+
 def test_an_empty_folder_is_taken_and_a_run_folder_resumed(project, tmp_path):
     (tmp_path / "empty").mkdir()
     assert racecheck("run", "--trials", 1, "--out", tmp_path / "empty", "-q", cwd=project).code == 0

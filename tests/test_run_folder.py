@@ -92,9 +92,12 @@ def test_two_runs_started_together_on_one_folder_one_runs_the_other_exits_3(tmp_
 
 def test_an_unwritable_run_folder_is_a_usage_error(tmp_path):
     root = write_suite(tmp_path / "p", arms={"never": {}}, tests={"test_seeded.py": SEEDED_TEST})
-    res = racecheck("run", "--trials", 1, "--out", "/proc/self", "-q", cwd=root)  # not even root writes there
+    res = racecheck("run", "--trials", 1, "--out", "/proc/self/out", "-q", cwd=root)  # not even root writes there
     assert res.code == 2, res
-    assert _one_line(res.err).startswith("racecheck: error: cannot write to the run folder /proc/self: ")
+    assert _one_line(res.err).startswith("racecheck: error: Invalid value for --out: cannot create /proc/self/out: ")
+    res = racecheck("run", "--trials", 1, "--out", "/proc/self", "-q", cwd=root)  # a folder of the kernel's files
+    assert res.code == 2, res
+    assert "/proc/self (a link to /proc/" in _one_line(res.err) and "holds files and no racecheck run" in res.err
 
 
 @pytest.mark.parametrize("command", [("run", "--trials", "1"), ("list",)], ids=["run", "list"])

@@ -18,6 +18,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import secrets
 from pathlib import Path
 
@@ -68,12 +69,23 @@ def check_out_folder(out: Path) -> None:
     out = Path(out)
     target = out.resolve() if out.is_symlink() else out
     try:
-        if not target.is_dir() or not any(target.iterdir()) or is_run_folder(target):
+        if not target.is_dir() or _only_node_folders(target) or is_run_folder(target):
             return  # a new folder, or something that creating or writing it reports
     except OSError:
         return  # unreadable: writing to it says so
     where = f"{out} (a link to {target})" if out.is_symlink() else str(out)
     raise ForeignFolder(f"{where} holds files and no racecheck run; give a new or an empty folder")
+
+
+def _only_node_folders(folder: Path) -> bool:
+    """Whether `folder` is empty but for its follower nodes' folders (OUT/nodes/node-R, which
+    the nodes of a run across nodes on one file system may create before node 0 takes OUT)."""
+    entries = list(folder.iterdir())
+    if not entries:
+        return True
+    if [e.name for e in entries] != ["nodes"] or not entries[0].is_dir():
+        return False
+    return all(e.is_dir() and re.fullmatch(r"node-\d+", e.name) for e in entries[0].iterdir())
 
 
 def write_run(out: Path, data: dict) -> None:
