@@ -4,7 +4,8 @@
 Registered on the `racecheck` group by cli/__init__.py. pandas, scipy and matplotlib are imported inside the
 command functions only, so `racecheck --help` stays instant. User mistakes (a missing OUT, a log
 without records, a rate outside [0, 1], an unknown arm) become click.BadParameter/UsageError: one
-line, exit 2. `gate` exits through `ctx.exit` with the code of its decision (exitcodes.py).
+line, exit 2. `gate` exits through `ctx.exit` with the code of its decision (exitcodes.py); `merge`
+exits 3 while another racecheck process holds its --out, and 130 when interrupted.
 """
 
 from __future__ import annotations

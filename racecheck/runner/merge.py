@@ -6,7 +6,11 @@ folder's run.json describes the whole run (no shard), so `racecheck run --resume
 in the trials of a shard that never finished.
 
 Inputs may be glob patterns (`'out/shard-*'`, quoted so that racecheck expands them), and a set of
-shards must be whole: one folder for each of 1/N ... N/N, none missing and none twice.
+shards must be whole: one folder for each of 1/N ... N/N, none missing and none twice, and none
+with an empty log where it planned trials (a shard that holds fewer than it planned is named).
+
+The output folder is taken as a run takes its own: never a folder of someone else's files, locked
+while the merge writes (state.Lock), and written whole or not at all (_commit).
 """
 
 from __future__ import annotations
