@@ -98,9 +98,15 @@ def test_a_shard_with_an_empty_log_is_refused_and_one_missing_trials_is_named(tm
     assert f"{second / 'trials.jsonl'} holds no records (shard 2/2 ran no test)" in res.err
     assert not (tmp_path / "m" / "trials.jsonl").exists()
     (second / "trials.jsonl").write_text("".join(kept.splitlines(keepends=True)[:6]))  # trial 2 of 2, 3
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "runner.lock").touch()  # a folder a SIGKILLed merge left: its lock, a temporary file
+    (tmp_path / "m" / ".trials.jsonl.1.merge").write_text("{}\n")
     res = racecheck("merge", first, second, "--out", tmp_path / "m", cwd=tmp_path)
     assert res.code == 0, res
     assert f"racecheck: warning: {second} (shard 2/2) holds 2 of the 4 trials it planned" in res.err
+    assert (
+        not (tmp_path / "m" / ".trials.jsonl.1.merge").exists() and len(_lines(tmp_path / "m" / "trials.jsonl")) == 18
+    )
 
 
 def test_merge_writes_into_no_folder_that_holds_someone_elses_files(tmp_path):

@@ -48,6 +48,9 @@ _SAME = (
 )
 
 
+_STAGED = "merge"  # the suffix of a merge's temporary files: OUT/.NAME.PID.merge
+
+
 class MergeError(ValueError):
     """Inputs that cannot be merged (missing, overlapping, or different experiments)."""
 
@@ -72,7 +75,7 @@ def merge(inputs: list[Path], out: Path) -> Merged:
         state.check_out_folder(out)
     except state.ForeignFolder as exc:
         raise MergeError(f"--out {exc}") from None
-    runs = _read_runs(inputs, out)
+    runs, settings = _read_runs(inputs, out)
     first = runs[0]
     for folder, run in zip(inputs[1:], runs[1:], strict=True):
         for setting in _SAME:
@@ -82,9 +85,9 @@ def merge(inputs: list[Path], out: Path) -> Merged:
                     f"({first.get(setting)!r} vs {run.get(setting)!r})"
                 )
     check_shards(inputs, runs)
-    records, notes = _read_records(inputs, runs)
+    records, notes = _read_records(inputs, runs, settings)
     merged = dict(first)
-    merged["trials"] = max(_settings(folder, run).get("trials", 0) for folder, run in zip(inputs, runs, strict=True))
+    merged["trials"] = max(kept.get("trials", 0) for kept in settings)
     merged["shard"] = "1/1"
     merged["merged_from"] = [str(p) for p in inputs]
     merged["attempts"] = [a for r in runs for a in r.get("attempts", [])]
@@ -101,23 +104,19 @@ def merge(inputs: list[Path], out: Path) -> Merged:
         log = out / "trials.jsonl"
         if log.exists() and log.stat().st_size:
             raise MergeError(f"{out} already holds a run; choose another --out")
+        for left in out.glob(f".*.{_STAGED}"):  # a killed merge's: no merge but this one holds OUT
+            left.unlink(missing_ok=True)
         _commit(out, records=records, completed=_completed(inputs), run=merged)
     finally:
         lock.release()
     return Merged(len(records), tuple(notes))
 
 
-def _settings(folder: Path, run: dict) -> dict:
-    try:
-        return settings_from_json(run)
-    except ValueError as exc:
-        raise MergeError(f"{folder}: {exc}") from None
-
-
-def _read_runs(inputs: list[Path], out: Path) -> list[dict]:
-    """Each input's run.json, its settings checked; MergeError for an input that is the output,
-    is given twice or is no run folder."""
+def _read_runs(inputs: list[Path], out: Path) -> tuple[list[dict], list[dict]]:
+    """Each input's run.json and its settings as read back (RunConfig's); MergeError for an input
+    that is the output, is given twice, is no run folder or has a setting that does not read."""
     runs: list[dict] = []
+    settings: list[dict] = []
     seen: dict[Path, Path] = {}  # resolved folder -> as given
     for folder in inputs:
         if folder.resolve() == out.resolve():
@@ -131,18 +130,21 @@ def _read_runs(inputs: list[Path], out: Path) -> list[dict]:
             runs.append(state.read_run(folder))
         except ValueError as exc:
             raise MergeError(str(exc)) from None
-        _settings(folder, runs[-1])
-    return runs
+        try:
+            settings.append(settings_from_json(runs[-1]))
+        except ValueError as exc:
+            raise MergeError(f"{folder}: {exc}") from None
+    return runs, settings
 
 
-def _read_records(inputs: list[Path], runs: list[dict]) -> tuple[list[TrialRecord], list[str]]:
+def _read_records(inputs: list[Path], runs: list[dict], settings: list[dict]) -> tuple[list[TrialRecord], list[str]]:
     """Every input's records, and a note for each input that holds fewer trials than it planned.
     MergeError for a log that does not read, holds no record of a shard that planned some, or
     holds a trial another input holds too."""
     records: list[TrialRecord] = []
     notes: list[str] = []
     owner: dict[tuple[str, str, int], Path] = {}  # (suite, arm, trial) -> the folder that holds it
-    for folder, run in zip(inputs, runs, strict=True):
+    for folder, run, kept in zip(inputs, runs, settings, strict=True):
         bad: list = []
         try:
             mine = list(read_log(folder / "trials.jsonl", bad_lines=bad))
@@ -153,7 +155,7 @@ def _read_records(inputs: list[Path], runs: list[dict]) -> tuple[list[TrialRecor
                 f"{folder / 'trials.jsonl'}: {bad[0].describe()}; this repairs the log and reruns what it "
                 f"lost: {resume_command(folder)}"
             )
-        planned = _planned(_settings(folder, run), run)
+        planned = _planned(kept, run)
         held = {(r.scenario, r.arm, r.trial) for r in mine}
         if not mine and planned != 0:
             raise MergeError(
@@ -213,7 +215,7 @@ def _commit(out: Path, *, records: list[TrialRecord], completed: str, run: dict)
         state.RUN_FILE: json.dumps(run, indent=2) + "\n",
         "trials.jsonl": "".join(r.to_json() + "\n" for r in records),
     }
-    staged = {name: out / f".{name}.{os.getpid()}.merge" for name in texts}
+    staged = {name: out / f".{name}.{os.getpid()}.{_STAGED}" for name in texts}
     try:
         for name, text in texts.items():
             with open(staged[name], "w", encoding="utf-8") as fh:
