@@ -198,7 +198,7 @@ def _mesh(value) -> str:
 # How each kept field reads back from run.json, checked as the command line checks it: a value
 # that does not read back is a ValueError naming the field (settings_from_json).
 _READ_BACK: dict[str, Callable[[Any], Any]] = {
-    "arms": lambda v: _strings(v) or None if v is not None else None,
+    "arms": _optional(lambda v: _strings(v) or None),  # [] and null: each suite's default arms
     "trials": _whole(1),
     "perturb": _optional(_profile),
     "seed": _whole(),
