@@ -179,7 +179,9 @@ def test_a_killed_node_ends_its_trial_as_crash_the_other_reports_it_and_resume_f
             if p.poll() is None:
                 kill_node(p)
     assert writer.returncode == 3, err
-    assert "node 1 stopped responding" in err and f"racecheck run --resume {out}' on every node" in err
+    assert (
+        "node 1 stopped responding" in err and f"continue with this on every node: racecheck run --resume {out}" in err
+    )
     recs = records(out)
     bad = [r for r in recs if r.outcome in ("crash", "error")]
     # The trial in flight is blamed, naming the node; every trial before it is whole.

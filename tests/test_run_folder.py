@@ -69,11 +69,12 @@ def test_a_rank_failing_at_setup_ends_its_session_and_is_the_recorded_error(tmp_
 
 
 def test_two_runs_started_together_on_one_folder_one_runs_the_other_exits_3(tmp_path):
-    # The winner holds the folder for a second at least, so both always overlap.
+    # The winner holds the folder for a second at least, so both always overlap. Two tries here;
+    # bench/folder_races.py makes twenty (reports/folder_races.md).
     slow = "import time\n\ndef test_hold():\n    time.sleep(1.0)\n"
     root = write_suite(tmp_path / "p", arms={"only": {}}, tests={"test_hold.py": slow})
     command = [sys.executable, "-m", "racecheck", "run", "--trials", "1", "-q", "--out"]
-    for attempt in range(20):
+    for attempt in range(2):
         out = tmp_path / f"out{attempt}"
         procs = [
             subprocess.Popen(command + [str(out)], cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -91,9 +92,12 @@ def test_two_runs_started_together_on_one_folder_one_runs_the_other_exits_3(tmp_
 
 def test_an_unwritable_run_folder_is_a_usage_error(tmp_path):
     root = write_suite(tmp_path / "p", arms={"never": {}}, tests={"test_seeded.py": SEEDED_TEST})
-    res = racecheck("run", "--trials", 1, "--out", "/proc/self", "-q", cwd=root)  # not even root writes there
+    res = racecheck("run", "--trials", 1, "--out", "/proc/self/out", "-q", cwd=root)  # not even root writes there
     assert res.code == 2, res
-    assert _one_line(res.err).startswith("racecheck: error: cannot write to the run folder /proc/self: ")
+    assert _one_line(res.err).startswith("racecheck: error: Invalid value for --out: cannot create /proc/self/out: ")
+    res = racecheck("run", "--trials", 1, "--out", "/proc/self", "-q", cwd=root)  # a folder of the kernel's files
+    assert res.code == 2, res
+    assert "/proc/self (a link to /proc/" in _one_line(res.err) and "holds files and no racecheck run" in res.err
 
 
 @pytest.mark.parametrize("command", [("run", "--trials", "1"), ("list",)], ids=["run", "list"])
@@ -242,30 +246,3 @@ def test_a_skipped_suite_is_a_row_of_the_summary_and_a_line_of_the_table(tmp_pat
     row = table[table["scenario"] == "pair"].iloc[0]
     assert (row["test"], row["trials"], row["note"]) == ("*", 0, "skipped: needs at least 2 ranks")
     assert "pair\n  race (race)  skipped: needs at least 2 ranks" in report.render_terminal(table)
-
-
-def test_a_left_over_session_is_killed_only_when_its_identity_proves_it(tmp_path):
-    import psutil
-
-    from racecheck.runner import state
-
-    sleeper = subprocess.Popen(["sleep", "60"])
-    try:
-        ident = {"pid": sleeper.pid, "started": psutil.Process(sleeper.pid).create_time(), "cmdline": ["sleep", "60"]}
-        for wrong in (
-            {**ident, "cmdline": ["python", "-m", "pytest"]},
-            {**ident, "started": 1.0},
-            {"pid": sleeper.pid, "started": ident["started"]},
-        ):  # the pid alone proves nothing
-            (tmp_path / "runner.json").write_text(json.dumps({"runner": None, "session": wrong}))
-            lock = state.Lock(tmp_path)
-            assert lock.acquire() == []
-            lock.release()
-            assert sleeper.poll() is None
-        (tmp_path / "runner.json").write_text(json.dumps({"runner": None, "session": ident}))
-        lock = state.Lock(tmp_path)
-        assert lock.acquire() == [sleeper.pid]
-        lock.release()
-        assert sleeper.wait(timeout=10) is not None
-    finally:
-        sleeper.kill()

@@ -94,7 +94,7 @@ def test_ctrl_c_stops_the_session_keeps_the_outcomes_and_says_how_to_resume(tmp_
     proc.send_signal(sig)
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130
-    assert f"continue with 'racecheck run --resume {out}'" in stderr
+    assert f"continue with: racecheck run --resume {out}" in stderr
     with pytest.raises(ProcessLookupError):
         os.kill(session, 0)
     assert not (out / "runner.json").exists() and (out / "summary.csv").exists()

@@ -4,7 +4,8 @@
 Registered on the `racecheck` group by cli/__init__.py. pandas, scipy and matplotlib are imported inside the
 command functions only, so `racecheck --help` stays instant. User mistakes (a missing OUT, a log
 without records, a rate outside [0, 1], an unknown arm) become click.BadParameter/UsageError: one
-line, exit 2. `gate` exits through `ctx.exit` with the code of its decision (exitcodes.py).
+line, exit 2. `gate` exits through `ctx.exit` with the code of its decision (exitcodes.py); `merge`
+exits 3 while another racecheck process holds its --out, and 130 when interrupted.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import click
 
+from racecheck.exitcodes import ExitCode
 from racecheck.results.rows import Format
 
 
@@ -264,15 +266,28 @@ def merge_command(inputs, out_dir):
 
     INPUTS are folders or quoted glob patterns ('shards/*'); a split must be whole (every shard
     of 1/N ... N/N once)."""
+    from racecheck.exitcodes import InfrastructureError
+    from racecheck.runner import interrupts
     from racecheck.runner.merge import MergeError, expand_inputs, merge
+    from racecheck.runner.state import FolderInUse
 
     try:
-        inputs = expand_inputs(inputs, out_dir)
-        n = merge(inputs, out_dir)
+        with interrupts.handled():
+            inputs = expand_inputs(inputs, out_dir)
+            merged = merge(inputs, out_dir)
     except MergeError as exc:
         raise click.UsageError(str(exc)) from None
+    except FolderInUse as exc:
+        raise InfrastructureError(str(exc)) from None
+    except KeyboardInterrupt:
+        state = "holds the whole merge" if (out_dir / "trials.jsonl").exists() else "is unchanged"
+        click.echo(f"racecheck: interrupted; {out_dir} {state}", err=True)
+        raise click.exceptions.Exit(ExitCode.INTERRUPTED) from None
+    for note in merged.notes:
+        click.echo(f"racecheck: warning: {note}", err=True)
     summarize_run(
-        out_dir, footer=f"{n} records from {len(inputs)} runs merged into {out_dir} (trials.jsonl, summary.csv)"
+        out_dir,
+        footer=f"{merged.records} records from {len(inputs)} runs merged into {out_dir} (trials.jsonl, summary.csv)",
     )
 
 

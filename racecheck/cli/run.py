@@ -128,6 +128,12 @@ def _parse_stop(ctx, param, value):
     help="Continue the run in this folder up to --trials (its settings come from run.json).",
 )
 @click.option(
+    "--allow-changed-suite",
+    is_flag=True,
+    help="With --resume: continue although the suite's tests or definition changed since the run "
+    "started (the tally then mixes trials of both); without it such a resume is refused.",
+)
+@click.option(
     "--perturb", default=None, help="Perturbation profile or rules (default: the suite's; an arm's own profile wins)."
 )
 @click.option("--no-perturb", is_flag=True, help="Run without perturbation: the natural failure rate.")
@@ -270,6 +276,7 @@ def run_command(ctx, **opts):
     """Run a suite under its arms, trial by trial, and tally the failures.
 
     Arguments after `--` go to pytest (for example a node id to run one test)."""
+    from racecheck.runner.run_config import resume_command
     from racecheck.runner.trial_runner import Runner
 
     nodes = node_options.node_spec(ctx, opts)  # None on one node; a follower's folder is OUT/nodes/node-R
@@ -300,8 +307,7 @@ def run_command(ctx, **opts):
     except KeyboardInterrupt:
         summarize_run(config.out)
         click.echo(
-            f"racecheck: interrupted; finished trials are in {config.out}; continue with "
-            f"'racecheck run --resume {config.out}'",
+            f"racecheck: interrupted; finished trials are in {config.out}; continue with: {resume_command(config.out)}",
             err=True,
         )
         ctx.exit(ExitCode.INTERRUPTED)
@@ -309,7 +315,7 @@ def run_command(ctx, **opts):
         summarize_run(config.out)
         raise InfrastructureError(
             f"{writer.lost}; the run stopped; finished trials are in {config.out}; "
-            f"continue with 'racecheck run --resume {config.out}' on every node"
+            f"continue with this on every node: {resume_command(config.out)}"
         )
     have_records = summarize_run(
         config.out, footer=f"{config.out}/summary.csv and trials.jsonl written ({time.monotonic() - started:.1f} s)"
@@ -317,7 +323,7 @@ def run_command(ctx, **opts):
     _perturbation_notes(config.out)
     if result.stopped:
         why = "--max-time was reached" if result.stopped == "max-time" else "the stop rules held"
-        click.echo(f"stopped early: {why}; 'racecheck run --resume {config.out}' continues")
+        click.echo(f"stopped early: {why}; continue with: {resume_command(config.out)}")
     if not have_records:
         raise InfrastructureError(f"no test finished (stopped: {result.stopped or 'no'}); see {config.out}/logs")
     if gate is not None:

@@ -77,6 +77,8 @@ def fresh_config(ctx, opts):
                 s.arm(a)
     except CatalogueError as exc:
         raise click.UsageError(str(exc)) from None
+    if opts["allow_changed_suite"]:
+        raise click.UsageError("--allow-changed-suite needs --resume")
     spec = perturb_spec(opts, suites)
     shard, shard_source = job_shard(opts["shard"])
     out_dir = opts["out_dir"] or Path("racecheck-out") / time.strftime("run-%Y%m%d-%H%M%S")
@@ -105,7 +107,13 @@ def fresh_config(ctx, opts):
     )
     config = run_checks.fit_worlds(config)
     run_checks.check_run(config)
-    config = with_revisions(config)
+    config = with_fingerprints(with_revisions(config))
+    from racecheck.runner.state import ForeignFolder, check_out_folder
+
+    try:
+        check_out_folder(out_dir)
+    except ForeignFolder as exc:
+        raise click.BadParameter(str(exc), param_hint="--out") from None
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -184,30 +192,68 @@ def with_revisions(config):
     return dataclasses.replace(config, revisions=revisions)
 
 
+def with_fingerprints(config):
+    """The config with each suite's fingerprint as it is now (suites/fingerprint.py)."""
+    import dataclasses
+
+    from racecheck.runner.run_config import split_targets
+    from racecheck.suites.fingerprint import fingerprint
+
+    prints = {s.name: fingerprint(s, tuple(split_targets(config.pytest_args, s.run_root)[0])) for s in config.scenarios}
+    return dataclasses.replace(config, fingerprints=prints)
+
+
+def check_unchanged(out: Path, kept: dict, config, *, allowed: bool) -> None:
+    """Refuse to resume a run whose suites changed since it started (their fingerprints differ
+    from those run.json `kept`; nothing is known of a run.json that kept none), unless `allowed`
+    (--allow-changed-suite), which warns instead."""
+    from racecheck.runner.run_config import resume_command
+    from racecheck.suites.fingerprint import changes
+
+    if not kept:
+        return
+    said = []
+    for suite, now in config.fingerprints.items():
+        moved = changes(kept.get(suite) or {}, now)
+        if moved:
+            said.append(f"{suite}: {', '.join(moved)}")
+    if not said:
+        return
+    what = f"the suite changed since the run started ({'; '.join(said)})"
+    if not allowed:
+        raise click.UsageError(
+            f"cannot resume {out}: {what}, and its new trials would be tallied with the old ones; start a "
+            f"new run, or mix them anyway: {resume_command(out)} --allow-changed-suite"
+        )
+    click.echo(f"racecheck: warning: {what}; the run's tally mixes trials of both", err=True)
+
+
 def resumed_config(ctx, opts):
     """The RunConfig of OUT/run.json; only --trials, --timeout, --max-time, --stop-when, the gate
-    options and --quiet may be given anew."""
+    options, --allow-changed-suite and --quiet may be given anew."""
     from click.core import ParameterSource
 
     from racecheck.runner import state
-    from racecheck.runner.run_config import RunConfig
+    from racecheck.runner.run_config import RunConfig, settings_from_json
     from racecheck.suites.catalogue import CatalogueError
     from racecheck.suites.project import load_suites
 
     given = [name for name in _DEFINING if ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE]
     if given:
-        option = "PYTEST_ARGS" if given[0] == "pytest_args" else "--" + given[0].replace("_", "-")
-        raise click.UsageError(f"{option} cannot be given with --resume: the run's settings come from its run.json")
+        raise click.UsageError(
+            f"{_option_name(ctx, given[0])} cannot be given with --resume: the run's settings come from its run.json"
+        )
     out = opts["resume_dir"]
     timeout_given = ctx.get_parameter_source("timeout") is ParameterSource.COMMANDLINE
     try:
         run = state.read_run(out)
+        settings = settings_from_json(run)
         suites = load_suites(run["source"])
         config = RunConfig.from_json(
             run,
             scenarios=tuple(suites),
             out=out,
-            trials=trials_value(opts["trials"], int(run["trials"])),
+            trials=trials_value(opts["trials"], settings["trials"]),
             max_time=opts["max_time"],
             stop_rules=opts["stop_rules"],
             **({"timeout": opts["timeout"]} if timeout_given else {}),
@@ -218,7 +264,15 @@ def resumed_config(ctx, opts):
     except (ValueError, KeyError, TypeError) as exc:
         raise click.BadParameter(f"cannot resume it: {exc}", param_hint="--resume") from None
     run_checks.check_run(config)
+    config = with_fingerprints(config)
+    check_unchanged(out, settings.get("fingerprints", {}), config, allowed=opts["allow_changed_suite"])
     return with_revisions(config)
+
+
+def _option_name(ctx, name: str) -> str:
+    """How the command line spells the parameter `name` (`--config` for config_file)."""
+    param = next(p for p in ctx.command.params if p.name == name)
+    return param.opts[0] if isinstance(param, click.Option) else param.human_readable_name.upper()
 
 
 def gate_options(ctx, opts, config):

@@ -6,18 +6,26 @@ folder's run.json describes the whole run (no shard), so `racecheck run --resume
 in the trials of a shard that never finished.
 
 Inputs may be glob patterns (`'out/shard-*'`, quoted so that racecheck expands them), and a set of
-shards must be whole: one folder for each of 1/N ... N/N, none missing and none twice.
+shards must be whole: one folder for each of 1/N ... N/N, none missing and none twice, and none
+with an empty log where it planned trials (a shard that holds fewer than it planned is named).
+
+The output folder is taken as a run takes its own: never a folder of someone else's files, locked
+while the merge writes (state.Lock), and written whole or not at all (_commit).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import glob
-import shutil
+import json
+import os
+import signal
 from pathlib import Path
 
 from racecheck.runner import state
 from racecheck.runner.blocks import Shard
-from racecheck.runner.record import TrialLog, read_log
+from racecheck.runner.record import TrialRecord, read_log
+from racecheck.runner.run_config import resume_command, settings_from_json
 
 # Settings that must agree for logs to be one experiment: everything that changes what a trial
 # means. Arms and profiles are compared as resolved per suite (`scenarios` in run.json: each
@@ -40,18 +48,75 @@ _SAME = (
 )
 
 
+_STAGED = "merge"  # the suffix of a merge's temporary files: OUT/.NAME.PID.merge
+
+
 class MergeError(ValueError):
     """Inputs that cannot be merged (missing, overlapping, or different experiments)."""
 
 
-def merge(inputs: list[Path], out: Path) -> int:
-    """Write OUT/trials.jsonl, completed.jsonl and run.json from `inputs`; returns the records written."""
+@dataclasses.dataclass(frozen=True)
+class Merged:
+    """What a merge wrote: the records, and what the caller should tell the user (a shard that
+    holds fewer trials than it planned)."""
+
+    records: int
+    notes: tuple[str, ...] = ()
+
+
+def merge(inputs: list[Path], out: Path) -> Merged:
+    """Write OUT/trials.jsonl, completed.jsonl and run.json from `inputs`, whole or not at all
+    (_commit), with OUT locked against a run or another merge (state.Lock). MergeError for inputs
+    that do not make one run and for an OUT that already holds one or is no racecheck folder;
+    state.FolderInUse while another racecheck process holds OUT."""
     if len(inputs) < 2:
         raise MergeError("give at least two run folders to merge" + _lone_shard(inputs))
-    if (out / "trials.jsonl").exists():
-        raise MergeError(f"{out} already holds a run; choose another --out")
+    try:
+        state.check_out_folder(out)
+    except state.ForeignFolder as exc:
+        raise MergeError(f"--out {exc}") from None
+    runs, settings = _read_runs(inputs, out)
+    first = runs[0]
+    for folder, run in zip(inputs[1:], runs[1:], strict=True):
+        for setting in _SAME:
+            if run.get(setting) != first.get(setting):
+                raise MergeError(
+                    f"{inputs[0]} and {folder} are different runs: their {setting} differs "
+                    f"({first.get(setting)!r} vs {run.get(setting)!r})"
+                )
+    check_shards(inputs, runs)
+    records, notes = _read_records(inputs, runs, settings)
+    merged = dict(first)
+    merged["trials"] = max(kept.get("trials", 0) for kept in settings)
+    merged["shard"] = "1/1"
+    merged["merged_from"] = [str(p) for p in inputs]
+    merged["attempts"] = [a for r in runs for a in r.get("attempts", [])]
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise MergeError(f"cannot create {out}: {exc.strerror or exc}") from None
+    lock = state.Lock(out)
+    try:
+        lock.acquire()
+    except OSError as exc:
+        raise MergeError(f"cannot write to {out}: {exc.strerror or exc}") from None
+    try:
+        log = out / "trials.jsonl"
+        if log.exists() and log.stat().st_size:
+            raise MergeError(f"{out} already holds a run; choose another --out")
+        for left in out.glob(f".*.{_STAGED}"):  # a killed merge's: no merge but this one holds OUT
+            left.unlink(missing_ok=True)
+        _commit(out, records=records, completed=_completed(inputs), run=merged)
+    finally:
+        lock.release()
+    return Merged(len(records), tuple(notes))
+
+
+def _read_runs(inputs: list[Path], out: Path) -> tuple[list[dict], list[dict]]:
+    """Each input's run.json and its settings as read back (RunConfig's); MergeError for an input
+    that is the output, is given twice, is no run folder or has a setting that does not read."""
     runs: list[dict] = []
-    owner: dict[tuple[str, str, int], Path] = {}  # (suite, arm, trial) -> the folder that holds it
+    settings: list[dict] = []
     seen: dict[Path, Path] = {}  # resolved folder -> as given
     for folder in inputs:
         if folder.resolve() == out.resolve():
@@ -65,26 +130,43 @@ def merge(inputs: list[Path], out: Path) -> int:
             runs.append(state.read_run(folder))
         except ValueError as exc:
             raise MergeError(str(exc)) from None
-    first = runs[0]
-    for folder, run in zip(inputs[1:], runs[1:], strict=True):
-        for setting in _SAME:
-            if run.get(setting) != first.get(setting):
-                raise MergeError(
-                    f"{inputs[0]} and {folder} are different runs: their {setting} differs "
-                    f"({first.get(setting)!r} vs {run.get(setting)!r})"
-                )
-    check_shards(inputs, runs)
-    records = []
-    for folder in inputs:
+        try:
+            settings.append(settings_from_json(runs[-1]))
+        except ValueError as exc:
+            raise MergeError(f"{folder}: {exc}") from None
+    return runs, settings
+
+
+def _read_records(inputs: list[Path], runs: list[dict], settings: list[dict]) -> tuple[list[TrialRecord], list[str]]:
+    """Every input's records, and a note for each input that holds fewer trials than it planned.
+    MergeError for a log that does not read, holds no record of a shard that planned some, or
+    holds a trial another input holds too."""
+    records: list[TrialRecord] = []
+    notes: list[str] = []
+    owner: dict[tuple[str, str, int], Path] = {}  # (suite, arm, trial) -> the folder that holds it
+    for folder, run, kept in zip(inputs, runs, settings, strict=True):
         bad: list = []
         try:
             mine = list(read_log(folder / "trials.jsonl", bad_lines=bad))
-        except (OSError, ValueError) as exc:  # unreadable, or a line that is not a trial record
+        except ValueError as exc:  # unreadable, or a line that is not a valid trial record
             raise MergeError(str(exc)) from None
         if bad:
             raise MergeError(
-                f"{folder / 'trials.jsonl'}: {bad[0].describe()}; 'racecheck run --resume "
-                f"{folder}' repairs the log and reruns what it lost"
+                f"{folder / 'trials.jsonl'}: {bad[0].describe()}; this repairs the log and reruns what it "
+                f"lost: {resume_command(folder)}"
+            )
+        planned = _planned(kept, run)
+        held = {(r.scenario, r.arm, r.trial) for r in mine}
+        if not mine and planned != 0:
+            raise MergeError(
+                f"{folder / 'trials.jsonl'} holds no records (shard {_shard(folder, run)} ran no test); "
+                f"finish it before the merge: {resume_command(folder)}"
+            )
+        if planned and len(held) < planned:
+            notes.append(
+                f"{folder} (shard {_shard(folder, run)}) holds {len(held)} of the {planned} trials it "
+                f"planned (trials x arms); the rest are missing from the merge until "
+                f"'racecheck run --resume' on the merged folder runs them"
             )
         for r in mine:
             key = (r.scenario, r.arm, r.trial)
@@ -95,24 +177,62 @@ def merge(inputs: list[Path], out: Path) -> int:
                 )
             owner[key] = folder
             records.append(r)
-    out.mkdir(parents=True, exist_ok=True)
-    with TrialLog(out / "trials.jsonl") as log:
-        for r in records:
-            log.append(r)
-    with open(out / state.COMPLETED_FILE, "w", encoding="utf-8") as fh:
-        for folder in inputs:
-            try:
-                with open(folder / state.COMPLETED_FILE, encoding="utf-8") as src:
-                    shutil.copyfileobj(src, fh)
-            except FileNotFoundError:
-                pass
-    merged = dict(first)
-    merged["trials"] = max(int(r.get("trials", 0)) for r in runs)
-    merged["shard"] = "1/1"
-    merged["merged_from"] = [str(p) for p in inputs]
-    merged["attempts"] = [a for r in runs for a in r.get("attempts", [])]
-    state.write_run(out, merged)
-    return len(records)
+    return records, notes
+
+
+def _planned(settings: dict, run: dict) -> int | None:
+    """The blocks (suite, arm, trial) a run planned in its shard; None where run.json does not say."""
+    suites = run.get("scenarios")
+    if "trials" not in settings or not isinstance(suites, dict):
+        return None
+    per_arm = len(settings.get("shard", Shard()).trials(settings["trials"]))
+    try:
+        return sum(len(info["arms"]) for info in suites.values()) * per_arm
+    except (KeyError, TypeError):
+        return None
+
+
+def _completed(inputs: list[Path]) -> str:
+    """The inputs' completed.jsonl, one after the other."""
+    parts = []
+    for folder in inputs:
+        try:
+            text = (folder / state.COMPLETED_FILE).read_text(encoding="utf-8", errors="replace")
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise MergeError(f"{folder / state.COMPLETED_FILE}: unreadable: {exc.strerror or exc}") from None
+        parts.append(text if not text or text.endswith("\n") else text + "\n")
+    return "".join(parts)
+
+
+def _commit(out: Path, *, records: list[TrialRecord], completed: str, run: dict) -> None:
+    """Write the merged files as temporary files of this process, then rename them into place with
+    SIGINT and SIGTERM held back, trials.jsonl last: an interrupted merge leaves no trial log
+    that could pass for a run (its temporary files are removed on the way out)."""
+    texts = {
+        state.COMPLETED_FILE: completed,
+        state.RUN_FILE: json.dumps(run, indent=2) + "\n",
+        "trials.jsonl": "".join(r.to_json() + "\n" for r in records),
+    }
+    staged = {name: out / f".{name}.{os.getpid()}.{_STAGED}" for name in texts}
+    try:
+        for name, text in texts.items():
+            with open(staged[name], "w", encoding="utf-8") as fh:
+                fh.write(text)
+                fh.flush()
+                os.fsync(fh.fileno())
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        try:
+            for name in texts:  # trials.jsonl last: the file that makes the folder a run
+                os.replace(staged[name], out / name)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+    except OSError as exc:
+        raise MergeError(f"cannot write to {out}: {exc.strerror or exc}") from None
+    finally:
+        for path in staged.values():
+            path.unlink(missing_ok=True)
 
 
 def expand_inputs(patterns, out: Path) -> list[Path]:

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import json
 import os
 import time
+import types
+import typing
 from collections.abc import Iterator
 from pathlib import Path
 from typing import ClassVar, TextIO
@@ -80,7 +83,10 @@ class TrialRecord:
 
     @classmethod
     def from_dict(cls, data: dict) -> TrialRecord:
-        """The record of one parsed log line (unknown keys ignored); ValueError when it is none."""
+        """The record of one parsed log line (unknown keys ignored), every field of its declared
+        type and `outcome`, `expect` and `trial` in their range; ValueError naming the first field
+        that is not. This is where every reader of the log (tally, merge, --resume) gets its
+        records, so no reader checks them again."""
         if not isinstance(data, dict):
             raise ValueError(f"not a JSON object: {str(data)[:60]!r}")
         fields = dataclasses.fields(cls)
@@ -91,8 +97,53 @@ class TrialRecord:
         ]
         if missing:
             raise ValueError(f"missing field(s) {', '.join(missing)}")
-        names = {f.name for f in fields}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        hints = _record_types()
+        for f in fields:
+            if f.name in data and not _is_of(data[f.name], hints[f.name]):
+                raise ValueError(f"field {f.name} is {_show(data[f.name])}, not {_type_name(hints[f.name])}")
+        if data["outcome"] not in _OUTCOMES:
+            raise ValueError(f"unknown outcome {_show(data['outcome'])} (known: {', '.join(_OUTCOMES)})")
+        if data["expect"] not in _EXPECTS:
+            raise ValueError(f"field expect is {_show(data['expect'])}, not 'race', 'safe' or ''")
+        if data["trial"] < 0:
+            raise ValueError(f"field trial is {data['trial']}, not a trial index (0 or more)")
+        return cls(**{f.name: data[f.name] for f in fields if f.name in data})
+
+
+_OUTCOMES = tuple(o.value for o in Outcome)
+_EXPECTS = ("race", "safe", "")
+
+
+@functools.cache
+def _record_types() -> dict[str, object]:
+    """TrialRecord's field types, resolved from its annotations (strings under `annotations`)."""
+    return typing.get_type_hints(TrialRecord)
+
+
+def _is_of(value, hint) -> bool:
+    """Whether a JSON value is of a field's declared type: str, int, float, bool, dict, list, or a
+    union of them with None. A JSON number is a float where one is declared; a bool is no int."""
+    if isinstance(hint, types.UnionType):
+        return any(_is_of(value, h) for h in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, typing.get_origin(hint) or hint)
+
+
+def _type_name(hint) -> str:
+    names = {str: "a string", int: "a whole number", float: "a number", bool: "true or false"}
+    names.update({dict: "an object", list: "a list", type(None): "null"})
+    if isinstance(hint, types.UnionType):
+        return " or ".join(_type_name(h) for h in typing.get_args(hint))
+    return names.get(typing.get_origin(hint) or hint, str(hint))
+
+
+def _show(value) -> str:
+    return repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
 
 
 class RankEventKind(enum.StrEnum):
@@ -270,26 +321,39 @@ class BadLine:
         return f"line {self.number} is {what} ({self.text[:40]!r})"
 
 
+class LogError(ValueError):
+    """A trial log that cannot be read or rewritten, or a line of it that is JSON but no valid
+    trial record: one line naming the file (and the line)."""
+
+
 def read_log(path: str | os.PathLike, *, bad_lines: list[BadLine] | None = None) -> Iterator[TrialRecord]:
-    """Records of a log. A line that is not JSON is skipped and, when `bad_lines` is given, added
-    to it so that the caller can say so (repair_log removes such lines). ValueError, naming the
-    line, for JSON that is not a trial record."""
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        for number, line in enumerate(fh, 1):
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                data = json.loads(line)
-            except json.JSONDecodeError:
-                if bad_lines is not None:
-                    bad_lines.append(BadLine(number, line))
-                continue
-            try:
-                record = TrialRecord.from_dict(data)
-            except ValueError as exc:
-                raise ValueError(f"{path}:{number}: not a trial record: {exc}") from None
-            yield record
+    """Records of a log, each validated (TrialRecord.from_dict). A line that is not JSON is skipped
+    and, when `bad_lines` is given, added to it so that the caller can say so (repair_log removes
+    such lines). LogError, naming the line, for JSON that is not a valid trial record, and for a
+    log that cannot be read (a folder in its place, an I/O error)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            yield from _records(path, fh, bad_lines)
+    except OSError as exc:
+        raise LogError(f"{path}: unreadable: {exc.strerror or exc}") from None
+
+
+def _records(path, lines, bad_lines: list[BadLine] | None) -> Iterator[TrialRecord]:
+    for number, line in enumerate(lines, 1):
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            data = json.loads(line)
+        except json.JSONDecodeError:
+            if bad_lines is not None:
+                bad_lines.append(BadLine(number, line))
+            continue
+        try:
+            record = TrialRecord.from_dict(data)
+        except ValueError as exc:
+            raise LogError(f"{path}:{number}: not a trial record: {exc}") from None
+        yield record
 
 
 def repair_log(path: str | os.PathLike) -> list[BadLine]:
@@ -304,13 +368,18 @@ def repair_log(path: str | os.PathLike) -> list[BadLine]:
     if not bad:
         return bad
     numbers = {b.number for b in bad}
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        kept = [
-            line if line.endswith("\n") else line + "\n" for number, line in enumerate(fh, 1) if number not in numbers
-        ]
-    with open(path.with_name(path.name + ".rejected"), "a", encoding="utf-8") as fh:
-        fh.writelines(b.text + "\n" for b in bad)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text("".join(kept), encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            kept = [
+                line if line.endswith("\n") else line + "\n"
+                for number, line in enumerate(fh, 1)
+                if number not in numbers
+            ]
+        with open(path.with_name(path.name + ".rejected"), "a", encoding="utf-8") as fh:
+            fh.writelines(b.text + "\n" for b in bad)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text("".join(kept), encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise LogError(f"{path}: cannot be repaired: {exc.strerror or exc}") from None
     return bad

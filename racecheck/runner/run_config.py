@@ -1,6 +1,6 @@
 """What a run is (RunConfig) and its run.json form: the one place that knows which settings a run
 folder keeps, how each is written, and how `--resume` and `merge` read them back; and the one
-command line that replays a trial of the run (replay_command).
+command line that replays a trial of the run (replay_command), and the one that resumes it.
 
 `to_json()` writes every field but those a later invocation gives anew or finds itself
 (_NOT_KEPT), plus two derived entries for the reader: each suite's world on this machine and each
@@ -26,7 +26,8 @@ from racecheck.suites.catalogue import Suite
 # limits of one invocation (--max-time, --stop-when), and what fit_worlds finds on the machine
 # that resumes (its GPUs decide the worlds and the suites skipped; run.json shows the writer's).
 _NOT_KEPT = ("scenarios", "out", "max_time", "stop_rules", "worlds", "skipped")
-_WRITTEN_FOR_READERS = ("worlds", "skipped")  # written although from_json does not read them back
+_WRITTEN_FOR_READERS = ("worlds", "skipped")
+RUN_JSON = "run.json"  # written although from_json does not read them back
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +56,7 @@ class RunConfig:
     stop_rules: tuple[StopRule, ...] = ()
     revisions: dict = dataclasses.field(default_factory=dict)  # "suite/arm" -> resolved commit
     source: dict = dataclasses.field(default_factory=dict)
+    fingerprints: dict = dataclasses.field(default_factory=dict)  # suite -> suites/fingerprint.py's, for --resume
     worlds: dict = dataclasses.field(default_factory=dict)  # suite -> ranks this machine gives it
     skipped: dict = dataclasses.field(default_factory=dict)  # suite -> why it cannot run here
 
@@ -104,10 +106,9 @@ class RunConfig:
     def from_json(cls, data: dict, *, scenarios: tuple[Suite, ...], out: Path, **given) -> RunConfig:
         """The RunConfig run.json describes, for the suites reloaded from its `source`; `given`
         are the settings the resuming command line gives anew (trials, timeout, max_time, ...).
-        A setting missing from an older run.json takes its default; ValueError, KeyError or
-        TypeError for one that does not read back."""
-        kept = {f.name: f for f in dataclasses.fields(cls) if f.name not in _NOT_KEPT}
-        values = {name: _from_json(name, data[name]) for name in kept if name in data and name not in given}
+        A setting missing from an older run.json takes its default; ValueError for one that does
+        not read back (settings_from_json), KeyError for `arms` or `trials` missing."""
+        values = {k: v for k, v in settings_from_json(data).items() if k not in given}
         for required in ("arms", "trials"):
             if required not in values and required not in given:
                 raise KeyError(required)
@@ -124,24 +125,115 @@ def _to_json(value):
     return value
 
 
-# How a kept field reads back where JSON's own type is not the field's.
+ISOLATIONS = ("session", "process")
+ORDERS = ("alternate", "random")
+BACKENDS = ("auto", "sim", "cuda")
+
+
+def _whole(least: int | None = None) -> Callable[[Any], int]:
+    def read(value) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{value!r} is not a whole number")
+        if least is not None and value < least:
+            raise ValueError(f"{value} is below {least}")
+        return value
+
+    return read
+
+
+def _number_from_1(value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 1:
+        raise ValueError(f"{value!r} is not a number of at least 1")
+    return float(value)
+
+
+def _flag(value) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{value!r} is not true or false")
+    return value
+
+
+def _strings(value) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"{str(value)[:40]!r} is not a list of strings")
+    return tuple(value)
+
+
+def _one_of(choices: tuple[str, ...]) -> Callable[[Any], str]:
+    def read(value) -> str:
+        if value not in choices:
+            raise ValueError(f"{value!r} is not one of {', '.join(choices)}")
+        return value
+
+    return read
+
+
+def _optional(read: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    return lambda value: None if value is None else read(value)
+
+
+def _object(value) -> dict:
+    if not isinstance(value, dict):
+        raise ValueError(f"{str(value)[:40]!r} is not an object")
+    return dict(value)
+
+
+def _profile(value) -> str:
+    from racecheck.suites.catalogue import check_profile
+
+    if not isinstance(value, str):
+        raise ValueError(f"{value!r} is not a profile")
+    check_profile(value)
+    return value
+
+
+def _mesh(value) -> str:
+    from racecheck.mesh_config import MeshConfig
+
+    if not isinstance(value, str):
+        raise ValueError(f"{value!r} is not of the form SHARDxREPLICATE")
+    return str(MeshConfig.parse(value))
+
+
+# How each kept field reads back from run.json, checked as the command line checks it: a value
+# that does not read back is a ValueError naming the field (settings_from_json).
 _READ_BACK: dict[str, Callable[[Any], Any]] = {
-    "arms": lambda v: tuple(v) if v else None,
-    "trials": int,
-    "seed": int,
-    "chunk": int,
-    "timeout": float,
-    "detect": bool,
-    "all_arms": bool,
-    "pytest_args": tuple,
+    "arms": _optional(lambda v: _strings(v) or None),  # [] and null: each suite's default arms
+    "trials": _whole(1),
+    "perturb": _optional(_profile),
+    "seed": _whole(),
+    "isolation": _one_of(ISOLATIONS),
+    "order": _one_of(ORDERS),
+    "chunk": _whole(1),
+    "timeout": _number_from_1,
+    "backend": _one_of(BACKENDS),
+    "detect": _flag,
+    "pytest_args": _strings,
+    "all_arms": _flag,
+    "world_size": _optional(_whole(1)),
+    "mesh": _optional(_mesh),
     "shard": lambda v: Shard.parse(str(v)),
-    "revisions": dict,
-    "world_size": lambda v: None if v is None else int(v),
+    "shard_source": lambda v: v if isinstance(v, str) else str(v),
+    "revisions": _object,
+    "source": _object,
+    "fingerprints": _object,
 }
 
 
-def _from_json(name: str, value):
-    return _READ_BACK.get(name, lambda v: v)(value)
+def settings_from_json(data: dict) -> dict:
+    """The settings run.json keeps (every RunConfig field but _NOT_KEPT) that `data` holds, each
+    read back to its field's type; ValueError naming the first one that does not read back
+    (`run.json: chunk: 0 is below 1`). The one reader of run.json's settings: --resume and merge."""
+    kept = [f.name for f in dataclasses.fields(RunConfig) if f.name not in _NOT_KEPT]
+    values = {}
+    for name in kept:
+        if name not in data:
+            continue
+        try:
+            values[name] = _READ_BACK[name](data[name])
+        except ValueError as exc:
+            raise ValueError(f"{RUN_JSON}: {name}: {exc}") from None
+    return values
 
 
 # pytest options whose value may follow as the next argument (so it is no target).
@@ -205,6 +297,11 @@ def replay_spec(record: TrialRecord) -> str:
     if systematic is None:
         return spec
     return dataclasses.replace(systematic, at=tuple(record.delayed)).to_spec()
+
+
+def resume_command(out: Path | str) -> str:
+    """The command line that continues the run in `out`, quoted for a POSIX shell."""
+    return shlex.join(["racecheck", "run", "--resume", str(out)])
 
 
 def replay_command(record: TrialRecord, *, suite: Suite, config: RunConfig) -> str:

@@ -8,6 +8,9 @@
   last record, so a partly logged block counts once);
 - `runner.lock` and `runner.json`: the live runner's lock on the folder, and its own and its
   current session's identities (Lock).
+
+A run or a merge writes only into a folder that is new, empty, or already racecheck's
+(check_out_folder): never into one that holds someone else's files.
 """
 
 from __future__ import annotations
@@ -15,24 +18,74 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
+import secrets
 from pathlib import Path
 
 import psutil
 
 from racecheck.runner.blocks import Block
 
-RUN_FILE, COMPLETED_FILE, LOCK_FILE = "run.json", "completed.jsonl", "runner.json"
+RUN_FILE, COMPLETED_FILE, LOCK_FILE, LOCK_NAME = "run.json", "completed.jsonl", "runner.json", "runner.lock"
 
 
 def read_run(out: Path) -> dict:
-    """OUT/run.json; ValueError (one line) when it is missing or unreadable."""
+    """OUT/run.json as a JSON object; ValueError (one line) when it is missing, unreadable or no
+    object. Its settings are checked where they are read back (RunConfig.settings_from_json)."""
     path = Path(out) / RUN_FILE
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ValueError(f"{out}: no {RUN_FILE} (not a racecheck run folder)") from None
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
+        raise ValueError(f"{path}: unreadable: {exc.strerror or exc}") from None
+    except ValueError as exc:
         raise ValueError(f"{path}: unreadable: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    return data
+
+
+class ForeignFolder(ValueError):
+    """A folder that holds files and no racecheck run: no run or merge writes into it."""
+
+
+def is_run_folder(folder: Path) -> bool:
+    """Whether `folder` holds a racecheck run: the lock file a runner or a merge takes before it
+    writes anything else, or a run.json that reads as a run's."""
+    if (folder / LOCK_NAME).is_file():
+        return True
+    try:
+        return "source" in read_run(folder)
+    except ValueError:
+        return False
+
+
+def check_out_folder(out: Path) -> None:
+    """ForeignFolder (one line) unless a run or a merge may write into `out`: a folder that does
+    not exist yet, an empty one, or one that holds a racecheck run (is_run_folder; whether it may
+    take another run is the runner's or the merge's to say). A symbolic link is judged by the
+    folder it leads to, so that it leads no run into someone else's folder."""
+    out = Path(out)
+    target = out.resolve() if out.is_symlink() else out
+    try:
+        if not target.is_dir() or _only_node_folders(target) or is_run_folder(target):
+            return  # a new folder, or something that creating or writing it reports
+    except OSError:
+        return  # unreadable: writing to it says so
+    where = f"{out} (a link to {target})" if out.is_symlink() else str(out)
+    raise ForeignFolder(f"{where} holds files and no racecheck run; give a new or an empty folder")
+
+
+def _only_node_folders(folder: Path) -> bool:
+    """Whether `folder` is empty but for its follower nodes' folders (OUT/nodes/node-R, which
+    the nodes of a run across nodes on one file system may create before node 0 takes OUT)."""
+    entries = list(folder.iterdir())
+    if not entries:
+        return True
+    if [e.name for e in entries] != ["nodes"] or not entries[0].is_dir():
+        return False
+    return all(e.is_dir() and re.fullmatch(r"node-\d+", e.name) for e in entries[0].iterdir())
 
 
 def write_run(out: Path, data: dict) -> None:
@@ -71,12 +124,16 @@ class CompletedLog:
 
 def read_completed(out: Path) -> dict[tuple[str, str, int], tuple[str, int | None]]:
     """(suite, arm, trial) -> (worst outcome, records it wrote, None where not noted) of every
-    finished block; a line that does not parse (a torn last line) is skipped: its block reruns."""
+    finished block; a line that does not parse (a torn last line) is skipped: its block reruns.
+    ValueError (one line) when the file exists and cannot be read."""
     done: dict[tuple[str, str, int], tuple[str, int | None]] = {}
+    path = Path(out) / COMPLETED_FILE
     try:
-        lines = (Path(out) / COMPLETED_FILE).read_text(encoding="utf-8").splitlines()
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
     except FileNotFoundError:
         return done
+    except OSError as exc:
+        raise ValueError(f"{path}: unreadable: {exc.strerror or exc}") from None
     for line in lines:
         try:
             d = json.loads(line)
@@ -90,6 +147,10 @@ def read_completed(out: Path) -> dict[tuple[str, str, int], tuple[str, int | Non
     return done
 
 
+# The variable that carries a runner's token into the environment of every session it starts.
+TOKEN_VARIABLE = "RACECHECK_RUNNER_TOKEN"
+
+
 def _identity(pid: int) -> dict:
     """What proves later that a pid is still the process we meant: its start time and command."""
     p = psutil.Process(pid)
@@ -97,13 +158,18 @@ def _identity(pid: int) -> dict:
 
 
 def _alive(ident: dict | None) -> psutil.Process | None:
-    """The process `ident` names, if it still runs: the same pid, start time and command line (a
-    reused pid matches neither)."""
-    if not ident or "cmdline" not in ident:
+    """The session `ident` names, if it still runs and provably is a racecheck session: the same
+    pid, start time and command line (a reused pid matches neither), and the runner's token in its
+    environment. runner.json is only a file: anyone can write a foreign process's pid, start time
+    and command line into it, but not the token into that process's environment, so a process
+    whose environment cannot be read (another user's) or lacks the token is never touched."""
+    if not isinstance(ident, dict) or "cmdline" not in ident or not ident.get("token"):
         return None  # written without the proof: never act on it
     try:
         p = psutil.Process(int(ident["pid"]))
-        if abs(p.create_time() - float(ident["started"])) < 0.01 and p.cmdline() == ident["cmdline"]:
+        if abs(p.create_time() - float(ident["started"])) >= 0.01 or p.cmdline() != ident["cmdline"]:
+            return None
+        if p.environ().get(TOKEN_VARIABLE) == ident["token"]:
             return p
     except (psutil.Error, KeyError, TypeError, ValueError):
         pass
@@ -118,18 +184,24 @@ class Lock:
     """The run folder held by one runner: an exclusive `flock` on OUT/runner.lock for the whole
     run (the kernel drops it when the process dies, however it dies), and OUT/runner.json with the
     runner's and its current session's identities, so that a later runner can kill a session left
-    behind, once it proves that the process is that session."""
+    behind, once it proves that the process is that session (_alive). Every session the runner
+    starts carries `session_env()` in its environment for that proof."""
 
     def __init__(self, out: Path) -> None:
         self.out = Path(out)
         self.path = self.out / LOCK_FILE
+        self.token = secrets.token_hex(16)
         self._fd: int | None = None
         self._data: dict = {"runner": None, "session": None}
+
+    def session_env(self) -> dict[str, str]:
+        """The environment entry that marks a session as this runner's."""
+        return {TOKEN_VARIABLE: self.token}
 
     def acquire(self) -> list[int]:
         """Take the folder; returns the ids of left-over session processes it killed. FolderInUse
         when another process holds it; OSError when the folder cannot be written."""
-        fd = os.open(self.out / "runner.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(self.out / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -150,7 +222,7 @@ class Lock:
 
     def session(self, pid: int | None) -> None:
         try:
-            self._data["session"] = _identity(pid) if pid is not None else None
+            self._data["session"] = {**_identity(pid), "token": self.token} if pid is not None else None
         except psutil.NoSuchProcess:  # it died at once: nothing to prove later
             self._data["session"] = None
         self._write()

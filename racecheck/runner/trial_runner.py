@@ -31,7 +31,7 @@ from racecheck.runner import blocks, launch, state
 from racecheck.runner.blocks import Block, SessionPlan
 from racecheck.runner.gitarms import Worktrees, pythonpath
 from racecheck.runner.record import Outcome, TestOutcome, TrialLog, TrialRecord, read_log, repair_log
-from racecheck.runner.run_config import RunConfig, replay_command, split_targets
+from racecheck.runner.run_config import RunConfig, replay_command, resume_command, split_targets
 from racecheck.runner.session import Ending, SessionRun
 from racecheck.runner.stopping import LiveCounts
 from racecheck.suites.catalogue import Suite
@@ -104,7 +104,7 @@ class Runner:
             raise InputError(f"cannot write to the run folder {out}: {exc.strerror or exc}") from None
         if not self.resume and (out / "trials.jsonl").exists() and (out / "trials.jsonl").stat().st_size:
             self._lock.release()
-            raise InputError(f"{out} already holds a run; choose another --out, or continue it with --resume {out}")
+            raise InputError(f"{out} already holds a run; choose another --out, or continue it: {resume_command(out)}")
         if killed:
             self.listener.note(f"killed the session a previous runner left running (pid {killed[0]})")
         try:
@@ -144,13 +144,14 @@ class Runner:
         try:
             bad = repair_log(log)
             records = list(read_log(log)) if log.exists() else []
+            completed = state.read_completed(out)
         except ValueError as exc:
             raise InputError(f"cannot resume {out}: {exc}") from None
         for b in bad:
             self.listener.note(f"{log}: {b.describe()}: removed (kept in {log.name}.rejected)")
         written = collections.Counter((r.scenario, r.arm, r.trial) for r in records)
         done = {}
-        for key, (outcome, expected) in state.read_completed(out).items():
+        for key, (outcome, expected) in completed.items():
             if expected is not None and written[key] < expected:
                 self.listener.note(
                     f"{key[0]}: trial {key[2]} of arm {key[1]!r} lost "
@@ -277,7 +278,7 @@ class Runner:
             args.append(f"--racecheck-steps={len(plan.blocks)}")
         if c.detect:
             args.append("--racecheck-detect")
-        env = {}
+        env = self._lock.session_env()  # proves the session this runner's to a later one (state.Lock)
         cwd = suite.run_root
         if suite.config_file is None:
             env["OMP_NUM_THREADS"] = "1"
