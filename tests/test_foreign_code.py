@@ -36,7 +36,9 @@ def test_plan_names_one_profile_per_case_and_every_profile_for_fsdp2(fc):
     plain = [r for r in runs if r.suite == "plain_torch" and r.mode.startswith("profile:")]
     assert [r.targets for r in plain] == [c.targets for c in fc.CASES if c.suite == "plain_torch"]
     fsdp2 = {r.mode for r in runs if r.suite == "fsdp2" and r.mode.startswith("profile:")}
-    assert fsdp2 == {f"profile:{c.profile}" for c in fc.CASES}
+    # correct code: every named profile, each delay with pressure and with poison, the cases' own
+    assert fsdp2 == {f"profile:{p}" for p in (*fc.FSDP2_PROFILES, *(c.profile for c in fc.CASES))}
+    assert {"profile:enter_delay", "profile:sleep@stream_wait:3ms,pressure@free", "profile:poison"} <= fsdp2
     detect = [r for r in runs if r.mode == "detect"]
     assert [r.flags() for r in detect] == [["--detect", "--no-perturb"]] * 2
     assert all(r.targets == fc.WHOLE_SUITE[r.suite] for r in detect)

@@ -94,34 +94,6 @@ def test_pressure_and_poison_make_a_free_collide_where_nothing_reuses_it(pattern
     assert runs(pattern, spec, fixed=True, reuse=False)[0] == 0
 
 
-FSDP2_PATTERN = '''
-import torch
-
-N = 1 << 22
-
-
-def freed_before_the_wait(order: bool = True) -> bool:
-    """FSDP2's sharded gradient: allocated on the reduce-scatter stream, read by the optimizer on
-    the default stream, freed by zero_grad on the default stream; the reduce-scatter stream waits
-    for the default stream before it next allocates. Correct code: True when it computed wrong."""
-    rs = torch.cuda.Stream()
-    with torch.cuda.stream(rs):
-        grad = torch.full((N,), 1.0, device="cuda")
-    torch.cuda.current_stream().wait_stream(rs)
-    seen = torch.empty(N, device="cuda")
-    seen.copy_(grad)  # the optimizer's read, on the default stream
-    del grad  # zero_grad(set_to_none=True): back to the reduce-scatter stream's pool
-    if order:
-        rs.wait_stream(torch.cuda.current_stream())  # before the stream allocates again
-    with torch.cuda.stream(rs):
-        nxt = torch.empty(N, device="cuda")
-        nxt.fill_(2.0)  # the next step's reduce-scatter output
-    torch.cuda.synchronize()
-    del nxt
-    return bool((seen != 1.0).any())
-'''
-
-
 @pytest.mark.parametrize(
     "spec",
     [
@@ -130,15 +102,18 @@ def freed_before_the_wait(order: bool = True) -> bool:
         "random",
     ],
 )
-def test_fsdp2s_free_before_the_wait_never_fails(tmp_path, spec):
-    """The false alarm of an allocator action ahead of the program's own wait: FSDP2 failed
-    10/10 under the first two profiles when poison and pressure acted at the next stream call."""
-    (tmp_path / "fsdp2_pattern.py").write_text(textwrap.dedent(FSDP2_PATTERN))
+def test_fsdp2s_free_before_the_wait_never_fails(spec):
+    """The false alarm of an allocator action ahead of the program's own wait
+    (bench/fsdp2_free_before_wait.py): it failed 10/10 under the first two profiles when poison
+    and pressure acted at the next stream call; at the next allocation they act behind the wait."""
     import importlib.util
+    from pathlib import Path
 
-    spec_ = importlib.util.spec_from_file_location("fsdp2_pattern", tmp_path / "fsdp2_pattern.py")
-    module = importlib.util.module_from_spec(spec_)
-    spec_.loader.exec_module(module)
+    path = Path(__file__).resolve().parents[1] / "bench" / "fsdp2_free_before_wait.py"
+    loaded = importlib.util.spec_from_file_location("fsdp2_free_before_wait", path)
+    module = importlib.util.module_from_spec(loaded)
+    loaded.loader.exec_module(module)
+    module.freed_before_the_wait()  # warm-up
     failures, acted = 0, 0
     for seed in range(10):
         with PatchMode(parse_profile(spec), seed=seed) as patch:

@@ -4,24 +4,36 @@ can be judged against `programs.expected` on both.
 
 Every access is a launch on its stream (a fill, a copy), so that nothing but the program's own
 operations allocate: a read copies its buffer into a slice of one witness buffer made before the
-program starts, which no later allocation can be handed.
+program starts, which no later allocation can be handed. Each run writes its values offset by a
+salt of its own and reads them back without it: a block handed out again in a later run of the
+same program (a real caching allocator gives the same addresses to the same program) then holds
+values of no run, so that a read of memory not yet written shows.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Callable
 
 import torch
 
 from racecheck.scenario_kit.programs import STREAMS, Outcome, Program, witness_sizes
 
+_SALTS = itertools.count(1)
+SALT_STEP = 1000.0  # far above any value a generated program writes
 
-def _uniform(t: torch.Tensor) -> float | None:
-    """The value every element holds, None when they differ (or are NaN)."""
+
+def _salt() -> float:
+    """The next run's salt; below 2**24 with the values added, so float32 holds them exactly."""
+    return SALT_STEP * (1 + next(_SALTS) % 4096)
+
+
+def _uniform(t: torch.Tensor, salt: float) -> float | None:
+    """The value every element holds less the run's salt, None when they differ (or are NaN)."""
     flat = t.flatten()
     first = float(flat[0])
-    return first if bool((flat == first).all()) else None
+    return first - salt if bool((flat == first).all()) else None
 
 
 def _slices(program: Program) -> list[tuple[int, int]]:
@@ -39,6 +51,7 @@ def run_on_runtime(
     `around()` (a perturbation, a detector) from the first operation to the last."""
     streams = [rt.default_stream()] + [rt.new_stream(f"s{i}") for i in range(1, STREAMS)]
     slices = _slices(program)
+    salt = _salt()
     with rt.queued_default_stream():
         witness = rt.empty(max(1, slices[-1][1] if slices else 1))
         host_witness: dict[int, torch.Tensor] = {}
@@ -47,14 +60,13 @@ def run_on_runtime(
         addresses: dict[int, int] = {}
         with around() if around is not None else contextlib.nullcontext():
             for op in program.ops:
-                _runtime_op(rt, op, streams, bufs, events, witness, slices, host_witness)
+                _runtime_op(rt, op, streams, bufs, events, witness, slices, host_witness, salt)
                 if op.kind == "alloc":
                     addresses[op.buf] = bufs[op.buf].data_ptr()
             rt.synchronize()
-        values = {b: _uniform(t) for b, t in sorted(bufs.items())}
+        values = {b: _uniform(t, salt) for b, t in sorted(bufs.items())}
         seen = [
-            _uniform(host_witness[i]) if i in host_witness else _uniform(witness[a:z])
-            for i, (a, z) in enumerate(slices)
+            _uniform(host_witness[i] if i in host_witness else witness[a:z], salt) for i, (a, z) in enumerate(slices)
         ]
     return Outcome(values, seen, addresses)
 
@@ -67,17 +79,17 @@ def _copy(out, src):
     out.copy_(src)
 
 
-def _runtime_op(rt, op, streams, bufs, events, witness, slices, host_witness) -> None:
+def _runtime_op(rt, op, streams, bufs, events, witness, slices, host_witness, salt: float) -> None:
     kind = op.kind
     s = streams[op.stream] if op.stream >= 0 else None
     if kind == "alloc":
         with rt.stream(s):
             t = rt.empty(op.size)
-            rt.launch("fill", _fill(op.value), writes=(t,))
+            rt.launch("fill", _fill(op.value + salt), writes=(t,))
         bufs[op.buf] = t
     elif kind == "write":
         with rt.stream(s):
-            rt.launch("fill", _fill(op.value), writes=(bufs[op.buf],))
+            rt.launch("fill", _fill(op.value + salt), writes=(bufs[op.buf],))
     elif kind in ("copy", "to_host", "from_host"):
         with rt.stream(s):
             rt.launch(kind, _copy, writes=(bufs[op.buf],), reads=(bufs[op.src],))
@@ -103,9 +115,9 @@ def _runtime_op(rt, op, streams, bufs, events, witness, slices, host_witness) ->
         del bufs[op.buf]
     elif kind == "host_alloc":
         bufs[op.buf] = rt.pinned_empty(op.size)
-        bufs[op.buf].fill_(op.value)  # the host writes its own buffer at once
+        bufs[op.buf].fill_(op.value + salt)  # the host writes its own buffer at once
     elif kind == "host_write":
-        bufs[op.buf].fill_(op.value)
+        bufs[op.buf].fill_(op.value + salt)
     elif kind == "host_read":
         host_witness[op.other] = bufs[op.src].clone()
     else:
@@ -120,6 +132,7 @@ def run_on_torch_cuda(
     device = torch.device("cuda", torch.cuda.current_device())
     streams = [torch.cuda.default_stream(device)] + [torch.cuda.Stream(device) for _ in range(1, STREAMS)]
     slices = _slices(program)
+    salt = _salt()
     witness = torch.empty(max(1, slices[-1][1] if slices else 1), device=device)
     host_witness: dict[int, torch.Tensor] = {}
     bufs: dict[int, torch.Tensor] = {}
@@ -128,29 +141,28 @@ def run_on_torch_cuda(
     torch.cuda.synchronize(device)
     with around() if around is not None else contextlib.nullcontext():
         for op in program.ops:
-            _torch_op(op, device, streams, bufs, events, witness, slices, host_witness)
+            _torch_op(op, device, streams, bufs, events, witness, slices, host_witness, salt)
             if op.kind == "alloc":
                 addresses[op.buf] = bufs[op.buf].data_ptr()
         torch.cuda.synchronize(device)
-    values = {b: _uniform(t.cpu()) for b, t in sorted(bufs.items())}
+    values = {b: _uniform(t.cpu(), salt) for b, t in sorted(bufs.items())}
     seen = [
-        _uniform(host_witness[i]) if i in host_witness else _uniform(witness[a:z].cpu())
-        for i, (a, z) in enumerate(slices)
+        _uniform(host_witness[i] if i in host_witness else witness[a:z].cpu(), salt) for i, (a, z) in enumerate(slices)
     ]
     return Outcome(values, seen, addresses)
 
 
-def _torch_op(op, device, streams, bufs, events, witness, slices, host_witness) -> None:
+def _torch_op(op, device, streams, bufs, events, witness, slices, host_witness, salt: float) -> None:
     kind = op.kind
     s = streams[op.stream] if op.stream >= 0 else None
     if kind == "alloc":
         with torch.cuda.stream(s):
             t = torch.empty(op.size, device=device)
-            t.fill_(op.value)
+            t.fill_(op.value + salt)
         bufs[op.buf] = t
     elif kind == "write":
         with torch.cuda.stream(s):
-            bufs[op.buf].fill_(op.value)
+            bufs[op.buf].fill_(op.value + salt)
     elif kind in ("copy", "to_host", "from_host"):
         with torch.cuda.stream(s):
             bufs[op.buf].copy_(bufs[op.src], non_blocking=True)
@@ -176,9 +188,9 @@ def _torch_op(op, device, streams, bufs, events, witness, slices, host_witness) 
         del bufs[op.buf]
     elif kind == "host_alloc":
         bufs[op.buf] = torch.empty(op.size, pin_memory=True)
-        bufs[op.buf].fill_(op.value)
+        bufs[op.buf].fill_(op.value + salt)
     elif kind == "host_write":
-        bufs[op.buf].fill_(op.value)
+        bufs[op.buf].fill_(op.value + salt)
     elif kind == "host_read":
         host_witness[op.other] = bufs[op.src].clone()
     else:

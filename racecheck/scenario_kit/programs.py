@@ -302,7 +302,9 @@ class _Generator:
                 x.recorded.add(d)
         owed = self.owed.setdefault(x.stream, {})
         for d, (e, op) in pending.items():
-            if d not in x.recorded:
+            # record_stream holds the block until each recorded stream passes the free: that covers
+            # what those streams are ordered after now, other streams' accesses included
+            if d not in x.recorded and not any(self.clocks.covers(r, d, e) for r in x.recorded):
                 before = owed.get(d)
                 if before is None or before[0] < e:
                     owed[d] = (e, op, (before[2] if before else set()) | {b})

@@ -148,7 +148,9 @@ def test_host_statistics(fixed):
         norms = (x * (step + 1)).norm(dim=1)
         want = norms.cpu()  # blocking: the reference, read after the device is done
         got = stats.snapshot(norms).clone()  # the host reads the pinned buffer
-        torch.testing.assert_close(got, want, **TOL, msg=lambda m, s=step: _differs(f"step {s}'s norms", got, want))
+        torch.testing.assert_close(
+            got, want, **TOL, msg=lambda m, s=step, got=got, want=want: _differs(f"step {s}'s norms", got, want)
+        )
 
 
 def test_staged_inputs(fixed):
@@ -159,4 +161,6 @@ def test_staged_inputs(fixed):
         batch = _inputs(OFFLOAD_BATCH).cuda() * (step + 1)
         got = (stager.stage(batch) @ weights).cpu()
         want = ((batch - batch.mean(dim=1, keepdim=True)) @ weights).cpu()
-        torch.testing.assert_close(got, want, **TOL, msg=lambda m, s=step: _differs(f"step {s}'s output", got, want))
+        torch.testing.assert_close(
+            got, want, **TOL, msg=lambda m, s=step, got=got, want=want: _differs(f"step {s}'s output", got, want)
+        )
