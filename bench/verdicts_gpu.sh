@@ -8,6 +8,7 @@
 #              .whl/old_racecheck.tar b7b4528 racecheck`) and as it is
 #   foreign    bench/foreign_code.py: the example projects in every mode and the soundness check's
 #              generated programs on torch.cuda (FOREIGN_MODES, FOREIGN_SUITES, FOREIGN_JOBS)
+#   megatron   the same for megatron-fsdp alone (MEGATRON_MODES), beside the others
 #   catalogue  the catalogue's scenarios that fit one GPU, every arm under its profile
 #   bash bench/verdicts_gpu.sh [PART ...]      (default: every part; they run side by side)
 # The wheels the machine lacks travel in .whl/ (bench/gpu_check.sh's header; hypothesis too).
@@ -32,11 +33,21 @@ before() {  # FSDP2 under the profiles of the report, racecheck before and after
   for code in old new; do
     for spec in "sleep@stream_enter:3ms,sleep@stream_wait:3ms,pressure@free" \
       "sleep@stream_enter:3ms,sleep@stream_wait:3ms,poison@free"; do
+      if [ "$code" = old ]; then
+        PYTHONPATH=/tmp/old:$PYTHONPATH python3 bench/fsdp2_free_before_wait.py --perturb "$spec" --trials 10
+      else
+        python3 bench/fsdp2_free_before_wait.py --perturb "$spec" --trials 10
+      fi
+    done
+  done >"$V/before.pattern.log" 2>&1
+  for code in old new; do
+    for spec in "sleep@stream_enter:3ms,sleep@stream_wait:3ms,pressure@free" \
+      "sleep@stream_enter:3ms,sleep@stream_wait:3ms,poison@free"; do
       local tag=${spec//[@:,]/_}
       (
         cd examples/fsdp2 || exit 3
         [ "$code" = old ] && export PYTHONPATH=/tmp/old:$PYTHONPATH RACECHECK_PURE_PYTHON=1
-        timeout 300 python3 -m racecheck run --arms bf16,fp32 --trials 10 --quiet --perturb "$spec" \
+        timeout "$((SECONDS_LEFT - 60))" python3 -m racecheck run --arms bf16,fp32 --trials "${BEFORE_TRIALS:-10}" --quiet --perturb "$spec" \
           --out "$V/before/$code.$tag" -- tests/test_transformer.py
       ) >"$V/before.$code.$tag.log" 2>&1 &
     done
@@ -51,13 +62,18 @@ for part in "${parts[@]}"; do
     foreign) (python3 bench/foreign_code.py --out "$V/foreign" --report "$V/report" --jobs "${FOREIGN_JOBS:-6}" \
       --suites "${FOREIGN_SUITES:-megatron_fsdp,fsdp2,plain_torch}" \
       --modes "${FOREIGN_MODES:-natural,profile,detect,random,systematic,soundness}" \
-      --systematic-trials "${SYSTEMATIC_TRIALS:-30}" --max-seconds "$((SECONDS_LEFT - 60))" >"$V/foreign.log" 2>&1) & ;;
+      --profile-trials "${PROFILE_TRIALS:-10}" --systematic-trials "${SYSTEMATIC_TRIALS:-30}" \
+      --max-seconds "$((SECONDS_LEFT - 60))" >"$V/foreign.log" 2>&1) & ;;
+    megatron) (python3 bench/foreign_code.py --out "$V/megatron" --report "$V/report-megatron" --jobs 2 \
+      --suites megatron_fsdp --modes "${MEGATRON_MODES:-profile,systematic}" \
+      --systematic-trials "${MEGATRON_SYSTEMATIC_TRIALS:-30}" --max-seconds "$((SECONDS_LEFT - 60))" \
+      >"$V/megatron.log" 2>&1) & ;;
     catalogue) (timeout "$((SECONDS_LEFT - 40))" python3 -m racecheck run --backend cuda --arms all --trials 10 --quiet \
       --world-size 1 --max-time "$((SECONDS_LEFT - 80))" --out "$V/catalogue" --scenario "$(python3 -c '
 import sys; sys.path.insert(0, "bench")
 from gpu_check import catalogue_split
 print(",".join(catalogue_split(1)[0]))')" >"$V/catalogue.log" 2>&1) & ;;
-    *) echo "verdicts_gpu.sh: unknown part '$part' (tests, before, foreign, catalogue)" >&2; exit 2 ;;
+    *) echo "verdicts_gpu.sh: unknown part '$part' (tests, before, foreign, megatron, catalogue)" >&2; exit 2 ;;
   esac
 done
 wait
