@@ -1,8 +1,11 @@
 """Starting one pytest session for the trial runner, and stopping it for good.
 
 A multi-rank suite is launched with torchrun (`python -m torch.distributed.run`), a one-rank suite
-with plain pytest. The session runs in its own process group; stopping it kills the whole tree
-(torchrun starts its workers in sessions of their own, so a process-group kill alone misses them).
+with plain pytest in the environment torchrun would give its one worker (`torchrun --standalone
+--nproc-per-node 1`: ranks, sizes, a master address and a free port), so that a suite's own
+`dist.init_process_group()` works with its defaults in both cases. The session runs in its own
+process group; stopping it kills the whole tree (torchrun starts its workers in sessions of their
+own, so a process-group kill alone misses them).
 Should the runner itself be killed outright, the session gets SIGTERM from the kernel (lifeline.py).
 """
 
@@ -11,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -45,7 +49,7 @@ def command(spec: SessionSpec) -> list[str]:
 def start(spec: SessionSpec) -> subprocess.Popen:
     env = {**os.environ, **spec.env, "PYTHONUNBUFFERED": "1"}
     if spec.world_size == 1 and not spec.rendezvous:
-        env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
+        env.update(one_rank_env())
     spec.log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(spec.log_path, "ab") as log:
         return subprocess.Popen(
@@ -58,6 +62,26 @@ def start(spec: SessionSpec) -> subprocess.Popen:
             start_new_session=True,
             preexec_fn=child_dies_with_us(signal.SIGTERM),
         )
+
+
+def one_rank_env() -> dict[str, str]:
+    """What torchrun's agent sets for the one worker of `--standalone --nproc-per-node 1`, less
+    the agent's own store (there is no agent: the process group's store is the rank's own)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))  # a free port, as torchrun picks one
+        port = s.getsockname()[1]
+    ones = ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE")
+    zeros = ("RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS")
+    return {
+        **dict.fromkeys(ones, "1"),
+        **dict.fromkeys(zeros, "0"),
+        "ROLE_NAME": "default",
+        "MASTER_ADDR": "localhost",
+        "MASTER_PORT": str(port),
+        "TORCHELASTIC_RUN_ID": f"racecheck-{port}",
+        "TORCHELASTIC_USE_AGENT_STORE": "False",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+    }
 
 
 def kill_tree(proc: subprocess.Popen, *, grace: float = 3.0) -> None:
