@@ -324,6 +324,7 @@ def list_command(scenarios_dir, config_file):
 def summarize_run(out_dir: Path, *, footer: str | None = None) -> bool:
     """Write OUT/summary.csv and, with a footer, print the table and the footer; False when the
     log holds no record."""
+    from racecheck.results.failures import failure_list
     from racecheck.results.report import render_terminal
     from racecheck.results.tally import write_summary
 
@@ -332,7 +333,7 @@ def summarize_run(out_dir: Path, *, footer: str | None = None) -> bool:
     except (FileNotFoundError, ValueError):
         return False
     if footer is not None:
-        click.echo(render_terminal(summary))
+        click.echo(render_terminal(summary) + failure_list(out_dir))
         click.echo(f"\n{footer}")
     return True
 
