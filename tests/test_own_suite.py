@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.test_runner import _fast_sessions, racecheck, records, summary_counts, write_suite  # noqa: F401
 
 # The common conftest idiom: join the world when a launcher started one, with torch's defaults.
@@ -101,3 +103,31 @@ def test_a_failure_in_one_arm_only_is_listed_without_blaming_the_suite(tmp_path)
     after = res.out.partition("failures, each kind once")[2]
     assert "AssertionError at test_a.py:3 in test_one: the race, in arm before only" in after
     assert "2 trial(s): before 2; 1 test(s)" in after and "fails alike" not in after
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--world-size", "2"], "tiny would run 2 ranks on this machine, which has 1 GPU (one rank per GPU)"),
+        (
+            [
+                "--world-size",
+                "4",
+                "--nnodes",
+                "2",
+                "--rdzv-endpoint",
+                "127.0.0.1:29999",
+                "--rdzv-conf",
+                "join_timeout=5",
+            ],
+            "tiny would run 2 ranks on each node, which has 1 GPU (one rank per GPU): give at most --world-size 2",
+        ),
+    ],
+)
+def test_a_world_size_beyond_the_gpus_is_a_usage_error(tmp_path, monkeypatch, args, message):
+    from racecheck.cli import run_checks
+
+    root = write_suite(tmp_path / "p", arms={"a": {}}, tests={"test_world.py": ALL_REDUCE})
+    monkeypatch.setattr(run_checks, "cuda_devices", lambda backend: None if backend == "sim" else 1)
+    res = racecheck("run", *args, "--out", tmp_path / "out", "-q", cwd=root)
+    assert res.code == 2 and res.err.count("\n") == 1 and message in res.err, res

@@ -278,6 +278,7 @@ def run_command(ctx, **opts):
     else:
         config = run_options.fresh_config(ctx, opts)
     node_options.check_nodes(config, nodes)
+    run_checks.check_gpus(config, nnodes=nodes.nnodes if nodes is not None else 1)
     gate = run_options.gate_options(ctx, opts, config)
 
     from racecheck.runner import interrupts
