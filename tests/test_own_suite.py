@@ -131,3 +131,25 @@ def test_a_world_size_beyond_the_gpus_is_a_usage_error(tmp_path, monkeypatch, ar
     monkeypatch.setattr(run_checks, "cuda_devices", lambda backend: None if backend == "sim" else 1)
     res = racecheck("run", *args, "--out", tmp_path / "out", "-q", cwd=root)
     assert res.code == 2 and res.err.count("\n") == 1 and message in res.err, res
+
+
+def test_hand_off_points_name_code_by_its_path_below_its_sys_path_entry_or_the_project_root(tmp_path, monkeypatch):
+    from racecheck.perturb.systematic import short_path
+
+    target = tmp_path / "elsewhere" / "site"  # `pip install --target`, put on PYTHONPATH
+    project = tmp_path / "project"
+    project.mkdir()
+    monkeypatch.chdir(project)
+    monkeypatch.setattr("sys.path", [str(project / "tests"), str(target), str(target / "megatron_fsdp")])
+    clear = getattr(short_path, "cache_clear", lambda: None)  # cached per file name
+    clear()
+    try:
+        assert (
+            short_path(str(target / "megatron_fsdp/experimental/module.py")) == "megatron_fsdp/experimental/module.py"
+        )
+        assert short_path(str(project / "tests/test_train.py")) == "tests/test_train.py"  # the project root first
+        assert short_path("/venv/lib/python3.11/site-packages/torch/nn/x.py") == "torch/nn/x.py"
+        assert short_path("/usr/lib/python3/dist-packages/apex/y.py") == "apex/y.py"
+        assert short_path("/nowhere/z.py") == "/nowhere/z.py"
+    finally:
+        clear()
