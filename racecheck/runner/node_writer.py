@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from racecheck.exitcodes import InputError
+from racecheck.runner.blocks import block_to_json
 from racecheck.runner.nodes import (
     POLL_S,
     Heartbeat,
@@ -99,7 +100,7 @@ class Writer:
         put(
             self.store,
             key(self.spec, "session", self._sessions),
-            {"sid": session_id, "suite": suite, "blocks": [[b.trial, b.arm] for b in plan.blocks]},
+            {"sid": session_id, "suite": suite, "blocks": [block_to_json(b) for b in plan.blocks]},
         )
         return SessionPeers(self, session_id, self.config.out / "ranks")
 

@@ -1,0 +1,96 @@
+"""Trials that end early: a crash or a hang ends a session inside a trial, and the run still runs
+every test of every trial; a rank that dies takes the blame for its own test only."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from tests.test_runner import _fast_sessions, racecheck, records, summary_counts, write_suite  # noqa: F401
+
+CRASH_THEN_HANG = """
+import os, time
+
+def test_a_ok():
+    pass
+
+def test_b_crash():
+    os._exit(7)
+
+def test_c_hang():
+    time.sleep(600)
+
+def test_d_ok():
+    pass
+"""
+
+
+def test_a_crash_and_a_hang_leave_the_tests_after_them_to_the_next_session(tmp_path):
+    root = write_suite(tmp_path / "p", arms={"a": {}}, tests={"test_x.py": CRASH_THEN_HANG})
+    res = racecheck("run", "--trials", 1, "--timeout", 1, "--out", tmp_path / "out", "-q", cwd=root)
+    assert res.code == 0, res
+    outcomes = {r.test.split("::")[-1]: r.outcome for r in records(tmp_path / "out")}
+    assert outcomes == {"test_a_ok": "passed", "test_b_crash": "crash", "test_c_hang": "timeout", "test_d_ok": "passed"}
+    counts = summary_counts(tmp_path / "out")
+    assert {t: counts[("a", t)] for t in outcomes} == {
+        "test_a_ok": (0, 1),
+        "test_b_crash": (1, 1),
+        "test_c_hang": (1, 1),
+        "test_d_ok": (0, 1),
+    }
+    assert counts[("a", "*")] == (1, 1)
+    # One trial, finished once, with the worst of its tests, over the three sessions that ran it.
+    done = [json.loads(ln) for ln in (tmp_path / "out" / "completed.jsonl").read_text().splitlines()]
+    assert [(d["trial"], d["outcome"], d["records"]) for d in done] == [(0, "crash", 4)]
+    assert len(list((tmp_path / "out" / "logs").iterdir())) == 3
+
+
+RANK_EXIT = """
+import os
+
+def test_a_ok():
+    pass
+
+def test_b_rank_exit():
+    if os.environ["RANK"] == "1":
+        os._exit(7)
+
+def test_c_ok():
+    pass
+"""
+
+
+def test_a_rank_that_exits_in_one_test_is_that_tests_crash_not_the_next_ones(tmp_path):
+    root = write_suite(tmp_path / "p", arms={"a": {}}, tests={"test_x.py": RANK_EXIT})
+    res = racecheck("run", "--trials", 1, "--world-size", 2, "--out", tmp_path / "out", "-q", cwd=root)
+    assert res.code == 0, res
+    outcomes = sorted((r.trial, r.test.split("::")[-1], r.outcome) for r in records(tmp_path / "out"))
+    assert outcomes == [
+        (0, test, outcome)
+        for test, outcome in (("test_a_ok", "passed"), ("test_b_rank_exit", "crash"), ("test_c_ok", "passed"))
+    ]
+    crash = next(r for r in records(tmp_path / "out") if r.outcome == "crash")
+    assert crash.signature == "crash: the process died without a report (exit code 7)", crash
+
+
+def test_a_million_trials_are_planned_as_they_run_and_max_time_still_stops_them(tmp_path):
+    from racecheck.runner import blocks
+
+    plans = blocks.sessions(
+        blocks.blocks(["a", "b"], range(10**9), seed=0, order="random"),
+        groups=[("a", "b")],
+        isolation="session",
+        chunk=5,
+        seed=0,
+        order="random",
+    )
+    first = next(plans)  # at once: nothing is listed beyond the first session
+    assert len(first.blocks) == blocks.SESSION_BLOCKS and first.blocks[-1].trial == blocks.SESSION_BLOCKS // 2 - 1
+    root = write_suite(tmp_path / "p", arms={"a": {}}, tests={"test_x.py": "def test_ok():\n    pass\n"})
+    started = time.monotonic()
+    res = racecheck("run", "--trials", 1000000, "--max-time", 2, "--out", tmp_path / "out", cwd=root)
+    assert res.code == 0 and "stopped early: --max-time was reached" in res.out, res
+    assert time.monotonic() - started < 30, "the first session must not plan a million trials"
+    assert res.err.splitlines()[0] == "trials: 1000000 planned"
+    _, trials = summary_counts(tmp_path / "out")[("a", "*")]
+    assert 0 < trials < blocks.SESSION_BLOCKS * 10
