@@ -22,6 +22,7 @@ from racecheck.runner.nodes import (
     Liveness,
     NodeError,
     NodeSpec,
+    check_hostable,
     connect,
     definition,
     fetch,
@@ -62,7 +63,12 @@ class Writer:
         return self.liveness
 
     def start(self) -> None:
-        """Host the store and wait for every follower's hello (at most join_timeout)."""
+        """Host the store and wait for every follower's hello (at most join_timeout). InputError
+        (exit 2) when the endpoint cannot be hosted here."""
+        try:
+            check_hostable(self.spec)
+        except ValueError as exc:
+            raise InputError(f"--rdzv-endpoint: {exc}") from None
         try:
             self._store = connect(self.spec, master=True, timeout=max(self.spec.join_timeout, 30.0))
         except (RuntimeError, ValueError) as exc:
