@@ -94,3 +94,20 @@ def test_a_million_trials_are_planned_as_they_run_and_max_time_still_stops_them(
     assert res.err.splitlines()[0] == "trials: 1000000 planned"
     _, trials = summary_counts(tmp_path / "out")[("a", "*")]
     assert 0 < trials < blocks.SESSION_BLOCKS * 10
+
+
+def test_more_shards_than_trials_leave_empty_shards_that_exit_0_and_merge(tmp_path):
+    root = write_suite(tmp_path / "p", arms={"a": {}}, tests={"test_x.py": "def test_ok():\n    pass\n"})
+    ran = {}
+    for i in range(1, 6):  # 2 trials over 5 shards: shards 3 and 5 hold one trial each
+        res = racecheck("run", "--trials", 2, "--shard", f"{i}/5", "--out", tmp_path / f"s{i}", "-q", cwd=root)
+        assert res.code == 0, res
+        ran[i] = "nothing to run" not in res.out
+        if not ran[i]:
+            assert res.out.splitlines()[-1].startswith(
+                f"shard {i}/5: nothing to run (2 trial(s) split 5 ways leave this shard none)"
+            ), res
+    assert ran == {1: False, 2: False, 3: True, 4: False, 5: True}
+    res = racecheck("merge", *(tmp_path / f"s{i}" for i in range(1, 6)), "--out", tmp_path / "all", cwd=root)
+    assert res.code == 0, res
+    assert summary_counts(tmp_path / "all")[("a", "*")] == (0, 2)

@@ -319,6 +319,12 @@ def run_command(ctx, **opts):
     if result.stopped:
         why = "--max-time was reached" if result.stopped == "max-time" else "the stop rules held"
         click.echo(f"stopped early: {why}; 'racecheck run --resume {config.out}' continues")
+    if not have_records and not config.shard.trials(config.trials):
+        click.echo(
+            f"shard {config.shard}: nothing to run ({config.trials} trial(s) split {config.shard.count} ways "
+            f"leave this shard none); {config.out} holds its empty part for 'racecheck merge'"
+        )
+        return
     if not have_records:
         raise InfrastructureError(f"no test finished (stopped: {result.stopped or 'no'}); see {config.out}/logs")
     if gate is not None:
