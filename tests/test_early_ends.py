@@ -111,3 +111,38 @@ def test_more_shards_than_trials_leave_empty_shards_that_exit_0_and_merge(tmp_pa
     res = racecheck("merge", *(tmp_path / f"s{i}" for i in range(1, 6)), "--out", tmp_path / "all", cwd=root)
     assert res.code == 0, res
     assert summary_counts(tmp_path / "all")[("a", "*")] == (0, 2)
+
+
+def test_a_console_closed_under_the_run_costs_its_lines_not_the_run(tmp_path):
+    """`racecheck run ... 2>&1 | head -2`: the reader goes away after two lines."""
+    import contextlib
+    import io
+    import os
+    import sys
+
+    from racecheck.cli import main
+
+    root = write_suite(
+        tmp_path / "p",
+        arms={"a": {}},
+        tests={"test_x.py": "def test_odd(racecheck_seed):\n    assert racecheck_seed % 2 == 0\n"},
+    )
+    read, write = os.pipe()
+    os.close(read)  # head has read its two lines and exited
+    console = io.TextIOWrapper(os.fdopen(write, "wb"), line_buffering=True)
+    argv, cwd, code = sys.argv, os.getcwd(), None
+    sys.argv = ["racecheck", "run", "--trials", "10", "--out", str(tmp_path / "out")]
+    try:
+        os.chdir(root)
+        with contextlib.redirect_stdout(console), contextlib.redirect_stderr(console):
+            try:
+                main()
+            except SystemExit as exc:
+                code = exc.code
+    finally:
+        sys.argv = argv
+        os.chdir(cwd)
+        with contextlib.suppress(OSError):
+            console.close()
+    assert code == 0
+    assert summary_counts(tmp_path / "out")[("a", "*")] == (5, 10)  # every trial ran; summary.csv written
