@@ -146,3 +146,35 @@ def test_a_console_closed_under_the_run_costs_its_lines_not_the_run(tmp_path):
             console.close()
     assert code == 0
     assert summary_counts(tmp_path / "out")[("a", "*")] == (5, 10)  # every trial ran; summary.csv written
+
+
+DAEMON_THEN_HANG = """
+import subprocess, time
+
+def test_daemon_then_hang():
+    # A daemon of its own session (setsid forks, the parent exits): neither in the session's
+    # process tree nor in its process group.
+    subprocess.run(["setsid", "-f", "sh", "-c", "echo $$ > {pid_file}; exec sleep 600"], check=True)
+    time.sleep(600)
+"""
+
+
+def test_a_hung_session_takes_the_daemon_its_test_started_with_it(tmp_path):
+    import psutil
+
+    def running(pid: int) -> bool:
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    pid_file = tmp_path / "daemon.pid"
+    root = write_suite(tmp_path / "p", arms={"a": {}}, tests={"test_d.py": DAEMON_THEN_HANG.format(pid_file=pid_file)})
+    res = racecheck("run", "--trials", 1, "--timeout", 1, "--out", tmp_path / "out", "-q", cwd=root)
+    pid = int(pid_file.read_text())
+    try:
+        assert res.code == 0 and [r.outcome for r in records(tmp_path / "out")] == ["timeout"], res
+        assert not running(pid), "the daemon outlived its session"
+    finally:
+        if running(pid):
+            psutil.Process(pid).kill()

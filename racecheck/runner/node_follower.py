@@ -140,6 +140,7 @@ class Follower:
         finally:
             if proc.poll() is None:
                 launch.kill_tree(proc)
+            launch.finish(proc)
         self._forward(sid, ranks, tails)
         code = proc.returncode
         put(

@@ -209,6 +209,7 @@ class SessionRun:
         finally:
             if proc.poll() is None:  # interrupted (Ctrl-C) or an error above: leave nothing behind
                 launch.kill_tree(proc)
+            launch.finish(proc)  # nor a daemon that a test started and left running
             if self.peers is not None:  # end the other nodes' parts too; their last events land here
                 self.peers.finish()
                 self._poll_files()
