@@ -182,7 +182,7 @@ class Runner:
         total = 0
         for s in c.scenarios:
             arms = set(c.arms_for(s))
-            total += len(trials) * len(arms)
+            total += (trials.stop - trials.start) * len(arms)  # len() of a range stops at 2**63
             total -= sum(1 for name, arm, t in done if name == s.name and arm in arms and t in trials)
         return total
 
