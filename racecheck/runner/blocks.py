@@ -133,9 +133,9 @@ def sessions(
         if order == "random":
             random.Random(f"racecheck-groups:{seed}:{trials[0][0].trial}").shuffle(chosen)
         for group in chosen:
-            part = [b for trial in trials for b in trial if b.arm in group]
-            for k in range(0, len(part), most):
-                yield SessionPlan(tuple(part[k : k + most]))
+            theirs = [b for trial in trials for b in trial if b.arm in group]
+            for k in range(0, len(theirs), most):
+                yield SessionPlan(tuple(theirs[k : k + most]))
 
 
 def _by_trial(pending: Iterator[Block]) -> Iterator[list[Block]]:
