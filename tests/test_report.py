@@ -226,6 +226,7 @@ def test_report_command_github_summary(run_dir, tmp_path):
     assert result.exit_code == 0 and result.output.startswith("scenario,test,arm")
     text = step.read_text()
     assert text.startswith("# earlier step\n### racecheck: `main_grad_reuse`")
+    assert "### Failures" in text and "| main_grad_reuse | `AssertionError at test_main_grad_reuse.py:88" in text
     result = CliRunner().invoke(report_command, [str(run_dir), "--github-summary"], env={"GITHUB_STEP_SUMMARY": None})
     assert result.exit_code == 2 and "GITHUB_STEP_SUMMARY" in result.output
 
