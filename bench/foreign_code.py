@@ -390,7 +390,9 @@ def main() -> int:
     parser.add_argument("--suites", default=",".join(ARMS), help="examples to run (default: all)")
     parser.add_argument("--modes", default=",".join(MODES), help="modes to run (default: all)")
     parser.add_argument("--trials", type=int, default=10)
-    parser.add_argument("--profile-trials", type=int, default=None, help="trials of the profile runs (default: --trials)")
+    parser.add_argument(
+        "--profile-trials", type=int, default=None, help="trials of the profile runs (default: --trials)"
+    )
     parser.add_argument(
         "--systematic-trials",
         type=int,

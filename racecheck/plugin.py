@@ -3,7 +3,8 @@
 In one pytest session it repeats every test --racecheck-steps times (its own parametrization of
 the `racecheck_step` fixture, ids ending in `-K-N` for step K of N) and maps the steps to blocks
 (one trial of one arm): step k runs block k of the schedule given with --racecheck-schedule (the
-trial runner writes it), or, without one, arm k mod len(arms) in trial start + k div len(arms),
+trial runner writes it; a block that an earlier session ended in lists the tests it has recorded,
+and those are deselected), or, without one, arm k mod len(arms) in trial start + k div len(arms),
 with the arms of each trial in the order --racecheck-order says (runner/blocks.py). Every
 test's outcome is written, as soon as it is known, as one rank event (runner/record.py's
 RankEvent) to the per-process log given with --racecheck-log; the trial runner merges the ranks.
@@ -253,6 +254,12 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         item.stash[ITEM_TRIAL] = ItemTrial(
             step=step, trial=block.trial, arm=block.arm, test=test, params=params, perturb=block.perturb
         )
+    # A block that an earlier session ended in runs only the tests it has not recorded.
+    recorded = {k: set(b.done) for k, b in enumerate(blocks) if b.done}
+    if recorded:
+        done = [it for it in items if it.stash[ITEM_TRIAL].test in recorded.get(it.stash[ITEM_TRIAL].step, ())]
+        config.hook.pytest_deselected(items=done)
+        items[:] = [it for it in items if it.stash[ITEM_TRIAL].test not in recorded.get(it.stash[ITEM_TRIAL].step, ())]
     # Block order (trial-major, arms in each trial's order); stable inside (pytest's own order).
     items.sort(key=lambda it: it.stash[ITEM_TRIAL].step)
 

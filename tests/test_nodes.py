@@ -250,9 +250,29 @@ def test_a_node_with_other_settings_is_refused_by_both(project, tmp_path):
             ["--nnodes", "2", "--rdzv-endpoint", "h:1", "--rdzv-conf", "join_timeout=soon"],
             "Invalid value for --rdzv-conf: join_timeout='soon' is not a whole number of seconds",
         ),
-        (["--nnodes", "3", "--rdzv-endpoint", "h:1"], "tiny runs 2 ranks, which 3 nodes cannot share evenly"),
+        (["--nnodes", "3", "--rdzv-endpoint", "localhost:1"], "tiny runs 2 ranks, which 3 nodes cannot share evenly"),
+        (["--nnodes", "2", "--rdzv-endpoint", "nohostport"], "'nohostport' is not HOST:PORT (node 0's address"),
+        (["--nnodes", "2", "--rdzv-endpoint", "h:0"], "'h:0' is not HOST:PORT"),
+        (["--nnodes", "2", "--rdzv-endpoint", "tcp://h"], "'tcp://h' is not HOST:PORT"),
+        (
+            ["--nnodes", "2", "--rdzv-endpoint", "no-such-host.invalid:29500"],
+            "no-such-host.invalid:29500: cannot resolve the host 'no-such-host.invalid'",
+        ),
     ],
 )
 def test_bad_node_options_get_one_line_and_exit_2(project, args, message):
     res = racecheck("run", "-q", "--out", "o", *args, cwd=project)
     assert res.code == 2 and res.err.count("\n") == 1 and message in res.err, res
+
+
+def test_node_0_refuses_an_endpoint_it_cannot_host_at_once(project, tmp_path):
+    import socket
+    import time
+
+    with socket.create_server(("", 0)) as taken:  # another program holds the port
+        port = taken.getsockname()[1]
+        started = time.monotonic()
+        res = racecheck("run", "-q", "--out", tmp_path / "o", *node_args(port, 0), cwd=project)
+    assert res.code == 2 and res.err.count("\n") == 1, res
+    assert f"--rdzv-endpoint: cannot host the rendezvous on port {port}: Address already in use" in res.err, res
+    assert time.monotonic() - started < 10

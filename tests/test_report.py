@@ -195,7 +195,8 @@ def test_html_is_self_contained_with_a_png(rendered):
     assert "<style>" in page and "<link" not in page and "<script" not in page
     (data,) = re.findall(r"data:image/png;base64,([A-Za-z0-9+/=]+)", page)
     assert base64.b64decode(data).startswith(b"\x89PNG\r\n\x1a\n")
-    assert page.count("<table>") == 2 and "test_hsdp_losses_match_baseline[3-False]" in page
+    # the arms, the parametrizations, and the distinct failures (failures.py)
+    assert page.count("<table>") == 3 and "test_hsdp_losses_match_baseline[3-False]" in page
 
 
 def test_markdown_truncates_rows_under_the_limit(run_dir):
@@ -225,6 +226,7 @@ def test_report_command_github_summary(run_dir, tmp_path):
     assert result.exit_code == 0 and result.output.startswith("scenario,test,arm")
     text = step.read_text()
     assert text.startswith("# earlier step\n### racecheck: `main_grad_reuse`")
+    assert "### Failures" in text and "| main_grad_reuse | `AssertionError at test_main_grad_reuse.py:88" in text
     result = CliRunner().invoke(report_command, [str(run_dir), "--github-summary"], env={"GITHUB_STEP_SUMMARY": None})
     assert result.exit_code == 2 and "GITHUB_STEP_SUMMARY" in result.output
 

@@ -12,6 +12,7 @@ import sys
 import click
 
 from racecheck.cli.commands import COMMANDS
+from racecheck.cli.console import surviving_closed_console
 from racecheck.cli.run import run_command
 from racecheck.exitcodes import ExitCode, InfrastructureError, InputError
 
@@ -23,7 +24,13 @@ def cli() -> None:
 
 
 def main() -> None:
-    """Console entry point: maps racecheck's own errors to the documented exit codes."""
+    """Console entry point: maps racecheck's own errors to the documented exit codes. A console
+    that closes (`racecheck run ... | head`) costs the output, never the run (console.py)."""
+    with surviving_closed_console():
+        _main()
+
+
+def _main() -> None:
     try:
         rc = cli.main(prog_name="racecheck", standalone_mode=False)
     except click.exceptions.Abort:

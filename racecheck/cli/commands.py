@@ -123,7 +123,7 @@ def report_command(ctx, out_dir: Path, fmt: str, output: Path | None, github_sum
     summary_file = os.environ.get("GITHUB_STEP_SUMMARY") if github_summary else None
     if github_summary and not summary_file:
         raise click.UsageError("--github-summary needs $GITHUB_STEP_SUMMARY (GitHub Actions sets it)", ctx)
-    from racecheck.results import report
+    from racecheck.results import failures, report
 
     records, summary = _load(ctx, out_dir, signature)
     text = report.render(fmt, summary=summary, records=records)
@@ -140,8 +140,10 @@ def report_command(ctx, out_dir: Path, fmt: str, output: Path | None, github_sum
         # The step summary's 1 MiB limit covers what earlier steps already wrote there.
         used = Path(summary_file).stat().st_size if Path(summary_file).exists() else 0
         room = max(report.MARKDOWN_LIMIT - used, 1024)
+        after = failures.render_markdown(records)  # the distinct failures, when they fit
+        after = after if len(after.encode()) < room // 2 else ""
         with open(summary_file, "a", encoding="utf-8") as fh:
-            fh.write(report.render_markdown(summary, max_bytes=room))
+            fh.write(report.render_markdown(summary, max_bytes=room - len(after.encode())) + after)
 
 
 @click.command("gate")
@@ -339,6 +341,7 @@ def list_command(scenarios_dir, config_file):
 def summarize_run(out_dir: Path, *, footer: str | None = None) -> bool:
     """Write OUT/summary.csv and, with a footer, print the table and the footer; False when the
     log holds no record."""
+    from racecheck.results.failures import failure_list
     from racecheck.results.report import render_terminal
     from racecheck.results.tally import write_summary
 
@@ -347,7 +350,7 @@ def summarize_run(out_dir: Path, *, footer: str | None = None) -> bool:
     except (FileNotFoundError, ValueError):
         return False
     if footer is not None:
-        click.echo(render_terminal(summary))
+        click.echo(render_terminal(summary) + failure_list(out_dir))
         click.echo(f"\n{footer}")
     return True
 

@@ -18,7 +18,7 @@ def node_spec(ctx, opts):
     never write the same file."""
     from click.core import ParameterSource
 
-    from racecheck.runner.nodes import NodeSpec, parse_conf, parse_endpoint
+    from racecheck.runner.nodes import NodeSpec, check_resolves, parse_conf, parse_endpoint
 
     if opts["nnodes"] == 1:
         given = [
@@ -43,6 +43,10 @@ def node_spec(ctx, opts):
         conf = parse_conf(opts["rdzv_conf"])
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--rdzv-conf") from None
+    try:
+        check_resolves(host, port)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--rdzv-endpoint") from None
     spec = NodeSpec(
         nnodes=opts["nnodes"],
         node_rank=opts["node_rank"],

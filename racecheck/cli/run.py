@@ -285,6 +285,7 @@ def run_command(ctx, **opts):
     else:
         config = run_options.fresh_config(ctx, opts)
     node_options.check_nodes(config, nodes)
+    run_checks.check_gpus(config, nnodes=nodes.nnodes if nodes is not None else 1)
     gate = run_options.gate_options(ctx, opts, config)
 
     from racecheck.runner import interrupts
@@ -324,6 +325,12 @@ def run_command(ctx, **opts):
     if result.stopped:
         why = "--max-time was reached" if result.stopped == "max-time" else "the stop rules held"
         click.echo(f"stopped early: {why}; continue with: {resume_command(config.out)}")
+    if not have_records and not config.shard.trials(config.trials):
+        click.echo(
+            f"shard {config.shard}: nothing to run ({config.trials} trial(s) split {config.shard.count} ways "
+            f"leave this shard none); {config.out} holds its empty part for 'racecheck merge'"
+        )
+        return
     if not have_records:
         raise InfrastructureError(f"no test finished (stopped: {result.stopped or 'no'}); see {config.out}/logs")
     if gate is not None:

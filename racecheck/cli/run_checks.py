@@ -1,6 +1,6 @@
 """`racecheck run`'s settings against the machine and against each other, once the suites are
-known: each suite's world on the GPUs present (fit_worlds, describe_worlds), the world, mesh, stop
-rules and backend (check_run), and each profile against what can carry it out
+known: each suite's world on the GPUs present (fit_worlds, check_gpus, describe_worlds), the
+world, mesh, stop rules and backend (check_run), and each profile against what can carry it out
 (check_perturbation). Kept apart from run_options.py, which turns the options into a RunConfig.
 
 User mistakes become click.UsageError/BadParameter (one line, exit 2).
@@ -50,6 +50,25 @@ def fit_worlds(config):
             + "; ".join(f"{name} {info['why']}" for name, info in skipped.items())
         )
     return dataclasses.replace(config, scenarios=kept, worlds=worlds, skipped=skipped)
+
+
+def check_gpus(config, *, nnodes: int = 1) -> None:
+    """On CUDA, a world given with --world-size (fit_worlds leaves it as given) must fit too: each
+    node runs world/nnodes ranks, one per GPU (NCCL refuses two ranks on one GPU, and a rank past
+    the last GPU fails on an invalid device ordinal in every trial)."""
+    gpus = cuda_devices(config.backend)
+    if gpus is None or not config.world_size:
+        return
+    for s in config.scenarios:
+        ranks = config.world_for(s) // nnodes
+        if ranks > gpus:
+            where = "each node" if nnodes > 1 else "this machine"
+            raise click.BadParameter(
+                f"{s.name} would run {ranks} ranks on {where}, which has {gpus} GPU{'s' * (gpus != 1)} "
+                f"(one rank per GPU): give at most --world-size {gpus * nnodes}, or --backend sim for a suite "
+                "that does not use CUDA",
+                param_hint="--world-size",
+            )
 
 
 def cuda_devices(backend: str) -> int | None:

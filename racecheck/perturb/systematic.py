@@ -19,6 +19,7 @@ reaches the later trials of the same session and those of later sessions (a resu
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -83,17 +84,21 @@ def location() -> str:
     return f"{short_path(frame.f_code.co_filename)}:{frame.f_lineno}"
 
 
+@functools.cache  # it runs at every hand-off point; a code file's name is its key
 def short_path(path: str) -> str:
-    """A path that is the same in every checkout: below site-packages, else below the working
-    folder (a git arm's worktree is its run's working folder), else as it is."""
-    marker = os.sep + "site-packages" + os.sep
-    if marker in path:
-        return path.split(marker, 1)[1]
-    try:
-        rel = os.path.relpath(path)
-    except ValueError:
-        return path
-    return path if rel.startswith("..") else rel
+    """A path that is the same on every machine: below site-packages (or dist-packages), else
+    below the working folder (the project root; a git arm's worktree is its run's working folder),
+    else below the first sys.path entry that holds it, as an import finds it (a `pip install
+    --target` folder on PYTHONPATH), else as it is."""
+    for marker in (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep):
+        if marker in path:
+            return path.split(marker, 1)[1]
+    absolute = os.path.abspath(path)
+    for entry in [os.getcwd(), *(os.path.abspath(e or os.curdir) for e in sys.path)]:
+        prefix = entry.rstrip(os.sep) + os.sep
+        if prefix != os.sep and absolute.startswith(prefix):
+            return absolute[len(prefix) :]
+    return path
 
 
 def handoff_key(point: str, where: str, stream: str) -> str:

@@ -11,7 +11,7 @@ import base64
 import html
 import io
 
-from racecheck.results import stats
+from racecheck.results import failures, stats
 from racecheck.results.rows import per_test_counts, rate_phrase, scenarios, short_test
 
 _CSS = """
@@ -139,8 +139,9 @@ def _scenario_section(name, star, tests, *, detected: bool) -> list[str]:
     return out
 
 
-def render_html(summary, *, title: str = "racecheck report") -> str:
-    """The whole page as a string (no external resources)."""
+def render_html(summary, *, records=None, title: str = "racecheck report") -> str:
+    """The whole page as a string (no external resources); with the trial `records`, the distinct
+    failures after the tables (failures.py)."""
     detected = "detected" in summary.columns
     png = base64.b64encode(plot_failure_rates(summary)).decode("ascii")
     body = [
@@ -151,6 +152,7 @@ def render_html(summary, *, title: str = "racecheck report") -> str:
     ]
     for name, star, tests in scenarios(summary):
         body += _scenario_section(name, star, tests, detected=detected)
+    body += failures.render_html(records)
     body += [
         "<h2>Failure rate per parametrization</h2>",
         f'<img class="plot" alt="failure rate per parametrization per arm, with 95% Wilson '

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 
-from racecheck.results import stats
+from racecheck.results import failures, stats
 from racecheck.results.rows import Format, arm_label, count, per_test_counts, rate_phrase, scenarios, short_test
 from racecheck.results.tally import summary_to_csv
 
@@ -116,9 +116,10 @@ def render_markdown(summary, *, max_bytes: int = MARKDOWN_LIMIT) -> str:
     return "\n".join(out).rstrip("\n") + "\n"
 
 
-def render_json(summary) -> str:
+def render_json(summary, records=None) -> str:
     """The summary rows as JSON: {"summary": [{column: value, ...}, ...]}, rates rounded to 6
-    significant digits as in summary.csv, null for the rate of a row that never ran."""
+    significant digits as in summary.csv, null for the rate of a row that never ran; with the
+    trial `records`, also the distinct failures ({"failures": [...]}, failures.py)."""
 
     def value(v):
         if isinstance(v, float):
@@ -126,7 +127,11 @@ def render_json(summary) -> str:
         return v
 
     rows = [{k: value(v) for k, v in row.items()} for row in summary.to_dict(orient="records")]
-    return json.dumps({"summary": rows}, indent=2, sort_keys=False) + "\n"
+    data: dict = {"summary": rows}
+    if records is not None:
+        data["failures"] = [k.to_json() for k in failures.failure_kinds(records)]
+        data["suite_failing"] = failures.suites_failing(records)
+    return json.dumps(data, indent=2, sort_keys=False) + "\n"
 
 
 def detector_findings(records) -> list[dict]:
@@ -169,18 +174,23 @@ def render_findings(findings: list[dict], *, markdown: bool) -> str:
 
 
 def render(fmt: str | Format, *, summary, records=None) -> str:
-    """Render in `fmt`; JUnit needs the trial `records` (a tally.load_records frame); the
-    terminal and Markdown renderings add the detector's reports when `records` hold any."""
+    """Render in `fmt`; JUnit needs the trial `records` (a tally.load_records frame); with them
+    the terminal, Markdown, JSON and HTML renderings list the distinct failures after the table
+    (failures.py), and the terminal and Markdown ones the detector's reports."""
     fmt = Format(fmt)
     if fmt is Format.TERMINAL:
-        return render_terminal(summary) + render_findings(detector_findings(records), markdown=False)
+        return (
+            render_terminal(summary)
+            + failures.render_terminal(records)
+            + render_findings(detector_findings(records), markdown=False)
+        )
     if fmt is Format.MARKDOWN:
-        findings = render_findings(detector_findings(records), markdown=True)
-        return render_markdown(summary, max_bytes=MARKDOWN_LIMIT - len(findings.encode())) + findings
+        after = failures.render_markdown(records) + render_findings(detector_findings(records), markdown=True)
+        return render_markdown(summary, max_bytes=MARKDOWN_LIMIT - len(after.encode())) + after
     if fmt is Format.CSV:
         return summary_to_csv(summary)
     if fmt is Format.JSON:
-        return render_json(summary)
+        return render_json(summary, records)
     if fmt is Format.JUNIT:
         from racecheck.results.render_junit import render_junit
 
@@ -189,4 +199,4 @@ def render(fmt: str | Format, *, summary, records=None) -> str:
         return render_junit(records, summary=summary)
     from racecheck.results.render_html import render_html
 
-    return render_html(summary)
+    return render_html(summary, records=records)

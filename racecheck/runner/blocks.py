@@ -9,7 +9,14 @@ trial, so every arm still runs once per trial and drift over time hits all arms 
 one per repeat step of the plugin. In `process` isolation every block gets a session of its own. In
 `session` isolation all blocks of arms that can share a process (catalogue.Arm.process_key) run in
 one session; when the arms need different processes (env, pytest args, git revision), each group
-runs its blocks in sessions of `chunk` trials, and the groups alternate chunk by chunk.
+runs its blocks in sessions of `chunk` trials, and the groups alternate chunk by chunk. No session
+runs more than SESSION_BLOCKS blocks: the plugin repeats every test once per block, and pytest
+holds every repeat in memory from the start of the session. Sessions are planned one at a time.
+
+[Note: resumed blocks] A session that ends inside a block (a test crashed its process or hung)
+has recorded the tests before the one in flight, and that test as `crash` or `timeout`; the next
+session runs the same block with those tests deselected (Block.done), so the tests after the one
+that ended a session still run in every trial.
 
 This module is imported by the pytest plugin: it must stay free of heavy imports.
 """
@@ -17,12 +24,15 @@ This module is imported by the pytest plugin: it must stay free of heavy imports
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import random
 import re
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 ORDERS = ("alternate", "random")
+SESSION_BLOCKS = 500  # the most blocks one session runs [Note: sessions]
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -33,6 +43,9 @@ class Block:
     # session schedule so that every rank parses it once; "" where the pytest options decide.
     # Not part of a block's identity.
     perturb: str = dataclasses.field(default="", compare=False)
+    # The tests of this block that already have their outcome: an earlier session ended (a crash,
+    # a hang) inside the block, and the next one resumes it after them [Note: resumed blocks].
+    done: tuple[str, ...] = dataclasses.field(default=(), compare=False)
 
 
 def arm_order(arms, trial: int, *, seed: int, order: str) -> tuple[str, ...]:
@@ -47,9 +60,10 @@ def arm_order(arms, trial: int, *, seed: int, order: str) -> tuple[str, ...]:
     return tuple(shuffled)
 
 
-def blocks(arms, trials, *, seed: int, order: str) -> list[Block]:
-    """Every block of `trials` (an iterable of trial indices) x `arms`, in run order."""
-    return [Block(t, a) for t in trials for a in arm_order(arms, t, seed=seed, order=order)]
+def blocks(arms, trials, *, seed: int, order: str) -> Iterator[Block]:
+    """Every block of `trials` (an iterable of trial indices) x `arms`, in run order, one at a
+    time: a run of a million trials is planned as it goes, not before its first trial."""
+    return (Block(t, a) for t in trials for a in arm_order(arms, t, seed=seed, order=order))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,40 +106,67 @@ class SessionPlan:
 
 
 def sessions(
-    pending: list[Block], *, groups: list[tuple[str, ...]], isolation: str, chunk: int, seed: int, order: str
-) -> list[SessionPlan]:
-    """Split pending blocks (in run order) into sessions; see [Note: sessions]."""
-    if not pending:
-        return []
+    pending: Iterable[Block],
+    *,
+    groups: list[tuple[str, ...]],
+    isolation: str,
+    chunk: int,
+    seed: int,
+    order: str,
+    most: int = SESSION_BLOCKS,
+) -> Iterator[SessionPlan]:
+    """Split pending blocks (in run order) into sessions, as they are needed; see [Note: sessions].
+    No session runs more than `most` blocks (pytest holds every test of every step in memory)."""
+    pending = iter(pending)
     if isolation == "process":
-        return [SessionPlan((b,)) for b in pending]
+        yield from (SessionPlan((b,)) for b in pending)
+        return
     if len(groups) <= 1:
-        return [SessionPlan(tuple(pending))]
-    trials = list(dict.fromkeys(b.trial for b in pending))
-    plans = []
-    for k in range(0, len(trials), chunk):
-        window = set(trials[k : k + chunk])
+        while part := tuple(itertools.islice(pending, most)):
+            yield SessionPlan(part)
+        return
+    # Trial-major order: the blocks of `chunk` trials in a row are a window; each group's part of
+    # a window is one session (or more, past `most`), and the groups take turns window by window.
+    for _, window in itertools.groupby(enumerate(_by_trial(pending)), key=lambda it: it[0] // chunk):
+        trials = [blocks_of_trial for _, blocks_of_trial in window]
         chosen = list(groups)
         if order == "random":
-            random.Random(f"racecheck-groups:{seed}:{trials[k]}").shuffle(chosen)
+            random.Random(f"racecheck-groups:{seed}:{trials[0][0].trial}").shuffle(chosen)
         for group in chosen:
-            part = tuple(b for b in pending if b.trial in window and b.arm in group)
-            if part:
-                plans.append(SessionPlan(part))
-    return plans
+            theirs = [b for trial in trials for b in trial if b.arm in group]
+            for k in range(0, len(theirs), most):
+                yield SessionPlan(tuple(theirs[k : k + most]))
+
+
+def _by_trial(pending: Iterator[Block]) -> Iterator[list[Block]]:
+    """The pending blocks trial by trial (they come trial-major)."""
+    for _, trial in itertools.groupby(pending, key=lambda b: b.trial):
+        yield list(trial)
 
 
 # -- the schedule file: how the runner tells the plugin which block each repeat step is ----------
 def write_schedule(path: Path, plan: SessionPlan) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"blocks": [[b.trial, b.arm, b.perturb] for b in plan.blocks]}) + "\n")
+    path.write_text(json.dumps({"blocks": [block_to_json(b) for b in plan.blocks]}) + "\n")
+
+
+def block_to_json(b: Block) -> list:
+    """[trial, arm, perturb], with the tests already done as a fourth item where there are any."""
+    return [b.trial, b.arm, b.perturb] + ([list(b.done)] if b.done else [])
+
+
+def block_from_json(item) -> Block:
+    """A block of [trial, arm], [trial, arm, perturb] or [trial, arm, perturb, done]."""
+    perturb = str(item[2]) if len(item) > 2 else ""
+    done = tuple(str(t) for t in item[3]) if len(item) > 3 else ()
+    return Block(int(item[0]), str(item[1]), perturb, done)
 
 
 def read_schedule(path: str | Path) -> list[Block]:
-    """The blocks of a schedule file ([trial, arm] or [trial, arm, perturb] each); ValueError
-    (one line) when it is unreadable."""
+    """The blocks of a schedule file (block_from_json each); ValueError (one line) when it is
+    unreadable."""
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
-        return [Block(int(b[0]), str(b[1]), str(b[2]) if len(b) > 2 else "") for b in data["blocks"]]
+        return [block_from_json(b) for b in data["blocks"]]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"cannot read the schedule {path}: {exc}") from None

@@ -1,9 +1,18 @@
 """Starting one pytest session for the trial runner, and stopping it for good.
 
 A multi-rank suite is launched with torchrun (`python -m torch.distributed.run`), a one-rank suite
-with plain pytest. The session runs in its own process group; stopping it kills the whole tree
-(torchrun starts its workers in sessions of their own, so a process-group kill alone misses them).
-Should the runner itself be killed outright, the session gets SIGTERM from the kernel (lifeline.py).
+with plain pytest in the environment torchrun would give its one worker (`torchrun --standalone
+--nproc-per-node 1`: ranks, sizes, a master address and a free port), so that a suite's own
+`dist.init_process_group()` works with its defaults in both cases.
+
+Stopping a session kills all it started: its process tree (torchrun starts its workers in sessions
+of their own, so a process-group kill alone misses them), its process group (children whose
+parent died), and every process that carries the session's mark in its environment
+(RACECHECK_SESSION_MARK), which catches a daemon a test started with `setsid` or a double fork
+even after it left the tree and the group; `finish` kills such leftovers after a session that
+ended by itself too. A process that clears its environment and leaves the group escapes all
+three; a container or a cgroup around the whole run (`systemd-run --scope`) contains it. Should
+the runner itself be killed outright, the session gets SIGTERM from the kernel (lifeline.py).
 """
 
 from __future__ import annotations
@@ -11,13 +20,18 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import socket
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import psutil
 
 from racecheck.runner.lifeline import child_dies_with_us
+
+MARK_VAR = "RACECHECK_SESSION_MARK"
+_marks: dict[int, str] = {}  # a running session's pid -> the mark in its processes' environment
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,12 +57,13 @@ def command(spec: SessionSpec) -> list[str]:
 
 
 def start(spec: SessionSpec) -> subprocess.Popen:
-    env = {**os.environ, **spec.env, "PYTHONUNBUFFERED": "1"}
+    mark = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    env = {**os.environ, **spec.env, "PYTHONUNBUFFERED": "1", MARK_VAR: mark}
     if spec.world_size == 1 and not spec.rendezvous:
-        env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
+        env.update(one_rank_env())
     spec.log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(spec.log_path, "ab") as log:
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             command(spec),
             cwd=spec.cwd,
             env=env,
@@ -58,24 +73,74 @@ def start(spec: SessionSpec) -> subprocess.Popen:
             start_new_session=True,
             preexec_fn=child_dies_with_us(signal.SIGTERM),
         )
+    _marks[proc.pid] = mark
+    return proc
+
+
+def one_rank_env() -> dict[str, str]:
+    """What torchrun's agent sets for the one worker of `--standalone --nproc-per-node 1`, less
+    the agent's own store (there is no agent: the process group's store is the rank's own)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))  # a free port, as torchrun picks one
+        port = s.getsockname()[1]
+    ones = ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE")
+    zeros = ("RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS")
+    return {
+        **dict.fromkeys(ones, "1"),
+        **dict.fromkeys(zeros, "0"),
+        "ROLE_NAME": "default",
+        "MASTER_ADDR": "localhost",
+        "MASTER_PORT": str(port),
+        "TORCHELASTIC_RUN_ID": f"racecheck-{port}",
+        "TORCHELASTIC_USE_AGENT_STORE": "False",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+    }
 
 
 def kill_tree(proc: subprocess.Popen, *, grace: float = 3.0) -> None:
-    """Terminate the session and every descendant (SIGTERM, then SIGKILL after `grace` seconds)."""
-    kill_process_tree(proc.pid, grace=grace)
+    """Terminate the session and all it started (SIGTERM, then SIGKILL after `grace` seconds)."""
+    kill_process_tree(proc.pid, grace=grace, mark=_marks.get(proc.pid))
     try:
         proc.wait(timeout=grace)
     except subprocess.TimeoutExpired:
         pass
 
 
-def kill_process_tree(pid: int, *, grace: float = 3.0) -> None:
-    """kill_tree for a process that is not our child (a session a killed runner left behind)."""
+def finish(proc: subprocess.Popen, *, grace: float = 1.0) -> None:
+    """Once a session is over, however it ended: kill what it left running (a test's daemon)."""
+    mark = _marks.pop(proc.pid, None)
+    if mark is not None:
+        _terminate(_marked(mark, pgid=None), grace=grace)
+
+
+def kill_process_tree(pid: int, *, grace: float = 3.0, mark: str | None = None) -> None:
+    """kill_tree for a process that is not our child (a session a killed runner left behind):
+    its tree, its process group, and with `mark` every process carrying it."""
     try:
         root = psutil.Process(pid)
         family = root.children(recursive=True) + [root]
     except psutil.NoSuchProcess:
         return
+    known = {p.pid for p in family}
+    family += [p for p in _marked(mark, pgid=pid) if p.pid not in known]
+    _terminate(family, grace=grace)
+
+
+def _marked(mark: str | None, *, pgid: int | None) -> list[psutil.Process]:
+    """The processes in process group `pgid` or with `mark` in their environment, this one excepted."""
+    found = []
+    for p in psutil.process_iter():
+        if p.pid == os.getpid():
+            continue
+        try:
+            if (pgid is not None and os.getpgid(p.pid) == pgid) or (mark and p.environ().get(MARK_VAR) == mark):
+                found.append(p)
+        except (psutil.Error, OSError):  # gone, a zombie, or another user's
+            continue
+    return found
+
+
+def _terminate(family: list[psutil.Process], *, grace: float) -> None:
     for p in family:
         try:
             p.send_signal(signal.SIGTERM)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from racecheck.exitcodes import InputError
 from racecheck.runner import interrupts, launch, state
-from racecheck.runner.blocks import Block, SessionPlan
+from racecheck.runner.blocks import SessionPlan, block_from_json
 from racecheck.runner.nodes import (
     POLL_S,
     Heartbeat,
@@ -118,7 +118,7 @@ class Follower:
     def _session(self, runner, plan: dict) -> None:
         sid = plan["sid"]
         suite = next(s for s in self.config.scenarios if s.name == plan["suite"])
-        blocks = SessionPlan(tuple(Block(int(t), str(a)) for t, a in plan["blocks"]))
+        blocks = SessionPlan(tuple(block_from_json(b) for b in plan["blocks"]))
         spec = runner.session_spec(suite, blocks, sid)
         spec = dataclasses.replace(spec, rendezvous=self.spec.torchrun_args(sid, spec.world_size))
         ranks = self.config.out / "ranks"
@@ -140,6 +140,7 @@ class Follower:
         finally:
             if proc.poll() is None:
                 launch.kill_tree(proc)
+            launch.finish(proc)
         self._forward(sid, ranks, tails)
         code = proc.returncode
         put(

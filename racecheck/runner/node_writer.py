@@ -15,12 +15,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from racecheck.exitcodes import InputError
+from racecheck.runner.blocks import block_to_json
 from racecheck.runner.nodes import (
     POLL_S,
     Heartbeat,
     Liveness,
     NodeError,
     NodeSpec,
+    check_hostable,
     connect,
     definition,
     fetch,
@@ -61,7 +63,12 @@ class Writer:
         return self.liveness
 
     def start(self) -> None:
-        """Host the store and wait for every follower's hello (at most join_timeout)."""
+        """Host the store and wait for every follower's hello (at most join_timeout). InputError
+        (exit 2) when the endpoint cannot be hosted here."""
+        try:
+            check_hostable(self.spec)
+        except ValueError as exc:
+            raise InputError(f"--rdzv-endpoint: {exc}") from None
         try:
             self._store = connect(self.spec, master=True, timeout=max(self.spec.join_timeout, 30.0))
         except (RuntimeError, ValueError) as exc:
@@ -99,7 +106,7 @@ class Writer:
         put(
             self.store,
             key(self.spec, "session", self._sessions),
-            {"sid": session_id, "suite": suite, "blocks": [[b.trial, b.arm] for b in plan.blocks]},
+            {"sid": session_id, "suite": suite, "blocks": [block_to_json(b) for b in plan.blocks]},
         )
         return SessionPeers(self, session_id, self.config.out / "ranks")
 

@@ -111,13 +111,41 @@ def definition(config) -> dict:
 
 
 def parse_endpoint(text: str) -> tuple[str, int]:
-    """(host, port) of HOST[:PORT] (torchrun's default port 29400); ValueError (one line)."""
+    """(host, port) of HOST:PORT; ValueError (one line) for another form."""
     host, sep, port = (text or "").rpartition(":")
-    if not sep:
-        host, port = text, "29400"
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"{text!r} is not HOST:PORT")
-    return host.strip("[]"), int(port)
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536 or any(c.isspace() for c in host):
+        raise ValueError(f"{text!r} is not HOST:PORT (node 0's address and a port, e.g. 10.0.0.1:29500)")
+    return host, int(port)
+
+
+def check_resolves(host: str, port: int) -> None:
+    """ValueError (one line) for a host that no name service knows, so that no node waits for a
+    rendezvous that cannot be."""
+    try:
+        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        reason = exc.strerror if isinstance(exc, socket.gaierror) else str(exc)
+        raise ValueError(f"{host}:{port}: cannot resolve the host {host!r} ({reason})") from None
+
+
+def check_hostable(spec: NodeSpec, *, timeout: float = 5.0) -> None:
+    """On node 0, before it hosts the store: the port is free and HOST:PORT leads back to this
+    machine (a listener of our own answers within `timeout`). ValueError (one line) otherwise:
+    torch's store would retry for its whole timeout and then print a C++ backtrace."""
+    family = socket.AF_INET6 if socket.has_dualstack_ipv6() else socket.AF_INET
+    try:
+        server = socket.create_server(("", spec.port), family=family, dualstack_ipv6=family == socket.AF_INET6)
+    except OSError as exc:
+        raise ValueError(f"cannot host the rendezvous on port {spec.port}: {exc.strerror or exc}") from None
+    with server:
+        try:
+            socket.create_connection((spec.host, spec.port), timeout=timeout).close()
+        except OSError as exc:
+            raise ValueError(
+                f"{spec.host}:{spec.port} does not lead to this machine ({exc.strerror or exc}), and node 0 "
+                "hosts the rendezvous: give node 0's own address"
+            ) from None
 
 
 def parse_conf(text: str) -> tuple[tuple[str, str], ...]:

@@ -1,7 +1,8 @@
 """The runner's console feedback: a progress bar with live per-arm tallies on a terminal, one
 status line every STATUS_EVERY trials or STATUS_S seconds elsewhere (a CI log keeps every redraw
-of a bar), and, either way, one line per failing trial and kind of failure (a failed assertion,
-an error, a timeout, a crash) with its replay command."""
+of a bar), and, either way, one line for the first failure of each kind in each arm (its
+signature, e.g. `ValueError at tests/conftest.py:15 in world`, and the first line of its message)
+with its replay command; the table at the end counts them all."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import time
 
 from tqdm import tqdm
 
+from racecheck.results.failures import first_line
 from racecheck.runner.blocks import Block
 from racecheck.runner.record import Outcome, TrialRecord
 from racecheck.runner.stopping import LiveCounts
@@ -27,7 +29,7 @@ class Progress(RunListener):
         self.stream = stream or sys.stderr
         self.terminal = bool(getattr(self.stream, "isatty", lambda: False)())
         self._bar: tqdm | None = None
-        self._reported: set[tuple[str, str, int, str]] = set()  # (suite, arm, trial, outcome) printed
+        self._reported: set[tuple[str, str, str]] = set()  # (suite, arm, signature) printed
         self._multi = len(config.scenarios) > 1
         self._total = 0
         self._done = 0
@@ -60,13 +62,14 @@ class Progress(RunListener):
 
     def record(self, record: TrialRecord) -> None:
         outcome = Outcome(record.outcome)
-        key = (record.scenario, record.arm, record.trial, outcome.value)
+        key = (record.scenario, record.arm, record.signature or outcome.value)
         if outcome.is_failure and key not in self._reported:
             self._reported.add(key)
             label = f"{record.scenario}/{record.arm}" if self._multi else record.arm
+            message = first_line(record.message)
             self.note(
                 f"{record.outcome}: {label} trial {record.trial} {record.test.split('::')[-1]}"
-                f" ({record.signature}); replay: {record.replay}"
+                f" ({record.signature}{': ' + message if message else ''}); replay: {record.replay}"
             )
         self._tallies()
 

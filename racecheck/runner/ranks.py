@@ -61,6 +61,7 @@ class RankMerger:
         self._pending: dict[Key, dict[int, TestOutcome]] = {}
         self._open: dict[Key, set] = {}  # tests started but not reported, by (rank, worker)
         self._failed: set[Key] = set()  # incomplete tests that some rank failed
+        self._seen: dict[Key, int] = {}  # the order in which tests were first started or reported
 
     def add(self, event: RankEvent) -> TestOutcome | None:
         """Feed one event; returns a merged outcome when this event completes a test."""
@@ -68,6 +69,7 @@ class RankMerger:
             return None
         rank = event.rank
         key = (event.trial, event.arm, event.test)
+        self._seen.setdefault(key, len(self._seen))
         process = (rank, event.worker)
         if isinstance(event, Started):
             self._open.setdefault(key, set()).add(process)
@@ -93,6 +95,10 @@ class RankMerger:
         wait in a collective that the failed rank will never enter [Note: fail-fast]."""
         return frozenset(self._failed)
 
+    def first_seen(self, key: Key) -> int:
+        """Where `key` came in the order in which some rank first started or reported a test."""
+        return self._seen.get(key, len(self._seen))
+
     @property
     def unfinished(self) -> list[Key]:
         """Tests some rank started or reported that are not complete."""
@@ -112,7 +118,8 @@ class RankMerger:
                 test=test,
                 outcome=outcome.value,
                 signature=signature or f"{outcome.value}: not every rank finished the test",
-                message=f"the session ended ({outcome.value}) before every rank reported",
+                message=f"the session ended ({outcome.value}) "
+                + ("while the test ran" if self.world_size == 1 else "before every rank reported"),
             )
             merged.append(merge_ranks(reports + [filler]))
         self._pending.clear()

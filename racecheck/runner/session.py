@@ -13,8 +13,12 @@ How a session ends decides what is recorded for the tests in flight (the `Ending
   tree is killed and that test takes the failing rank's outcome ([Note: fail-fast]).
 - STOPPED: the runner asked for a stop (--max-time, early-stop rules, see [Note: graceful stop]);
   nothing is invented for tests in flight: incomplete blocks are simply not completed.
-Only tests of the earliest incomplete block are blamed; later blocks that some fast rank had
-entered are left incomplete, to be run again.
+Only the test in flight is blamed: of the earliest incomplete block, the unfinished test that
+was started first (a rank that died in test B leaves its healthy peers in test C, which they
+entered; C is run again, not recorded as a crash). Tests after it, in its block and in later
+blocks that some fast rank had entered, are left to the next session, which resumes the block
+after the tests it has recorded ([Note: resumed blocks] in blocks.py). A session that recorded no
+outcome at all could not start: that is an infrastructure error, not a trial.
 
 [Note: graceful stop] The runner writes a trial index T to the stop file; every process checks it
 at each trial boundary and stops before entering trial T (plugin.py). T is one past the latest
@@ -107,6 +111,7 @@ class SessionRun:
         self._saw_collected = False
         self._collect_errors: list[CollectError] = []
         self._outcomes: dict[Block, list[str]] = {}
+        self._tests: dict[Block, list[str]] = {}  # the tests with an outcome, per block
         self._done: list[Block] = []
         self._started_trial = -1
         self._stop_sent = False
@@ -149,9 +154,17 @@ class SessionRun:
         block = Block(merged.trial, merged.arm)
         outcomes = self._outcomes.setdefault(block, [])
         outcomes.append(merged.outcome)
-        per_block = self._collected // max(len(self.plan.blocks), 1)
-        if block in self._index and block not in self._done and per_block and len(outcomes) >= per_block:
-            self._complete(block)
+        self._tests.setdefault(block, []).append(merged.test)
+        if block in self._index and block not in self._done and self._collected:
+            if len(outcomes) >= self._expected(block):
+                self._complete(block)
+
+    def _expected(self, block: Block) -> int:
+        """The outcomes that complete `block` in this session: the tests of one block (every step
+        collects the same), less those an earlier session recorded (deselected in this one)."""
+        planned = self.plan.blocks
+        every = (self._collected + sum(len(b.done) for b in planned)) // max(len(planned), 1)
+        return every - len(planned[self._index[block]].done)
 
     def _complete(self, block: Block) -> None:
         self._done.append(block)
@@ -196,6 +209,7 @@ class SessionRun:
         finally:
             if proc.poll() is None:  # interrupted (Ctrl-C) or an error above: leave nothing behind
                 launch.kill_tree(proc)
+            launch.finish(proc)  # nor a daemon that a test started and left running
             if self.peers is not None:  # end the other nodes' parts too; their last events land here
                 self.peers.finish()
                 self._poll_files()
@@ -203,8 +217,13 @@ class SessionRun:
             ending = Ending.STOPPED
         self._check_suite(ending, proc.returncode)
         self._close(ending, proc.returncode)
-        remaining = [b for b in self.plan.blocks if b not in set(self._done)]
-        if ending is not Ending.STOPPED and remaining and not self._done:
+        finished = set(self._done)
+        remaining = [
+            dataclasses.replace(b, done=b.done + tuple(self._tests.get(b, ())))
+            for b in self.plan.blocks
+            if b not in finished
+        ]
+        if ending is not Ending.STOPPED and remaining and not any(b in self._index for b in self._outcomes):
             raise InfrastructureError(
                 f"the pytest session ended ({ending.value}, exit code {proc.returncode}) "
                 f"without finishing a trial; see {self.spec.log_path}: "
@@ -251,6 +270,8 @@ class SessionRun:
             return
         first = min(self._index.get(Block(t, a), len(self._index)) for t, a, _ in unfinished)
         blamed = [k for k in unfinished if self._index.get(Block(k[0], k[1])) == first]
+        if ending is not Ending.FINISHED:  # the test in flight (a dead xdist worker: each of its)
+            blamed = [min(blamed, key=self._merger.first_seen)]
         if ending is Ending.RANK_FAILED:
             abandoned = self._merger.abandon_after_peer_failure(blamed)
         elif ending is Ending.TIMED_OUT:
@@ -267,8 +288,8 @@ class SessionRun:
             )
         for merged in abandoned:
             self._merged(merged)
-        if first < len(self.plan.blocks) and self.plan.blocks[first] not in self._done:
-            self._complete(self.plan.blocks[first])
+        if ending is Ending.FINISHED and first < len(self.plan.blocks) and self.plan.blocks[first] not in self._done:
+            self._complete(self.plan.blocks[first])  # pytest ran all it would: nothing to resume
 
     def _check_suite(self, ending: Ending, returncode: int | None) -> None:
         """Bad input, reported in one line: collection errors, pytest usage errors, no tests."""

@@ -23,6 +23,7 @@ import os
 import platform
 import time
 import uuid
+from collections.abc import Iterator
 from importlib import metadata
 
 from racecheck.exitcodes import InfrastructureError, InputError
@@ -30,7 +31,7 @@ from racecheck.mesh_config import MeshConfig
 from racecheck.runner import blocks, launch, state
 from racecheck.runner.blocks import Block, SessionPlan
 from racecheck.runner.gitarms import Worktrees, pythonpath
-from racecheck.runner.record import Outcome, TestOutcome, TrialLog, TrialRecord, read_log, repair_log
+from racecheck.runner.record import Outcome, TestOutcome, TrialLog, TrialRecord, read_log, repair_log, worst
 from racecheck.runner.run_config import RunConfig, replay_command, resume_command, split_targets
 from racecheck.runner.session import Ending, SessionRun
 from racecheck.runner.stopping import LiveCounts
@@ -90,6 +91,7 @@ class Runner:
         self._log: TrialLog | None = None
         self._completed: state.CompletedLog | None = None
         self._written: collections.Counter = collections.Counter()  # records per block this attempt
+        self._worst: dict[tuple, Outcome] = {}  # per block: its worst record so far, over sessions
         self._lock = state.Lock(config.out)
 
     # -- the run ----------------------------------------------------------------------------------
@@ -110,15 +112,14 @@ class Runner:
         try:
             self._write_run_json()
             done = self._load_done() if self.resume else {}
-            plans = {s.name: self._pending(s, done) for s in self.config.scenarios}
-            self.listener.planned(sum(len(p) for p in plans.values()) + len(done), len(done))
+            self.listener.planned(self._planned(done) + len(done), len(done))
             with TrialLog(out / "trials.jsonl") as log:
                 self._log, self._completed = log, state.CompletedLog(out)
                 try:
                     for suite in self.config.scenarios:
                         if self._stopped in ("max-time", "node lost"):
                             break
-                        self._run_suite(suite, plans[suite.name])
+                        self._run_suite(suite, self._pending(suite, done))
                 finally:
                     self._completed.close()
         finally:
@@ -168,13 +169,25 @@ class Runner:
             raise InputError(f"cannot resume {out}: {exc}") from None
         return done
 
-    def _pending(self, suite: Suite, done: dict) -> list[Block]:
+    def _pending(self, suite: Suite, done: dict) -> Iterator[Block]:
+        """The blocks still to run, one at a time (a million trials are not planned up front)."""
         c = self.config
         trials = c.shard.trials(c.trials)
         every = blocks.blocks(c.arms_for(suite), trials, seed=c.seed, order=c.order)
-        return [b for b in every if (suite.name, b.arm, b.trial) not in done]
+        return (b for b in every if (suite.name, b.arm, b.trial) not in done)
 
-    def _run_suite(self, suite: Suite, pending: list[Block]) -> None:
+    def _planned(self, done: dict) -> int:
+        """How many blocks _pending yields, over every suite, counted without listing them."""
+        c = self.config
+        trials = c.shard.trials(c.trials)
+        total = 0
+        for s in c.scenarios:
+            arms = set(c.arms_for(s))
+            total += (trials.stop - trials.start) * len(arms)  # len() of a range stops at 2**63
+            total -= sum(1 for name, arm, t in done if name == s.name and arm in arms and t in trials)
+        return total
+
+    def _run_suite(self, suite: Suite, pending: Iterator[Block]) -> None:
         c = self.config
         self._suite = suite
         if self.counts.met(suite.name, c.stop_rules):
@@ -190,14 +203,17 @@ class Runner:
             seed=c.seed,
             order=c.order,
         )
-        while queue and not self._stopped:
-            if self._should_stop():
+        retry: SessionPlan | None = None
+        while not self._stopped:
+            plan = retry or next(queue, None)
+            if plan is None or self._should_stop():
                 break
-            plan = queue.pop(0)
             result = self._run_session(suite, plan)
+            retry = None
             if result.ending is not Ending.STOPPED and result.remaining:
-                # Crashed, hung, or ended early: the rest of its blocks run in a fresh session.
-                queue.insert(0, SessionPlan(tuple(result.remaining)))
+                # Crashed, hung, or ended early: the rest of its blocks run in a fresh session,
+                # a block it ended in after the tests it recorded ([Note: resumed blocks]).
+                retry = SessionPlan(tuple(result.remaining))
         if self._stopped == "stop rules":
             self._rules_held.append(suite.name)
             self._stopped = ""  # the rules stop this suite; the next one starts afresh
@@ -248,7 +264,8 @@ class Runner:
         # Every block carries its arm's canonical spec: the ranks take it from the schedule.
         specs = {a: c.spec_for(suite, a) for a in plan.arms}
         blocks.write_schedule(
-            ranks / f"{sid}.schedule.json", SessionPlan(tuple(Block(b.trial, b.arm, specs[b.arm]) for b in plan.blocks))
+            ranks / f"{sid}.schedule.json",
+            SessionPlan(tuple(dataclasses.replace(b, perturb=specs[b.arm]) for b in plan.blocks)),
         )
         targets, _ = split_targets(c.pytest_args, suite.run_root)
         user = list(suite.targets if not targets else ()) + list(suite.pytest_args) + list(arm.pytest_args)
@@ -337,10 +354,14 @@ class Runner:
         assert self._log is not None, "records arrive only while run() holds the log open"
         self._log.append(record)
         self._written[(suite.name, arm, trial)] += 1
+        key = (suite.name, arm, trial)
+        self._worst[key] = worst([self._worst.get(key, Outcome.PASSED), record.outcome])
         self.counts.record(suite.name, arm, trial, record.outcome)
         self.listener.record(record)
 
     def _block(self, suite: Suite, block: Block, outcome: Outcome) -> None:
+        # A block resumed after a crash or a hang: its outcome is the worst over its sessions.
+        outcome = worst([outcome, self._worst.pop((suite.name, block.arm, block.trial), outcome)])
         written = self._written.pop((suite.name, block.arm, block.trial), 0)
         assert self._completed is not None, "blocks finish only while run() holds completed.jsonl open"
         self._completed.append(suite.name, block, outcome.value, self.run_id, records=written)
