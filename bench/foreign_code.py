@@ -36,6 +36,7 @@ import concurrent.futures
 import csv
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 import time
@@ -400,6 +401,7 @@ def main() -> int:
         help="trials of the systematic mode: at least k + 1 to cover every single point",
     )
     parser.add_argument("--jobs", type=int, default=1, help="runs other than natural ones at a time")
+    parser.add_argument("--profiles", default=None, metavar="REGEX", help="only the profile runs whose spec matches")
     parser.add_argument(
         "--from-runs",
         type=Path,
@@ -451,6 +453,8 @@ def main() -> int:
             bounds.update({(run.suite, *k): v for k, v in bounds_of(folder).items()})
 
     runs = plan(suites, modes)
+    if args.profiles is not None:
+        runs = [r for r in runs if not r.mode.startswith("profile:") or re.search(args.profiles, r.mode)]
     for run in (r for r in runs if r.mode == "natural"):  # alone: nothing else on the GPU
         one(run)
     with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:

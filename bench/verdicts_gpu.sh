@@ -10,6 +10,7 @@
 #              generated programs on torch.cuda (FOREIGN_MODES, FOREIGN_SUITES, FOREIGN_JOBS)
 #   megatron   the same for megatron-fsdp alone (MEGATRON_MODES), beside the others
 #   catalogue  the catalogue's scenarios that fit one GPU, every arm under its profile
+#   own        bench/own_suite_gpu.sh: a user's one-rank NCCL suite, --world-size beyond the GPUs
 #   bash bench/verdicts_gpu.sh [PART ...]      (default: every part; they run side by side)
 # The wheels the machine lacks travel in .whl/ (bench/gpu_check.sh's header; hypothesis too).
 set -uo pipefail
@@ -62,7 +63,7 @@ for part in "${parts[@]}"; do
     foreign) (python3 bench/foreign_code.py --out "$V/foreign" --report "$V/report" --jobs "${FOREIGN_JOBS:-6}" \
       --suites "${FOREIGN_SUITES:-megatron_fsdp,fsdp2,plain_torch}" \
       --modes "${FOREIGN_MODES:-natural,profile,detect,random,systematic,soundness}" \
-      --profile-trials "${PROFILE_TRIALS:-10}" --systematic-trials "${SYSTEMATIC_TRIALS:-30}" \
+      --profile-trials "${PROFILE_TRIALS:-10}" --systematic-trials "${SYSTEMATIC_TRIALS:-30}" --profiles "${PROFILES:-.}" \
       --max-seconds "$((SECONDS_LEFT - 60))" >"$V/foreign.log" 2>&1) & ;;
     megatron) (python3 bench/foreign_code.py --out "$V/megatron" --report "$V/report-megatron" --jobs 2 \
       --suites megatron_fsdp --modes "${MEGATRON_MODES:-profile,systematic}" \
@@ -73,7 +74,8 @@ for part in "${parts[@]}"; do
 import sys; sys.path.insert(0, "bench")
 from gpu_check import catalogue_split
 print(",".join(catalogue_split(1)[0]))')" >"$V/catalogue.log" 2>&1) & ;;
-    *) echo "verdicts_gpu.sh: unknown part '$part' (tests, before, foreign, megatron, catalogue)" >&2; exit 2 ;;
+    own) (bash bench/own_suite_gpu.sh >/dev/null 2>&1; cp "$OUT/own_suite.log" "$V/") & ;;
+    *) echo "verdicts_gpu.sh: unknown part '$part' (tests, before, foreign, megatron, catalogue, own)" >&2; exit 2 ;;
   esac
 done
 wait
