@@ -273,3 +273,10 @@ def test_detector_reports_appear_merged_by_their_first_line(tmp_path):
     markdown = report.render("markdown", summary=summary, records=records)
     assert markdown.count("<details>") == 1 and "  stacks ..." in markdown
     assert "detector reports" not in report.render("terminal", summary=summary, records=None)
+
+
+def test_every_format_has_a_renderer_of_its_own():
+    from racecheck.results.rows import Format
+
+    assert set(report.RENDERERS) == set(Format)
+    assert len(set(report.RENDERERS.values())) == len(Format)  # no format falls through to another

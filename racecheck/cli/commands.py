@@ -123,7 +123,7 @@ def report_command(ctx, out_dir: Path, fmt: str, output: Path | None, github_sum
     summary_file = os.environ.get("GITHUB_STEP_SUMMARY") if github_summary else None
     if github_summary and not summary_file:
         raise click.UsageError("--github-summary needs $GITHUB_STEP_SUMMARY (GitHub Actions sets it)", ctx)
-    from racecheck.results import failures, report
+    from racecheck.results import failures, render_markdown, report
 
     records, summary = _load(ctx, out_dir, signature)
     text = report.render(fmt, summary=summary, records=records)
@@ -139,11 +139,11 @@ def report_command(ctx, out_dir: Path, fmt: str, output: Path | None, github_sum
     if summary_file:
         # The step summary's 1 MiB limit covers what earlier steps already wrote there.
         used = Path(summary_file).stat().st_size if Path(summary_file).exists() else 0
-        room = max(report.MARKDOWN_LIMIT - used, 1024)
+        room = max(render_markdown.MARKDOWN_LIMIT - used, 1024)
         after = failures.render_markdown(records)  # the distinct failures, when they fit
         after = after if len(after.encode()) < room // 2 else ""
         with open(summary_file, "a", encoding="utf-8") as fh:
-            fh.write(report.render_markdown(summary, max_bytes=room - len(after.encode())) + after)
+            fh.write(render_markdown.render_markdown(summary, max_bytes=room - len(after.encode())) + after)
 
 
 @click.command("gate")
@@ -342,7 +342,7 @@ def summarize_run(out_dir: Path, *, footer: str | None = None) -> bool:
     """Write OUT/summary.csv and, with a footer, print the table and the footer; False when the
     log holds no record."""
     from racecheck.results.failures import failure_list
-    from racecheck.results.report import render_terminal
+    from racecheck.results.render_terminal import render_terminal
     from racecheck.results.tally import write_summary
 
     try:
