@@ -2,10 +2,10 @@
 
 In one pytest session it repeats every test --racecheck-steps times (its own parametrization of
 the `racecheck_step` fixture, ids ending in `-K-N` for step K of N) and maps the steps to blocks
-(one trial of one arm): step k runs block k of the schedule given with --racecheck-schedule (the
-trial runner writes it; a block that an earlier session ended in lists the tests it has recorded,
-and those are deselected), or, without one, arm k mod len(arms) in trial start + k div len(arms),
-with the arms of each trial in the order --racecheck-order says (runner/blocks.py). Every
+(one trial of one arm, with its resolved perturbation): step k runs block k of the schedule given
+with --racecheck-schedule (the trial runner writes it; a block that an earlier session ended in
+lists the tests it has recorded, and those are deselected), or, without one, trial k of no arm.
+Every
 test's outcome is written, as soon as it is known, as one rank event (runner/record.py's
 RankEvent) to the per-process log given with --racecheck-log; the trial runner merges the ranks.
 Under pytest-xdist every worker writes its own file (the worker id is added to the name).
@@ -16,7 +16,6 @@ torch is imported lazily so that loading the plugin costs nothing for suites tha
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import signal
 import sys
@@ -25,7 +24,8 @@ from pathlib import Path
 import pytest
 
 from racecheck.failure_text import error_line, failure_signature, first_line
-from racecheck.runner.blocks import ORDERS, Block, arm_order, read_schedule
+from racecheck.item_trial import ITEM_TRIAL, ItemTrial
+from racecheck.runner.blocks import Block, read_schedule
 from racecheck.runner.lifeline import die_with_parent
 from racecheck.runner.record import Collected, CollectError, Finished, Outcome, RankLog, Started, TestOutcome, worst
 from racecheck.suites.catalogue import check_profile
@@ -33,29 +33,8 @@ from racecheck.suites.catalogue import check_profile
 STEP_FIXTURE = "racecheck_step"  # the fixture this plugin parametrizes with the session's steps
 
 
-@dataclasses.dataclass
-class ItemTrial:
-    """Per-item data, kept in item.stash: which trial and arm this item runs, and what happened."""
-
-    step: int  # the repeat step (the block's position in the session)
-    trial: int
-    arm: str
-    test: str  # node id without the step's id suffix
-    params: str
-    outcomes: list = dataclasses.field(default_factory=list)
-    signature: str = ""
-    message: str = ""
-    duration: float = 0.0
-    reports: list = dataclasses.field(default_factory=list)  # detector reports attached by fixtures
-    perturb: str = ""  # the canonical spec of this block (the schedule's), "" for the options'
-    patch: object = None  # project suites: this test's installed PatchMode (plugin_patch.py)
-    tracker: object = None  # project suites with --racecheck-detect: its TorchRaceTracker
-
-
-ITEM_TRIAL = pytest.StashKey[ItemTrial]()
 _LOG_KEY = pytest.StashKey["RankLog | None"]()
 _STOPPED_KEY = pytest.StashKey[bool]()
-_ARM_PERTURB_KEY = pytest.StashKey[dict]()
 _SCHEDULE_KEY = pytest.StashKey[list]()
 _PROJECT_KEY = pytest.StashKey[object]()
 
@@ -70,21 +49,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="run every test N times in this session, one block (trial, arm) per step",
     )
     group.addoption(
-        "--racecheck-arms",
-        default="",
-        metavar="A,B",
-        help="arms to cycle over the steps of this session (trial by trial)",
-    )
-    group.addoption(
-        "--racecheck-trial-start", type=int, default=0, metavar="N", help="index of this session's first trial"
-    )
-    group.addoption(
-        "--racecheck-order",
-        default="alternate",
-        choices=ORDERS,
-        help="order of the arms inside each trial: as given, or a seeded permutation",
-    )
-    group.addoption(
         "--racecheck-schedule",
         default=None,
         metavar="PATH",
@@ -92,19 +56,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     group.addoption(
         "--racecheck-seed", type=int, default=0, metavar="S", help="base seed; trial t runs with seed S + t"
-    )
-    group.addoption(
-        "--racecheck-perturb",
-        default=None,
-        metavar="PROFILE",
-        help="perturbation profile (default: the scenario's own; 'off' disables)",
-    )
-    group.addoption(
-        "--racecheck-arm-perturb",
-        action="append",
-        default=[],
-        metavar="ARM=PROFILE",
-        help="perturbation profile of one arm, overriding --racecheck-perturb (repeatable)",
     )
     group.addoption(
         "--racecheck-detect",
@@ -145,38 +96,26 @@ def pytest_configure(config: pytest.Config) -> None:
         "racecheck_world(n): the test needs a process world of n ranks; "
         "in a world of another size it fails at setup instead of hanging in a collective",
     )
-    if config.getoption("--racecheck-trial-start") < 0:
-        raise pytest.UsageError("--racecheck-trial-start must be >= 0")
     count = config.getoption("--racecheck-steps")
     if count < 1:
         raise pytest.UsageError("--racecheck-steps must be >= 1")
     # pytest-repeat's public --count, where that plugin is installed, repeats tests outside the
     # steps: every repeat would run block 0. Refuse the mix instead of mislabelling trials.
-    if (config.getoption("count", None) or 1) > 1 and (
-        count > 1 or config.getoption("--racecheck-arms") or config.getoption("--racecheck-schedule")
-    ):
+    if (config.getoption("count", None) or 1) > 1 and (count > 1 or config.getoption("--racecheck-schedule")):
         raise pytest.UsageError(
             "--count (pytest-repeat) does not map repeats to racecheck's blocks; use --racecheck-steps"
         )
-    perturbs = {}
-    for item in config.getoption("--racecheck-arm-perturb"):
-        arm, sep, spec = item.partition("=")
-        if not sep or not arm:
-            raise pytest.UsageError(f"--racecheck-arm-perturb: {item!r} is not ARM=PROFILE")
-        perturbs[arm] = spec
-    global_spec = config.getoption("--racecheck-perturb")
-    for spec in [global_spec, *perturbs.values()]:
-        try:
-            check_profile(spec)
-        except ValueError as exc:
-            raise pytest.UsageError(f"--racecheck-perturb: {exc}") from None
-    config.stash[_ARM_PERTURB_KEY] = perturbs
     schedule = config.getoption("--racecheck-schedule")
     if schedule is not None:
         try:
             config.stash[_SCHEDULE_KEY] = read_schedule(schedule)
         except ValueError as exc:
             raise pytest.UsageError(f"--racecheck-schedule: {exc}") from None
+        for block in config.stash[_SCHEDULE_KEY]:
+            try:
+                check_profile(block.perturb or None)
+            except ValueError as exc:
+                raise pytest.UsageError(f"--racecheck-schedule: {exc}") from None
         if len(config.stash[_SCHEDULE_KEY]) != count:
             raise pytest.UsageError(
                 f"--racecheck-schedule lists {len(config.stash[_SCHEDULE_KEY])} blocks but --racecheck-steps is {count}"
@@ -184,7 +123,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("--racecheck-patch"):
         from racecheck.plugin_patch import configure_project
 
-        specs = [b.perturb for b in config.stash.get(_SCHEDULE_KEY, [])] or [global_spec, *perturbs.values()]
+        specs = [b.perturb for b in config.stash.get(_SCHEDULE_KEY, [])]
         config.stash[_PROJECT_KEY] = configure_project(config, specs)
     log = config.getoption("--racecheck-log")
     config.stash[_LOG_KEY] = RankLog(log) if log else None
@@ -196,15 +135,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _blocks(config: pytest.Config, count: int) -> list[Block]:
-    """The block of every repeat step: the schedule file's, or arms cycled from the trial start."""
+    """The block of every repeat step: the schedule file's (the trial runner's), else step k is
+    trial k of no arm (a plain pytest run with the plugin)."""
     if _SCHEDULE_KEY in config.stash:
         return config.stash[_SCHEDULE_KEY]  # as many as --racecheck-steps (pytest_configure checks)
-    arms = [a for a in config.getoption("--racecheck-arms").split(",") if a] or [""]
-    start, seed = config.getoption("--racecheck-trial-start"), config.getoption("--racecheck-seed")
-    order = config.getoption("--racecheck-order")
-    trials = range(start, start + -(-count // len(arms)))
-    blocks = [Block(t, a) for t in trials for a in arm_order(arms, t, seed=seed, order=order)]
-    return blocks[:count]
+    return [Block(k, "") for k in range(count)]
 
 
 @pytest.hookimpl(trylast=True)
@@ -277,16 +212,10 @@ def racecheck_seed(request: pytest.FixtureRequest) -> int:
 
 
 @pytest.fixture
-def racecheck_perturb(request: pytest.FixtureRequest):
-    """This block's perturbation spec: the session schedule's (the runner resolved it), else this
-    arm's --racecheck-arm-perturb, else --racecheck-perturb's, else None for the scenario's default."""
-    return _spec(request.node.stash[ITEM_TRIAL], request.config)
-
-
-def _spec(t: ItemTrial, config: pytest.Config):
-    if t.perturb:
-        return t.perturb
-    return config.stash[_ARM_PERTURB_KEY].get(t.arm, config.getoption("--racecheck-perturb"))
+def racecheck_perturb(request: pytest.FixtureRequest) -> str | None:
+    """This block's perturbation spec, as the runner resolved it into the session's schedule
+    (arm over suite over --perturb); None without one: the scenario's default."""
+    return request.node.stash[ITEM_TRIAL].perturb or None
 
 
 @pytest.fixture
@@ -349,7 +278,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem):
     project = config.stash.get(_PROJECT_KEY, None)
     seed = config.getoption("--racecheck-seed") + (t.trial if t is not None else 0)
     if project is not None and t is not None:
-        project.start(t, spec=_spec(t, config) or "off", seed=seed)
+        project.start(t, spec=t.perturb or "off", seed=seed)
     try:
         result = yield
     finally:

@@ -29,7 +29,7 @@ def configure_project(config: pytest.Config, specs: list) -> ProjectTests:
         try:
             PatchMode(parse_profile(spec), actions=object())  # the grammar check alone; nothing is installed
         except ValueError as exc:
-            raise pytest.UsageError(f"--racecheck-perturb: {exc}") from None
+            raise pytest.UsageError(f"--racecheck-schedule: {exc}") from None
     detect = config.getoption("--racecheck-detect")
     factory = None
     if acting or detect:
@@ -136,7 +136,7 @@ class ProjectTests:
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item: pytest.Item):
-        from racecheck.plugin import ITEM_TRIAL
+        from racecheck.item_trial import ITEM_TRIAL
 
         t = item.stash.get(ITEM_TRIAL, None)
         try:

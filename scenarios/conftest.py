@@ -42,8 +42,8 @@ _DETECTION = pytest.StashKey[_Detection]()
 
 @pytest.fixture
 def runtime(request, world, scenario, racecheck_perturb, racecheck_seed, racecheck_detect, racecheck_reports):
-    """The runtime with this test's perturbation installed (--racecheck-perturb, else
-    $RACECHECK_PERTURB, else the scenario's default profile) and, with --racecheck-detect, the
+    """The runtime with this test's perturbation installed (its block's, from the runner's
+    schedule, else $RACECHECK_PERTURB, else the scenario's default profile) and, with --racecheck-detect, the
     happens-before detector attached for the test. Every detector report is appended to
     `racecheck_reports` (the outcome record's `reports`) and fails the test with the report as its
     failure text: in the call phase when found by then (pytest_runtest_call below), else in this

@@ -8,19 +8,19 @@ import json
 import pytest
 
 from racecheck.plugin import strip_step
-from racecheck.runner.blocks import Block, SessionPlan, arm_order, write_schedule
+from racecheck.runner.blocks import Block, SessionPlan, write_schedule
 
 pytest_plugins = ["pytester"]
 
 RECORDING = """
 import pytest
-from racecheck.plugin import ITEM_TRIAL
+from racecheck.item_trial import ITEM_TRIAL
 
 @pytest.mark.parametrize("n", [1, 2])
 def test_p(n, racecheck_arm, racecheck_seed, racecheck_perturb, request):
     t = request.node.stash[ITEM_TRIAL]
     assert (t.arm, t.trial) == (racecheck_arm, racecheck_seed - 100)
-    assert racecheck_perturb == ("sleep@before_reduce_scatter:1ms" if racecheck_arm == "b" else "off")
+    assert racecheck_perturb == ("sleep@before_reduce_scatter:1ms" if racecheck_arm == "b" else None)
     assert not (racecheck_arm == "b" and n == 2), "b fails n=2"
 """
 
@@ -34,18 +34,19 @@ def test_options_are_grouped_and_markers_registered(pytester):
     help_text = pytester.runpytest("--help").stdout.str()
     group = help_text[help_text.index("racecheck: arms, trials, perturbation and outcome logging:") :]
     for option in (
-        "--racecheck-arms",
-        "--racecheck-trial-start",
-        "--racecheck-order",
+        "--racecheck-steps",
         "--racecheck-schedule",
         "--racecheck-seed",
-        "--racecheck-perturb",
-        "--racecheck-arm-perturb",
         "--racecheck-detect",
         "--racecheck-log",
         "--racecheck-stop-file",
+        "--racecheck-patch",
+        "--racecheck-handoffs",
     ):
         assert option in group
+    # the runner passes the arms, their order and their profiles in the schedule, nothing else
+    for gone in ("--racecheck-arms", "--racecheck-order", "--racecheck-perturb", "--racecheck-trial-start"):
+        assert gone not in group
     assert (
         "racecheck_world(n): the test needs a process world of n ranks" in pytester.runpytest("--markers").stdout.str()
     )
@@ -71,7 +72,7 @@ def test_world_marker_fails_at_setup_in_a_world_of_another_size(pytester, monkey
 
 def test_a_schedule_maps_repeat_steps_to_blocks_and_the_log_says_so(pytester, tmp_path):
     pytester.makepyfile(test_rec=RECORDING)
-    plan = SessionPlan((Block(3, "b"), Block(3, "a"), Block(4, "a")))
+    plan = SessionPlan((Block(3, "b", "sleep@before_reduce_scatter:1ms"), Block(3, "a"), Block(4, "a")))
     write_schedule(tmp_path / "s.json", plan)
     log = tmp_path / "log-{rank}.jsonl"
     result = pytester.runpytest(
@@ -80,8 +81,6 @@ def test_a_schedule_maps_repeat_steps_to_blocks_and_the_log_says_so(pytester, tm
         "--racecheck-steps=3",
         f"--racecheck-schedule={tmp_path / 's.json'}",
         "--racecheck-seed=100",
-        "--racecheck-perturb=off",
-        "--racecheck-arm-perturb=b=sleep@before_reduce_scatter:1ms",
         f"--racecheck-log={log}",
     )
     assert result.ret == 0  # failing tests are data under the runner
@@ -101,22 +100,18 @@ def test_a_schedule_maps_repeat_steps_to_blocks_and_the_log_says_so(pytester, tm
     assert events(tmp_path / "log-0.jsonl", "finish")[0]["stopped"] is False
 
 
-def test_without_a_schedule_arms_cycle_in_the_requested_order(pytester, tmp_path):
+def test_without_a_schedule_step_k_is_trial_k_of_no_arm(pytester, tmp_path):
     pytester.makepyfile(test_rec=RECORDING.replace("racecheck_seed - 100", "racecheck_seed - 7"))
     log = tmp_path / "log.jsonl"
-    pytester.runpytest(
-        "-p",
-        "racecheck",
-        "--racecheck-steps=6",
-        "--racecheck-arms=a,c,d",
-        "--racecheck-order=random",
-        "--racecheck-trial-start=2",
-        "--racecheck-seed=7",
-        "--racecheck-perturb=off",
-        f"--racecheck-log={log}",
-    )
-    got = [(e["trial"], e["arm"]) for e in events(log, "outcome")][::2]
-    assert got == [(t, a) for t in (2, 3) for a in arm_order("acd", t, seed=7, order="random")]
+    pytester.runpytest("-p", "racecheck", "--racecheck-steps=3", "--racecheck-seed=7", f"--racecheck-log={log}")
+    got = [(e["trial"], e["arm"], e["seed"]) for e in events(log, "outcome")][::2]
+    assert got == [(0, "", 7), (1, "", 8), (2, "", 9)]
+
+
+def _arms_schedule(path, arms: str, trials: int):
+    """A session schedule of `trials` trials of `arms`, as the runner writes it."""
+    write_schedule(path, SessionPlan(tuple(Block(t, a) for t in range(trials) for a in arms.split(","))))
+    return f"--racecheck-schedule={path}"
 
 
 def test_a_stop_file_ends_the_session_at_the_next_trial_boundary(pytester, tmp_path):
@@ -127,9 +122,8 @@ def test_a_stop_file_ends_the_session_at_the_next_trial_boundary(pytester, tmp_p
         "-p",
         "racecheck",
         "--racecheck-steps=6",
-        "--racecheck-arms=a,c",
+        _arms_schedule(tmp_path / "s.json", "a,c", 3),
         "--racecheck-seed=100",
-        "--racecheck-perturb=off",
         f"--racecheck-log={log}",
         f"--racecheck-stop-file={tmp_path / 'stop'}",
     )
@@ -152,25 +146,28 @@ def test_collection_errors_are_logged(pytester, tmp_path):
 
 
 def test_bad_plugin_options_are_usage_errors(pytester, tmp_path):
-    result = pytester.runpytest("-p", "racecheck", "--racecheck-perturb=nonsense@x")
+    write_schedule(tmp_path / "bad.json", SessionPlan((Block(0, "a", "nonsense@x"),)))
+    result = pytester.runpytest("-p", "racecheck", f"--racecheck-schedule={tmp_path / 'bad.json'}")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    assert "ERROR: --racecheck-perturb: " in result.stderr.str() and "nonsense" in result.stderr.str()
+    assert "ERROR: --racecheck-schedule: " in result.stderr.str() and "nonsense" in result.stderr.str()
     result = pytester.runpytest("-p", "racecheck", f"--racecheck-schedule={tmp_path / 'missing.json'}")
     assert result.ret == pytest.ExitCode.USAGE_ERROR and "cannot read the schedule" in result.stderr.str()
 
 
-def test_a_project_profile_without_cuda_is_a_usage_error(pytester, monkeypatch):
+def test_a_project_profile_without_cuda_is_a_usage_error(pytester, monkeypatch, tmp_path):
     import torch
 
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA: the error is for machines without it")
     monkeypatch.delenv("RACECHECK_PATCH_ACTIONS", raising=False)
     pytester.makepyfile(test_a="def test_a():\n    pass\n")
-    for option in ("--racecheck-perturb=sleep@stream_enter:1ms", "--racecheck-detect"):
+    write_schedule(tmp_path / "s.json", SessionPlan((Block(0, "a", "sleep@stream_enter:1ms"),)))
+    for option in (f"--racecheck-schedule={tmp_path / 's.json'}", "--racecheck-detect"):
         result = pytester.runpytest("-p", "racecheck", "--racecheck-patch", option)
         assert result.ret == pytest.ExitCode.USAGE_ERROR, option
         assert "CUDA" in result.stderr.str(), option
-    result = pytester.runpytest("-p", "racecheck", "--racecheck-patch", "--racecheck-perturb=off")
+    write_schedule(tmp_path / "off.json", SessionPlan((Block(0, "a", "off"),)))
+    result = pytester.runpytest("-p", "racecheck", "--racecheck-patch", f"--racecheck-schedule={tmp_path / 'off.json'}")
     assert result.ret == 0
 
 
@@ -188,7 +185,7 @@ def test_xdist_workers_write_one_file_each_and_report_each_test_once(pytester, t
         "-n",
         "2",
         "--racecheck-steps=2",
-        "--racecheck-arms=a",
+        _arms_schedule(tmp_path / "s.json", "a", 2),
         f"--racecheck-log={log}",
     )
     assert result.ret == 0
@@ -250,8 +247,9 @@ def test_the_plugin_repeats_tests_itself_with_pytest_repeats_ids(pytester):
 def test_steps_map_to_blocks_without_pytest_repeat(pytester, tmp_path):
     pytester.makepyfile(test_steps=STEPS)
     log = tmp_path / "log.jsonl"
+    schedule = _arms_schedule(tmp_path / "s.json", "a,b", 2)
     result = pytester.runpytest(
-        "-p", "racecheck", "-p", "no:repeat", "--racecheck-steps=4", "--racecheck-arms=a,b", f"--racecheck-log={log}"
+        "-p", "racecheck", "-p", "no:repeat", "--racecheck-steps=4", schedule, f"--racecheck-log={log}"
     )
     assert result.ret == 0
     got = [(e["trial"], e["arm"], e["test"]) for e in events(log, "outcome")]
@@ -262,7 +260,7 @@ def test_steps_map_to_blocks_without_pytest_repeat(pytester, tmp_path):
 def test_pytest_repeats_count_with_racecheck_steps_is_a_usage_error(pytester):
     pytest.importorskip("pytest_repeat")
     pytester.makepyfile(test_steps=STEPS)
-    result = pytester.runpytest("-p", "racecheck", "-p", "repeat", "--count=2", "--racecheck-arms=a,b")
+    result = pytester.runpytest("-p", "racecheck", "-p", "repeat", "--count=2", "--racecheck-steps=2")
     assert result.ret == pytest.ExitCode.USAGE_ERROR and "use --racecheck-steps" in result.stderr.str()
     result = pytester.runpytest("-p", "racecheck", "--racecheck-steps=0")
     assert result.ret == pytest.ExitCode.USAGE_ERROR and "--racecheck-steps must be >= 1" in result.stderr.str()

@@ -102,7 +102,6 @@ def test_every_line_the_plugin_writes_is_a_rank_event(pytester, tmp_path):
         "-p",
         "racecheck",
         "--racecheck-steps=2",
-        "--racecheck-arms=a",
         f"--racecheck-log={log}",
         "--continue-on-collection-errors",
     )

@@ -2,9 +2,9 @@
 
 Installed in every rank by the scenario fixtures (racecheck.scenario_kit.harness.perturbation), or from the
 environment for processes that a launcher starts (install_from_env). Configuration, first found
-wins: the command line (`racecheck run --perturb/--no-perturb/--seed`, which passes
-`--racecheck-perturb/--racecheck-seed` to pytest), the pytest options themselves, the environment
-($RACECHECK_PERTURB, $RACECHECK_SEED), the scenario's `default_perturb`.
+wins: the block's profile in the session's schedule (`racecheck run --perturb/--no-perturb`, an
+arm's or a suite's `perturb`, resolved by the runner), the environment ($RACECHECK_PERTURB,
+$RACECHECK_SEED), the scenario's `default_perturb`; the seed is --racecheck-seed plus the trial.
 
 How each action is carried out (identically on both backends, through the Runtime interface):
 - sleep: `Runtime.sleep` under the target stream, so the delay is queued work on that stream
