@@ -7,23 +7,12 @@ import shlex
 from pathlib import Path
 
 import pytest
-from test_runner import ALWAYS, SEEDED_TEST, expected_failures, racecheck, records, summary_counts, write_suite
+from run_kit import ALWAYS, SEEDED_TEST, expected_failures, racecheck, records, summary_counts, write_suite
 
 CHECKOUT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True)
-def _fast_sessions(monkeypatch):
-    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
-
-
-@pytest.fixture
-def project(tmp_path):
-    return write_suite(
-        tmp_path / "p",
-        arms={"often": {"expect": "race"}, "never": {"expect": "safe"}},
-        tests={"test_seeded.py": SEEDED_TEST},
-    )
+pytestmark = pytest.mark.usefixtures("fast_sessions")
 
 
 def one_line_error(res, code=2) -> str:

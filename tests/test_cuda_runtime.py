@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
 import time
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from run_kit import free_port
 
 from racecheck.device.base import ReduceOp, RuntimeObserver
 
@@ -304,27 +304,6 @@ def test_poison_fills_a_freed_block_on_the_stream(rt):
     assert b.data_ptr() == ptr and bool(b.isnan().all())
 
 
-def test_one_rank_collectives_are_copies(rt):
-    """A one-rank world: all-gather and reduce-scatter copy, all-reduce leaves the data (AVG of one)."""
-    group, side = rt.new_group([0]), rt.new_stream("comm")
-    src = torch.arange(8.0, device=rt.device)
-    gathered, scattered, reduced = rt.zeros(8), rt.zeros(8), rt.zeros(8).add_(src)
-    side.wait_stream(rt.default_stream())  # default -> side: the zero fills and the add
-    with rt.stream(side):
-        rt.all_gather(gathered, src, group=group)
-        rt.reduce_scatter(scattered, src, group=group, op=ReduceOp.AVG)
-        rt.all_reduce(reduced, group=group, op=ReduceOp.AVG)
-    rt.synchronize()
-    for result in (gathered, scattered, reduced):
-        assert torch.equal(result, src)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _nccl_worker(rank: int, world: int, port: int) -> None:
     """One rank, one GPU: collectives on two side streams of one NCCL group, and a collective's
     input freed while the collective is still queued."""
@@ -372,7 +351,7 @@ def _nccl_worker(rank: int, world: int, port: int) -> None:
 def test_two_rank_nccl_collectives_on_two_streams():
     """NCCL orders one communicator's kernels across streams, so one group per rank list serves
     collectives issued from several streams (cuda.py, [Note: one NCCL group per rank list])."""
-    ctx = mp.spawn(_nccl_worker, args=(2, _free_port()), nprocs=2, join=False)
+    ctx = mp.spawn(_nccl_worker, args=(2, free_port()), nprocs=2, join=False)
     deadline = time.monotonic() + 300
     while not ctx.join(timeout=1):
         if time.monotonic() > deadline:

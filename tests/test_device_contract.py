@@ -17,7 +17,7 @@ import torch
 
 import racecheck.device.base as base
 from racecheck.device import Point, Runtime, RuntimeObserver, Stream
-from racecheck.device.base import Event, NewBlock
+from racecheck.device.base import Event, NewBlock, ReduceOp
 from racecheck.device.sim import SimRuntime, SimStream
 from racecheck.perturb.decisions import Hold
 from racecheck.perturb.injector import install
@@ -62,6 +62,21 @@ def rt(request):
     runtime = request.param()
     yield runtime
     runtime.close()
+
+
+def test_one_rank_collectives_are_copies(rt):
+    """A one-rank world: all-gather and reduce-scatter copy, all-reduce leaves the data (AVG of one)."""
+    group, side = rt.new_group([0]), rt.new_stream("comm")
+    src = torch.arange(8.0, device=rt.device)
+    gathered, scattered, reduced = rt.zeros(8), rt.zeros(8), rt.zeros(8).add_(src)
+    side.wait_stream(rt.default_stream())  # default -> side: the zero fills and the add
+    with rt.stream(side):
+        rt.all_gather(gathered, src, group=group)
+        rt.reduce_scatter(scattered, src, group=group, op=ReduceOp.AVG)
+        rt.all_reduce(reduced, group=group, op=ReduceOp.AVG)
+    rt.synchronize()
+    for result in (gathered, scattered, reduced):
+        assert torch.equal(result.cpu(), src.cpu())
 
 
 def test_observers_see_the_same_calls_in_program_order(rt):

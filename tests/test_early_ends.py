@@ -6,7 +6,10 @@ from __future__ import annotations
 import json
 import time
 
-from tests.test_runner import _fast_sessions, racecheck, records, summary_counts, write_suite  # noqa: F401
+import pytest
+from run_kit import racecheck, records, summary_counts, write_suite
+
+pytestmark = pytest.mark.usefixtures("fast_sessions")
 
 CRASH_THEN_HANG = """
 import os, time

@@ -15,7 +15,6 @@ import dataclasses
 import datetime
 import json
 import os
-import socket
 import time
 import traceback
 from multiprocessing import get_context
@@ -24,6 +23,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from run_kit import free_port
 
 from racecheck.scenario_kit import fsdp_parity as parity
 
@@ -31,12 +31,6 @@ MESHES = {"fsdp2": (2, 1), "hsdp2x2": (2, 2)}  # name -> (shard, replicate)
 CASES = parity.default_matrix()
 PERTURBED = parity.perturbed_matrix()
 WORLD_TIMEOUT_S = 100
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker(rank: int, world: int, port: int, shard: int, replicate: int, out_dir: str) -> None:
@@ -74,7 +68,7 @@ def _run_world(name: str, out_dir: str) -> dict[str, dict]:
     get_context("forkserver").set_forkserver_preload(["torch", "torch._dynamo", "racecheck.scenario_kit.fsdp_parity"])
     ctx = mp.start_processes(
         _worker,
-        args=(world, _free_port(), shard, replicate, out_dir),
+        args=(world, free_port(), shard, replicate, out_dir),
         nprocs=world,
         join=False,
         start_method="forkserver",

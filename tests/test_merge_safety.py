@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from test_runner import racecheck
+from run_kit import racecheck
 
 ROOT = Path(__file__).resolve().parents[1]
 

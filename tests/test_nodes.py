@@ -13,7 +13,7 @@ import time
 
 import psutil
 import pytest
-from test_runner import racecheck, records, summary_counts, write_suite
+from run_kit import free_port, racecheck, records, summary_counts, write_suite
 
 # Each rank draws; the world fails a test when any rank's draw was unlucky (an all-reduce, so
 # both nodes must take part). test_rank_one fails on rank 1 alone: its outcome crosses the nodes.
@@ -48,9 +48,7 @@ RATES = {"often": 0.4, "never": 0.0}
 LIMIT_S = 120  # no command here may hang: each is killed after this long
 
 
-@pytest.fixture(autouse=True)
-def _fast_sessions(monkeypatch):
-    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+pytestmark = pytest.mark.usefixtures("fast_sessions")
 
 
 @pytest.fixture
@@ -61,12 +59,6 @@ def project(tmp_path):
         tests={"test_world.py": WORLD_TEST},
         suite="world_size = 2",
     )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def node_args(port: int, rank: int, *, conf: str = "join_timeout=30,keep_alive_interval=1,keep_alive_max_attempt=2"):
@@ -266,7 +258,6 @@ def test_bad_node_options_get_one_line_and_exit_2(project, args, message):
 
 
 def test_node_0_refuses_an_endpoint_it_cannot_host_at_once(project, tmp_path):
-    import socket
     import time
 
     with socket.create_server(("", 0)) as taken:  # another program holds the port

@@ -12,14 +12,11 @@ import subprocess
 
 import psutil
 import pytest
-from test_runner import SEEDED_TEST, racecheck, records, write_suite
+from run_kit import SEEDED_TEST, racecheck, records, write_suite
 
 from racecheck.runner import state
 
-
-@pytest.fixture(autouse=True)
-def _fast_sessions(monkeypatch):
-    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+pytestmark = pytest.mark.usefixtures("fast_sessions")
 
 
 @pytest.fixture

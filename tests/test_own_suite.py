@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from run_kit import racecheck, records, summary_counts, write_suite
 
-from tests.test_runner import _fast_sessions, racecheck, records, summary_counts, write_suite  # noqa: F401
+pytestmark = pytest.mark.usefixtures("fast_sessions")
 
 # The common conftest idiom: join the world when a launcher started one, with torch's defaults.
 TORCHRUN_CONFTEST = """

@@ -136,7 +136,7 @@ def test_systematic_records_the_points_and_one_of_them_exposes_the_race(pattern)
 
 
 def test_the_tracker_reports_the_race_through_racecheck_run(tmp_path):
-    from tests.test_runner import racecheck, write_suite
+    from run_kit import racecheck, write_suite
 
     suite = PATTERN + textwrap.dedent("""
 

@@ -13,9 +13,11 @@ import json
 import shlex
 
 import pytest
+from run_kit import racecheck, write_suite
 
 from racecheck.runner.record import read_log
-from tests.test_runner import _fast_sessions, racecheck, write_suite  # noqa: F401 (sessions without autoloaded plugins)
+
+pytestmark = pytest.mark.usefixtures("fast_sessions")
 
 SUITE = """
 from racecheck.perturb import recording as rs

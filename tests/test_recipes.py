@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_runner import RATES, SEEDED_TEST, expected_failures, racecheck, summary_counts, write_suite
+from run_kit import RATES, expected_failures, racecheck, summary_counts
 
 from racecheck.runner import shard_env
 
@@ -26,20 +26,10 @@ BIN = str(Path(sys.executable).parent)  # where this environment's `racecheck` l
 
 
 @pytest.fixture(autouse=True)
-def _fast_sessions(monkeypatch):
-    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+def _recipe_tools(fast_sessions, monkeypatch):
     monkeypatch.setenv("PATH", f"{BIN}{os.pathsep}{os.environ['PATH']}")
     for name in shard_env.VARIABLES:  # this machine's own job must not pick the shard
         monkeypatch.delenv(name, raising=False)
-
-
-@pytest.fixture
-def project(tmp_path):
-    return write_suite(
-        tmp_path / "p",
-        arms={"often": {"expect": "race"}, "never": {"expect": "safe"}},
-        tests={"test_seeded.py": SEEDED_TEST},
-    )
 
 
 def actionlint() -> list[str] | None:

@@ -10,14 +10,11 @@ import subprocess
 import sys
 
 import pytest
-from test_runner import SEEDED_TEST, racecheck, records, summary_counts, write_suite
+from run_kit import SEEDED_TEST, racecheck, records, summary_counts, write_suite
 
 from racecheck.cli import run_checks
 
-
-@pytest.fixture(autouse=True)
-def _fast_sessions(monkeypatch):
-    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+pytestmark = pytest.mark.usefixtures("fast_sessions")
 
 
 # Rank 1 raises in a session fixture before it joins the process group: rank 0 waits in the

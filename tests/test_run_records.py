@@ -9,12 +9,9 @@ import shutil
 import sys
 
 import pytest
-from test_runner import SEEDED_TEST, racecheck, write_suite
+from run_kit import SEEDED_TEST, racecheck, write_suite
 
-
-@pytest.fixture(autouse=True)
-def _fast_sessions(monkeypatch):
-    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+pytestmark = pytest.mark.usefixtures("fast_sessions")
 
 
 @pytest.fixture(scope="module")

@@ -1,124 +1,19 @@
 """The trial runner on small pytest projects written for the purpose in tmp_path (world size 1).
 
-The helpers at the top (write_suite, racecheck, summary_counts, expected_failures) are shared by
-tests/test_runner_*.py and tests/test_cli.py.
+The helpers (write_suite, racecheck, summary_counts, expected_failures) are in run_kit.py, the
+fixtures in conftest.py.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
-import os
-import random
-import sys
-import textwrap
-from pathlib import Path
 
 import pytest
+from run_kit import ALWAYS, RATES, SEEDED_TEST, expected_failures, racecheck, records, summary_counts, write_suite
 
 from racecheck.runner.blocks import arm_order
-from racecheck.runner.record import read_log
 
-# A suite whose arms are told apart inside the process: test `case` of trial t fails when a
-# draw seeded by the trial's seed falls below the arm's rate.
-SEEDED_TEST = """
-import os, random
-import pytest
-
-RATES = {"often": 0.6, "rarely": 0.2, "never": 0.0}
-
-@pytest.mark.parametrize("case", ["x", "y"])
-def test_draw(case, racecheck_arm, racecheck_seed):
-    rate = float(os.environ.get("RATE", RATES.get(racecheck_arm, 0.0)))
-    assert random.Random(f"{racecheck_seed}-{case}").random() >= rate, "unlucky draw"
-"""
-RATES = {"often": 0.6, "rarely": 0.2, "never": 0.0}
-CASES = ("x", "y")
-
-
-@pytest.fixture(autouse=True)
-def _fast_sessions(monkeypatch):
-    """Sessions start without third-party plugins (the runner loads its own with -p)."""
-    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
-
-
-def write_suite(root: Path, *, arms: dict, tests: dict, suite: str = "") -> Path:
-    """A pytest project at `root`: test files and a pyproject.toml with [tool.racecheck]."""
-    root.mkdir(parents=True, exist_ok=True)
-    lines = ["[tool.racecheck]", 'name = "tiny"', textwrap.dedent(suite).strip(), ""]
-    for name, spec in arms.items():
-        lines.append(f"[tool.racecheck.arms.{name}]")
-        for key, value in spec.items():
-            if isinstance(value, dict):
-                value = "{ " + ", ".join(f'{k} = "{v}"' for k, v in value.items()) + " }"
-            else:
-                value = json.dumps(value)
-            lines.append(f"{key} = {value}")
-        lines.append("")
-    (root / "pyproject.toml").write_text("\n".join(lines))
-    for name, text in tests.items():
-        (root / name).write_text(textwrap.dedent(text))
-    return root
-
-
-@contextlib.contextmanager
-def _cwd(path: Path):
-    old = os.getcwd()
-    os.chdir(path)
-    try:
-        yield
-    finally:
-        os.chdir(old)
-
-
-class Result:
-    def __init__(self, code: int, out: str, err: str) -> None:
-        self.code, self.out, self.err = code, out, err
-
-    def __repr__(self) -> str:
-        return f"Result(code={self.code}, out={self.out[-800:]!r}, err={self.err[-800:]!r})"
-
-
-def racecheck(*args, cwd: Path) -> Result:
-    """`racecheck ARGS` in this process (the console entry point, exit-code policy included)."""
-    from racecheck.cli import main
-
-    out, err = io.StringIO(), io.StringIO()
-    argv = sys.argv
-    sys.argv = ["racecheck", *map(str, args)]
-    code = 0
-    try:
-        with _cwd(cwd), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            main()
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    finally:
-        sys.argv = argv
-    return Result(code, out.getvalue(), err.getvalue())
-
-
-def summary_counts(out: Path) -> dict:
-    """{(arm, test or '*'): (failures, trials)} from OUT/summary.csv."""
-    import pandas as pd
-
-    df = pd.read_csv(out / "summary.csv", keep_default_na=False)
-    return {(r.arm, r.test.rsplit("::", 1)[-1]): (int(r.failures), int(r.trials)) for r in df.itertuples()}
-
-
-def expected_failures(rates: dict, trials, *, seed: int = 0) -> dict:
-    """What SEEDED_TEST must give: {(arm, test or '*'): (failures, trials)}."""
-    out = {}
-    for arm, rate in rates.items():
-        fails = {c: [random.Random(f"{seed + t}-{c}").random() < rate for t in trials] for c in CASES}
-        for c in CASES:
-            out[(arm, f"test_draw[{c}]")] = (sum(fails[c]), len(trials))
-        out[(arm, "*")] = (sum(any(fails[c][i] for c in CASES) for i in range(len(trials))), len(trials))
-    return out
-
-
-def records(out: Path) -> list:
-    return list(read_log(out / "trials.jsonl"))
+pytestmark = pytest.mark.usefixtures("fast_sessions")
 
 
 # -- tests ----------------------------------------------------------------------------------------
@@ -237,17 +132,6 @@ def test_a_test_that_kills_its_process_becomes_crash(tmp_path):
     assert sorted((d["trial"], d["arm"], d["outcome"]) for d in done) == sorted(
         [(t, a, "crash" if (t, a) == (1, "bad") else "passed") for t in range(3) for a in ("bad", "good")]
     )
-
-
-ALWAYS = """
-import time
-
-def test_one(racecheck_arm):
-    assert racecheck_arm != "bad"
-
-def test_two():
-    time.sleep(0.05)
-"""
 
 
 def test_stop_rules_end_the_run_at_a_trial_boundary(tmp_path):

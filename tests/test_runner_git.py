@@ -6,7 +6,7 @@ import shutil
 import subprocess
 
 import pytest
-from test_runner import racecheck, records, summary_counts, write_suite
+from run_kit import racecheck, records, summary_counts, write_suite
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 
@@ -21,9 +21,7 @@ def test_zero():
 """
 
 
-@pytest.fixture(autouse=True)
-def _fast_sessions(monkeypatch):
-    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+pytestmark = pytest.mark.usefixtures("fast_sessions")
 
 
 def git(*args, cwd):

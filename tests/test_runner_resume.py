@@ -12,16 +12,14 @@ import time
 
 import psutil
 import pytest
-from test_runner import SEEDED_TEST, expected_failures, racecheck, records, summary_counts, write_suite
+from run_kit import SEEDED_TEST, expected_failures, racecheck, records, summary_counts, write_suite
 
 from racecheck.runner import interrupts
 
 SLOW_SEEDED = SEEDED_TEST + "\nimport time\n\ndef test_slow():\n    time.sleep(0.15)\n"
 
 
-@pytest.fixture(autouse=True)
-def _fast_sessions(monkeypatch):
-    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+pytestmark = pytest.mark.usefixtures("fast_sessions")
 
 
 def _wait_for_records(path, count, proc, limit=120.0):

@@ -7,7 +7,7 @@ import json
 import shutil
 
 import pytest
-from test_runner import SEEDED_TEST, racecheck, summary_counts, write_suite
+from run_kit import racecheck, summary_counts
 
 from racecheck.runner import shard_env
 from racecheck.runner.blocks import Shard
@@ -15,8 +15,7 @@ from racecheck.runner.shard_env import from_environment
 
 
 @pytest.fixture(autouse=True)
-def _fast_sessions(monkeypatch):
-    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+def _no_shard_of_this_job(fast_sessions, monkeypatch):
     for name in shard_env.VARIABLES:  # this machine's own job must not pick the shard
         monkeypatch.delenv(name, raising=False)
 
@@ -57,15 +56,6 @@ def test_an_environment_that_names_no_shard_is_refused(env, message):
     with pytest.raises(ValueError) as info:
         from_environment(env)
     assert message in str(info.value)
-
-
-@pytest.fixture
-def project(tmp_path):
-    return write_suite(
-        tmp_path / "p",
-        arms={"often": {"expect": "race"}, "never": {"expect": "safe"}},
-        tests={"test_seeded.py": SEEDED_TEST},
-    )
 
 
 def test_slurm_array_tasks_with_shard_auto_merge_into_the_unsharded_run(project, tmp_path, monkeypatch):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
 import threading
 import time
 
@@ -17,6 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from run_kit import free_port
 
 from racecheck.device.base import ReduceOp, RuntimeObserver
 from racecheck.device.sim import SimRuntime, StreamError
@@ -254,26 +254,6 @@ def test_queued_work_holds_no_reference_to_its_buffers(rt):
     rt.synchronize()
 
 
-def test_one_rank_collectives_are_copies(rt):
-    """A one-rank world: all-gather and reduce-scatter copy, all-reduce leaves the data (AVG of one)."""
-    group, side = rt.new_group([0]), rt.new_stream("comm")
-    src, gathered, scattered = torch.arange(8.0), rt.zeros(8), rt.zeros(8)
-    reduced = rt.zeros(8).add_(src)
-    with rt.stream(side):
-        rt.all_gather(gathered, src, group=group)
-        rt.reduce_scatter(scattered, src, group=group, op=ReduceOp.AVG)
-        rt.all_reduce(reduced, group=group, op=ReduceOp.AVG)
-    rt.synchronize()
-    for result in (gathered, scattered, reduced):
-        assert torch.equal(result, src)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _gloo_worker(rank: int, world: int, port: int) -> None:
     """One rank: collectives issued on two side streams whose worker threads reach gloo in a
     different order on each rank; correct results need one gloo group per issuing stream."""
@@ -307,7 +287,7 @@ def _gloo_worker(rank: int, world: int, port: int) -> None:
 def test_two_rank_gloo_collectives_on_concurrent_streams():
     """gloo requires that every rank issue a group's collectives in one order; two streams issuing
     concurrently must therefore use separate groups (DESIGN: one gloo group per issuing stream)."""
-    ctx = mp.spawn(_gloo_worker, args=(2, _free_port()), nprocs=2, join=False)
+    ctx = mp.spawn(_gloo_worker, args=(2, free_port()), nprocs=2, join=False)
     deadline = time.monotonic() + 60
     while not ctx.join(timeout=1):
         if time.monotonic() > deadline:

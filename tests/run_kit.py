@@ -1,0 +1,130 @@
+"""What racecheck's tests of the runner and the CLI share: a pytest project written for the purpose
+(write_suite, and SEEDED_TEST, whose arms fail at known rates), `racecheck ARGS` run in this
+process (racecheck), and readers of a run folder (records, summary_counts, expected_failures).
+Their fixtures are in conftest.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import random
+import socket
+import sys
+import textwrap
+from pathlib import Path
+
+from racecheck.runner.record import read_log
+
+# A suite whose arms are told apart inside the process: test `case` of trial t fails when a
+# draw seeded by the trial's seed falls below the arm's rate.
+SEEDED_TEST = """
+import os, random
+import pytest
+
+RATES = {"often": 0.6, "rarely": 0.2, "never": 0.0}
+
+@pytest.mark.parametrize("case", ["x", "y"])
+def test_draw(case, racecheck_arm, racecheck_seed):
+    rate = float(os.environ.get("RATE", RATES.get(racecheck_arm, 0.0)))
+    assert random.Random(f"{racecheck_seed}-{case}").random() >= rate, "unlucky draw"
+"""
+RATES = {"often": 0.6, "rarely": 0.2, "never": 0.0}
+CASES = ("x", "y")
+# A suite with one test that fails in arm `bad` only, and one that always passes.
+ALWAYS = """
+import time
+
+def test_one(racecheck_arm):
+    assert racecheck_arm != "bad"
+
+def test_two():
+    time.sleep(0.05)
+"""
+
+
+def write_suite(root: Path, *, arms: dict, tests: dict, suite: str = "") -> Path:
+    """A pytest project at `root`: test files and a pyproject.toml with [tool.racecheck]."""
+    root.mkdir(parents=True, exist_ok=True)
+    lines = ["[tool.racecheck]", 'name = "tiny"', textwrap.dedent(suite).strip(), ""]
+    for name, spec in arms.items():
+        lines.append(f"[tool.racecheck.arms.{name}]")
+        for key, value in spec.items():
+            if isinstance(value, dict):
+                value = "{ " + ", ".join(f'{k} = "{v}"' for k, v in value.items()) + " }"
+            else:
+                value = json.dumps(value)
+            lines.append(f"{key} = {value}")
+        lines.append("")
+    (root / "pyproject.toml").write_text("\n".join(lines))
+    for name, text in tests.items():
+        (root / name).write_text(textwrap.dedent(text))
+    return root
+
+
+@contextlib.contextmanager
+def _cwd(path: Path):
+    old = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(old)
+
+
+class Result:
+    def __init__(self, code: int, out: str, err: str) -> None:
+        self.code, self.out, self.err = code, out, err
+
+    def __repr__(self) -> str:
+        return f"Result(code={self.code}, out={self.out[-800:]!r}, err={self.err[-800:]!r})"
+
+
+def racecheck(*args, cwd: Path) -> Result:
+    """`racecheck ARGS` in this process (the console entry point, exit-code policy included)."""
+    from racecheck.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    argv = sys.argv
+    sys.argv = ["racecheck", *map(str, args)]
+    code = 0
+    try:
+        with _cwd(cwd), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            main()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        sys.argv = argv
+    return Result(code, out.getvalue(), err.getvalue())
+
+
+def summary_counts(out: Path) -> dict:
+    """{(arm, test or '*'): (failures, trials)} from OUT/summary.csv."""
+    import pandas as pd
+
+    df = pd.read_csv(out / "summary.csv", keep_default_na=False)
+    return {(r.arm, r.test.rsplit("::", 1)[-1]): (int(r.failures), int(r.trials)) for r in df.itertuples()}
+
+
+def expected_failures(rates: dict, trials, *, seed: int = 0) -> dict:
+    """What SEEDED_TEST must give: {(arm, test or '*'): (failures, trials)}."""
+    out = {}
+    for arm, rate in rates.items():
+        fails = {c: [random.Random(f"{seed + t}-{c}").random() < rate for t in trials] for c in CASES}
+        for c in CASES:
+            out[(arm, f"test_draw[{c}]")] = (sum(fails[c]), len(trials))
+        out[(arm, "*")] = (sum(any(fails[c][i] for c in CASES) for i in range(len(trials))), len(trials))
+    return out
+
+
+def records(out: Path) -> list:
+    return list(read_log(out / "trials.jsonl"))
+
+
+def free_port() -> int:
+    """A TCP port free on this machine now (for a rendezvous or a process group)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
