@@ -28,6 +28,8 @@ import dataclasses
 import threading
 from collections.abc import Hashable
 
+from racecheck.device.pool_state import PoolState, PoolView
+
 
 @dataclasses.dataclass(frozen=True)
 class FreeRequest:
@@ -60,19 +62,38 @@ class PendingFrees:
         return stream in self._by_stream
 
     def take(self, stream: Hashable) -> list[FreeRequest]:
-        """Every request waiting on `stream`, removed (an allocation on it acts on them)."""
+        """Every request waiting on `stream`, removed."""
         with self._lock:
             return list(self._by_stream.pop(stream, {}).values())
 
-    def defer(self, stream: Hashable, requests: list[FreeRequest]) -> None:
-        """Put back requests whose blocks are not in the pool yet (record_stream holds them),
-        unless a newer free of the same address was noted meanwhile."""
-        if not requests:
-            return
+    def ready(self, stream: Hashable, view: PoolView) -> tuple[list[tuple[FreeRequest, int, int]], int]:
+        """The program allocated on `stream`: the requests to act on now, each with the free
+        region to write (start, nbytes), and how many were dropped because the program has the
+        block again. The rule of the note above, in one place: a block still free in `stream`'s
+        pool is ready; one record_stream holds back, or one of another stream's pool (a free
+        whose stream was not known), waits under its own stream for a later allocation there."""
         with self._lock:
-            waiting = self._by_stream.setdefault(stream, {})
-            for r in requests:
-                waiting.setdefault(r.ptr, r)
+            requests = list(self._by_stream.pop(stream, {}).values())
+            requests += self._by_stream.pop(None, {}).values()
+        ready, taken = [], 0
+        for request in requests:
+            found = view.find(request.ptr)
+            if found is None:
+                continue  # its memory went back to the device
+            state, start, nbytes, owner = found
+            if state is PoolState.TAKEN:
+                taken += 1  # the program's own writes will land there
+            elif owner != stream or state is PoolState.HELD:
+                if owner is not None:
+                    self._wait(owner, request)
+            else:
+                ready.append((request, start, nbytes))
+        return ready, taken
+
+    def _wait(self, stream: Hashable, request: FreeRequest) -> None:
+        """Put a request back under `stream`, unless a newer free of its address came meanwhile."""
+        with self._lock:
+            self._by_stream.setdefault(stream, {}).setdefault(request.ptr, request)
 
     def clear(self) -> None:
         with self._lock:

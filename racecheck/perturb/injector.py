@@ -32,7 +32,7 @@ import time
 from collections.abc import Sequence
 
 from racecheck.device import Runtime, RuntimeObserver, Stream
-from racecheck.device.base import POISON_BYTE, PoolState
+from racecheck.device.base import POISON_BYTE
 from racecheck.perturb.decisions import Hold, Poison, Pressure, Sleep, make_schedule
 from racecheck.perturb.free_actions import FreeRequest, PendingFrees
 from racecheck.perturb.points import EVENT_WAIT, FREE
@@ -217,19 +217,12 @@ class Injector(RuntimeObserver):
 
     def _act_on_frees(self, rt: Runtime, stream: Stream) -> None:
         """The program allocated on `stream`: poison and pressure its freed blocks that are still
-        in its pool; blocks record_stream holds back wait for a later allocation."""
-        requests = self._frees.take(stream)
-        view = rt.pool_view()
-        held = []
+        in its pool (free_actions.PendingFrees.ready)."""
+        ready, taken = self._frees.ready(stream, rt.pool_view())
+        if taken:
+            self.skipped["free_taken"] = self.skipped.get("free_taken", 0) + taken
         with self._as_injector(), rt.stream(stream):
-            for request in requests:
-                state, start, nbytes = view.state(request.ptr, stream)
-                if state is PoolState.HELD:
-                    held.append(request)
-                    continue
-                if state is PoolState.TAKEN:  # the program has the block again: its own writes
-                    self.skipped["free_taken"] = self.skipped.get("free_taken", 0) + 1
-                    continue
+            for request, start, nbytes in ready:
                 if request.poison:
                     try:
                         rt.poison(start, nbytes, stream=stream)
@@ -240,7 +233,6 @@ class Injector(RuntimeObserver):
                 if request.pressure:
                     self._pressure(rt, nbytes)
                     self._record(FREE, stream, Pressure())
-        self._frees.defer(stream, held)
 
     @staticmethod
     def _pressure(rt: Runtime, nbytes: int) -> None:

@@ -41,7 +41,6 @@ import runpy
 import sys
 import threading
 
-from racecheck.device.pool_state import PoolState
 from racecheck.perturb import collectives, systematic
 from racecheck.perturb.decisions import Hold, Poison, Pressure, Schedule, Sleep, make_schedule
 from racecheck.perturb.free_actions import FreeRequest, PendingFrees
@@ -234,31 +233,19 @@ class PatchMode:
 
     def _act_on_frees(self, sid) -> None:
         """The program allocated on stream `sid`: act on the blocks freed to its pool that are
-        still free there; a block of another pool, or held by record_stream, waits."""
+        still free there (free_actions.PendingFrees.ready)."""
         local = self._local
         was_inside = getattr(local, "inside", False)
         local.acting = local.inside = True
         try:
-            view = self.actions.pool_view()
-            held = []
-            for request in self._pending.take(sid) + self._pending.take(None):
-                found = view.find(request.ptr)
-                if found is None:
-                    continue  # its memory went back to the device
-                state, start, nbytes, owner = found
-                if state is PoolState.TAKEN:
-                    continue  # the program has the block again: its own writes
-                if owner != sid or state is PoolState.HELD:
-                    held.append((owner, request))
-                    continue
+            ready, _ = self._pending.ready(sid, self.actions.pool_view())
+            for request, start, nbytes in ready:
                 if request.poison:
                     self.actions.poison(start, nbytes, sid)
                     self.counts["poison"] += 1
                 if request.pressure:
                     self.actions.pressure(nbytes, sid)
                     self.counts["pressure"] += 1
-            for owner, request in held:
-                self._pending.defer(owner, [request])
         finally:
             local.acting = False
             local.inside = was_inside

@@ -79,6 +79,43 @@ def _copy(out, src):
     out.copy_(src)
 
 
+def _shared_op(
+    op, s, streams, bufs, events, host_witness, salt: float, *, new_event, synchronize, record_stream, pinned_empty
+) -> bool:
+    """The operations both interpreters carry out alike, through the stream API's names they share
+    (events, waits, synchronizations, record_stream, frees, the host's own work on pinned
+    buffers); False for any other."""
+    kind = op.kind
+    if kind == "record":
+        if op.other not in events:
+            events[op.other] = new_event()
+        events[op.other].record(s)
+    elif kind == "wait":
+        s.wait_event(events[op.other])
+    elif kind == "wait_stream":
+        s.wait_stream(streams[op.other])
+    elif kind == "stream_sync":
+        s.synchronize()
+    elif kind == "event_sync":
+        events[op.other].synchronize()
+    elif kind == "synchronize":
+        synchronize()
+    elif kind == "record_stream":
+        record_stream(bufs[op.buf], s)
+    elif kind == "free":
+        del bufs[op.buf]
+    elif kind == "host_alloc":
+        bufs[op.buf] = pinned_empty(op.size)
+        bufs[op.buf].fill_(op.value + salt)  # the host writes its own buffer at once
+    elif kind == "host_write":
+        bufs[op.buf].fill_(op.value + salt)
+    elif kind == "host_read":
+        host_witness[op.other] = bufs[op.src].clone()
+    else:
+        return False
+    return True
+
+
 def _runtime_op(rt, op, streams, bufs, events, witness, slices, host_witness, salt: float) -> None:
     kind = op.kind
     s = streams[op.stream] if op.stream >= 0 else None
@@ -97,30 +134,19 @@ def _runtime_op(rt, op, streams, bufs, events, witness, slices, host_witness, sa
         a, z = slices[op.other]
         with rt.stream(s):
             rt.launch("read", _copy, writes=(witness[a:z],), reads=(bufs[op.src],))
-    elif kind == "record":
-        events.setdefault(op.other, rt.new_event()).record(s)
-    elif kind == "wait":
-        s.wait_event(events[op.other])
-    elif kind == "wait_stream":
-        s.wait_stream(streams[op.other])
-    elif kind == "stream_sync":
-        s.synchronize()
-    elif kind == "event_sync":
-        events[op.other].synchronize()
-    elif kind == "synchronize":
-        rt.synchronize()
-    elif kind == "record_stream":
-        rt.record_stream(bufs[op.buf], s)
-    elif kind == "free":
-        del bufs[op.buf]
-    elif kind == "host_alloc":
-        bufs[op.buf] = rt.pinned_empty(op.size)
-        bufs[op.buf].fill_(op.value + salt)  # the host writes its own buffer at once
-    elif kind == "host_write":
-        bufs[op.buf].fill_(op.value + salt)
-    elif kind == "host_read":
-        host_witness[op.other] = bufs[op.src].clone()
-    else:
+    elif not _shared_op(
+        op,
+        s,
+        streams,
+        bufs,
+        events,
+        host_witness,
+        salt,
+        new_event=rt.new_event,
+        synchronize=rt.synchronize,
+        record_stream=rt.record_stream,
+        pinned_empty=rt.pinned_empty,
+    ):
         raise AssertionError(f"unknown operation {op}")
 
 
@@ -170,28 +196,17 @@ def _torch_op(op, device, streams, bufs, events, witness, slices, host_witness, 
         a, z = slices[op.other]
         with torch.cuda.stream(s):
             witness[a:z].copy_(bufs[op.src])
-    elif kind == "record":
-        events.setdefault(op.other, torch.cuda.Event()).record(s)
-    elif kind == "wait":
-        s.wait_event(events[op.other])
-    elif kind == "wait_stream":
-        s.wait_stream(streams[op.other])
-    elif kind == "stream_sync":
-        s.synchronize()
-    elif kind == "event_sync":
-        events[op.other].synchronize()
-    elif kind == "synchronize":
-        torch.cuda.synchronize(device)
-    elif kind == "record_stream":
-        bufs[op.buf].record_stream(s)
-    elif kind == "free":
-        del bufs[op.buf]
-    elif kind == "host_alloc":
-        bufs[op.buf] = torch.empty(op.size, pin_memory=True)
-        bufs[op.buf].fill_(op.value + salt)
-    elif kind == "host_write":
-        bufs[op.buf].fill_(op.value + salt)
-    elif kind == "host_read":
-        host_witness[op.other] = bufs[op.src].clone()
-    else:
+    elif not _shared_op(
+        op,
+        s,
+        streams,
+        bufs,
+        events,
+        host_witness,
+        salt,
+        new_event=torch.cuda.Event,
+        synchronize=lambda: torch.cuda.synchronize(device),
+        record_stream=lambda t, stream: t.record_stream(stream),
+        pinned_empty=lambda n: torch.empty(n, pin_memory=True),
+    ):
         raise AssertionError(f"unknown operation {op}")
