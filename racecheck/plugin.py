@@ -25,6 +25,7 @@ import pytest
 
 from racecheck.failure_text import error_line, failure_signature, first_line
 from racecheck.item_trial import ITEM_TRIAL, ItemTrial
+from racecheck.param_targets import Wanted, widen
 from racecheck.runner.blocks import Block, read_schedule
 from racecheck.runner.lifeline import die_with_parent
 from racecheck.runner.record import Collected, CollectError, Finished, Outcome, RankLog, Started, TestOutcome, worst
@@ -37,6 +38,7 @@ _LOG_KEY = pytest.StashKey["RankLog | None"]()
 _STOPPED_KEY = pytest.StashKey[bool]()
 _SCHEDULE_KEY = pytest.StashKey[list]()
 _PROJECT_KEY = pytest.StashKey[object]()
+_WANTED_KEY = pytest.StashKey[Wanted]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -177,12 +179,25 @@ def racecheck_step(request: pytest.FixtureRequest) -> int:
     return getattr(request, "param", 0)
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser, args: list[str]) -> None:
+    """A parametrized target (`f.py::test_x[1-True]`) names no item once every test is repeated
+    per step: collect its test whole and keep the parametrizations named (param_targets.py).
+    With one step the ids are the test's own, and pytest's arguments stay as given."""
+    if getattr(early_config.known_args_namespace, "racecheck_steps", 1) > 1:
+        args[:], early_config.stash[_WANTED_KEY] = widen(args, early_config.invocation_params.dir)
+
+
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list) -> None:
     count = config.getoption("--racecheck-steps")
     blocks = _blocks(config, count)
+    wanted = config.stash.get(_WANTED_KEY, Wanted({}))
+    unwanted = [it for it in items if not wanted.keeps(it.path, _inner_id(strip_step(it.nodeid, _step(it), count)))]
+    if unwanted:
+        config.hook.pytest_deselected(items=unwanted)
+        items[:] = [it for it in items if it not in unwanted]
     for item in items:
-        callspec = getattr(item, "callspec", None)
-        step = callspec.params.get(STEP_FIXTURE, 0) if callspec is not None else 0
+        step = _step(item)
         test = strip_step(item.nodeid, step, count)
         params = test[test.index("[") + 1 : -1] if test.endswith("]") and "[" in test else ""
         block = blocks[step]
@@ -197,6 +212,16 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         items[:] = [it for it in items if it.stash[ITEM_TRIAL].test not in recorded.get(it.stash[ITEM_TRIAL].step, ())]
     # Block order (trial-major, arms in each trial's order); stable inside (pytest's own order).
     items.sort(key=lambda it: it.stash[ITEM_TRIAL].step)
+
+
+def _step(item: pytest.Item) -> int:
+    callspec = getattr(item, "callspec", None)
+    return callspec.params.get(STEP_FIXTURE, 0) if callspec is not None else 0
+
+
+def _inner_id(nodeid: str) -> str:
+    """The part of a node id after its file: `TestC::test_x[1]` of `f.py::TestC::test_x[1]`."""
+    return nodeid.partition("::")[2]
 
 
 @pytest.fixture
