@@ -161,9 +161,9 @@ def plan(suites: list[str], modes: list[str]) -> list[Run]:
     return runs
 
 
-def execute(run: Run, *, out: Path, trials: int, chunk: int, timeout: float) -> tuple[int, Path]:
+def execute(run: Run, *, out: Path, trials: int, chunk: int, timeout: float, seed: int = 0) -> tuple[int, Path]:
     """`racecheck run` from the example's folder; (exit code, its run folder)."""
-    folder = out / "runs" / run.name
+    folder = out / "runs" / (run.name + (f".seed{seed}" if seed else ""))
     folder.parent.mkdir(parents=True, exist_ok=True)
     # --max-time stops the run at a trial boundary with its summary written; the terminate below
     # (racecheck keeps finished trials on SIGTERM and ends its sessions) is the backstop.
@@ -181,6 +181,8 @@ def execute(run: Run, *, out: Path, trials: int, chunk: int, timeout: float) -> 
         "--quiet",
         "--max-time",
         str(max(1, int(timeout) - 20)),
+        "--seed",
+        str(seed),
         "--out",
         str(folder),
         *run.flags(),
@@ -410,6 +412,9 @@ def main() -> int:
         default=30,
         help="trials of the systematic mode: at least k + 1 to cover every single point",
     )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="racecheck run --seed: further trials of a mode, as rows of their own"
+    )
     parser.add_argument("--random-trials", type=int, default=30, help="trials of the random mode")
     parser.add_argument("--jobs", type=int, default=1, help="runs other than natural ones at a time")
     parser.add_argument("--profiles", default=None, metavar="REGEX", help="only the profile runs whose spec matches")
@@ -448,13 +453,20 @@ def main() -> int:
         if run.mode.startswith("profile:") and args.profile_trials is not None:
             trials = args.profile_trials
         if args.from_runs is not None:  # an earlier call's packed run folders: read, do not run
-            rc, folder = 0, args.from_runs / "runs" / run.name
+            rc, folder = 0, args.from_runs / "runs" / (run.name + (f".seed{args.seed}" if args.seed else ""))
             if not (folder / "summary.csv").is_file():
                 return
         else:
             rc, folder = execute(
-                run, out=args.out, trials=trials, chunk=args.chunk, timeout=left if left is not None else 3600
+                run,
+                out=args.out,
+                trials=trials,
+                chunk=args.chunk,
+                timeout=left if left is not None else 3600,
+                seed=args.seed,
             )
+        if args.seed:  # further trials of a mode: rows of their own, beside seed 0's
+            run = dataclasses.replace(run, mode=f"{run.mode} (seed {args.seed})")
         print(f"{run.name}: exit {rc} in {time.monotonic() - began:.0f} s", flush=True)
         if rc != 0:
             errors.append(f"{run.name}: exit {rc}")
