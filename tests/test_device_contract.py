@@ -1,51 +1,42 @@
-"""The backend contract of racecheck.device.base: what Stream and Runtime declare, the observer
-notifications the base class makes around backend hooks (so both backends report the same events),
-and the checked injection point names of racecheck.device.points.
+"""What both stream runtimes promise alike, each test run on the CPU emulation (racecheck.device.sim)
+and on CUDA (racecheck.device.cuda; its cases are marked `cuda` and skip without a GPU): launch
+order, events and waits, the caching allocator's per-stream pools and best fit, record_stream,
+one-rank collectives, and the observer calls in program order.
 
-The observer-sequence test runs on both backends; its CUDA case is marked `cuda` and skips
-without a GPU, as every CUDA test does.
+Each test pins a documented CUDA/PyTorch behaviour, named in its docstring, and writes its
+expectation from that behaviour, not from a backend's code. What only one backend has is in
+test_sim_semantics.py and test_cuda_runtime.py; the base class alone is in test_device_base.py.
 """
 
 from __future__ import annotations
 
-import ast
-import contextlib
-from pathlib import Path
-
 import pytest
 import torch
+from device_kit import HOLD_S, LARGE, StreamHold, warm_kernels
 
-import racecheck.device.base as base
-from racecheck.device import Point, Runtime, RuntimeObserver, Stream
-from racecheck.device.base import Event, NewBlock, ReduceOp
-from racecheck.device.sim import SimRuntime, SimStream
-from racecheck.perturb.decisions import Hold
-from racecheck.perturb.injector import install
-from racecheck.perturb.profiles import parse_profile
-
-FSDP = Path(base.__file__).parents[1] / "fsdp"
+from racecheck.device import Point, Runtime, RuntimeObserver
+from racecheck.device.base import ReduceOp
+from racecheck.device.sim import SimRuntime
 
 
 class Recorder(RuntimeObserver):
-    """Logs the name of every observer call, in order, and the point names it is given."""
+    """Logs the name of every observer call, in order."""
 
     def __init__(self) -> None:
         self.calls: list[str] = []
-        self.points: list[object] = []
-
-    def on_point(self, rt, name, **context) -> None:
-        self.calls.append("on_point")
-        self.points.append(name)
 
 
-for _name in [n for n in vars(RuntimeObserver) if n.startswith("on_") and n != "on_point"]:
+for _name in [n for n in vars(RuntimeObserver) if n.startswith("on_")]:
     setattr(Recorder, _name, lambda self, rt, *a, _n=_name, **kw: self.calls.append(_n))
 
 
 def _cuda_runtime() -> Runtime:
     from racecheck.device.cuda import CudaRuntime
 
-    return CudaRuntime()
+    runtime = CudaRuntime()
+    warm_kernels(runtime.device)
+    torch.cuda.empty_cache()  # no cached blocks left over from earlier tests or the warm-up
+    return runtime
 
 
 @pytest.fixture(
@@ -64,6 +55,240 @@ def rt(request):
     runtime.close()
 
 
+@pytest.fixture
+def hold(rt):
+    held = StreamHold(rt)
+    yield held
+    held.release()  # a test that failed before its release leaves no worker waiting
+
+
+def fill(value: float):
+    return lambda out: out.fill_(value)
+
+
+def copy(dst, src):
+    dst.copy_(src)
+
+
+# -- streams and events ------------------------------------------------------------------------
+def test_stream_runs_work_in_launch_order(rt):
+    """CUDA: operations on one stream execute in issue order, whatever each waits for."""
+    side = rt.new_stream("side")
+    with rt.stream(side):
+        x = rt.zeros(1)
+        rt.sleep(0.05)
+        rt.launch("a", fill(1.0), writes=(x,))
+        rt.launch("b", lambda t: t.add_(2.0), writes=(x,))
+        rt.sleep(0.02)
+        rt.launch("c", lambda t: t.mul_(3.0), writes=(x,))
+    rt.synchronize()
+    assert x.item() == 9.0  # (1 + 2) * 3: every other order gives another value
+
+
+def test_launch_returns_before_side_stream_work_runs(rt, hold):
+    """CUDA: kernel launches are asynchronous to the host; the host runs ahead of the stream."""
+    side, ev = rt.new_stream("side"), rt.new_event()
+    with rt.stream(side):
+        x = rt.zeros(1)
+        hold()
+        rt.launch("fill", fill(1.0), writes=(x,))
+        ev.record()
+    assert not ev.query()  # the host is here while the stream is still held
+    hold.release()
+    ev.synchronize()
+    assert x.item() == 1.0
+
+
+def test_event_orders_consumer_after_producer(rt, hold):
+    """cudaEventRecord + cudaStreamWaitEvent order the consumer after the producer; cudaEventQuery
+    is false while the recorded work is pending and true after."""
+    producer, consumer, ev = rt.new_stream("producer"), rt.new_stream("consumer"), rt.new_event()
+    with rt.stream(producer):
+        x = rt.zeros(LARGE)
+        hold()
+        rt.launch("produce", fill(1.0), writes=(x,))
+        ev.record()  # producer -> consumer: x
+    with rt.stream(consumer):
+        ev.wait()
+        y = rt.empty(LARGE)
+        rt.launch("consume", copy, reads=(x,), writes=(y,))
+    assert not ev.query()
+    hold.release()
+    ev.synchronize()
+    assert ev.query()
+    consumer.synchronize()
+    assert bool((y == 1.0).all())
+
+
+def test_unrecorded_event_is_complete(rt):
+    """cudaEventQuery returns cudaSuccess for an event never recorded; waiting on it is a no-op."""
+    side, ev = rt.new_stream("side"), rt.new_event()
+    ev.synchronize()  # returns at once
+    side.wait_event(ev)
+    assert ev.query()
+    with rt.stream(side):
+        y = rt.zeros(4)
+        rt.launch("after", fill(3.0), writes=(y,))
+    side.synchronize()
+    assert bool((y == 3.0).all())
+
+
+def test_wait_uses_the_record_current_at_wait_time(rt, hold):
+    """cudaStreamWaitEvent waits for the most recent cudaEventRecord at the time of the wait call;
+    a later re-record has no effect on that wait."""
+    producer, consumer, ev = rt.new_stream("producer"), rt.new_stream("consumer"), rt.new_event()
+    with rt.stream(producer):
+        x = rt.zeros(LARGE)
+    ev.record(producer)  # first record: after the zero fill
+    consumer.wait_event(ev)
+    with rt.stream(producer):
+        hold()
+        rt.launch("late", fill(5.0), writes=(x,))
+    ev.record(producer)  # second record, behind the held work
+    with rt.stream(consumer):
+        y = rt.empty(LARGE)
+        rt.launch("consume", copy, reads=(x,), writes=(y,))
+    consumer.synchronize()  # returns with the producer still held: only the first record was waited on
+    assert not ev.query()
+    assert bool((y == 0.0).all())
+    hold.release()
+    producer.synchronize()
+    assert ev.query()
+
+
+def test_wait_stream_orders_all_earlier_work_only(rt, hold):
+    """torch.cuda.Stream.wait_stream: all work queued on the other stream so far runs before later
+    work here; work queued there afterwards is not waited for."""
+    producer, consumer, later = rt.new_stream("producer"), rt.new_stream("consumer"), rt.new_event()
+    with rt.stream(producer):
+        x = rt.zeros(LARGE)
+        rt.sleep(HOLD_S)  # without the wait the consumer would copy zeros
+        rt.launch("p1", fill(1.0), writes=(x,))
+        rt.launch("p2", lambda t: t.add_(1.0), writes=(x,))
+    consumer.wait_stream(producer)  # producer -> consumer: p1 and p2
+    with rt.stream(producer):
+        hold()  # after the wait: not covered by it
+        later.record()
+    with rt.stream(consumer):
+        y = rt.empty(LARGE)
+        rt.launch("c", copy, reads=(x,), writes=(y,))
+    consumer.synchronize()
+    assert not later.query()  # checked first: on CUDA the comparison below syncs the device
+    assert bool((y == 2.0).all())
+    hold.release()
+    producer.synchronize()
+
+
+# -- the caching allocator ---------------------------------------------------------------------
+def test_freed_block_is_reused_on_its_stream_only(rt):
+    """torch.cuda caching allocator: blocks are cached per allocation stream; an allocation reuses
+    only blocks of the stream current at allocation."""
+    a, b = rt.new_stream("a"), rt.new_stream("b")
+    with rt.stream(a):
+        ptr = rt.empty(LARGE).data_ptr()  # the tensor dies at once: the block is cached for `a`
+    with rt.stream(b):
+        assert rt.empty(LARGE).data_ptr() != ptr
+    with rt.stream(a):
+        assert rt.empty(LARGE).data_ptr() == ptr
+
+
+def test_allocation_stream_is_the_stream_current_at_allocation(rt):
+    """torch.cuda caching allocator: a block belongs to the stream current on the host when it was
+    allocated, and a view shares its tensor's block; memory from elsewhere has none."""
+    side = rt.new_stream("side")
+    with rt.stream(side):
+        t = rt.empty(64)
+    assert rt.allocation_stream(t) is side and rt.allocation_stream(t[8:]) is side
+    assert rt.allocation_stream(rt.empty(4)) is rt.default_stream()
+    assert rt.allocation_stream(torch.zeros(4, device=rt.device)) is None
+
+
+def test_best_fit_among_cached_blocks(rt):
+    """CUDA caching allocator: the smallest cached block that fits the rounded size (best fit).
+    Live 512 B separators keep the freed blocks from coalescing with their neighbours."""
+    with rt.stream(rt.new_stream("fresh")):  # a stream with no cached blocks: one new segment
+        pairs = [(rt.empty(n // 4), rt.empty(1)) for n in (4096, 2048, 8192)]  # block, separator
+        ptrs = [block.data_ptr() for block, _ in pairs]
+        separators = [sep for _, sep in pairs]  # noqa: F841 - kept alive on purpose
+        del pairs  # frees the three blocks
+        assert rt.empty(1500 // 4).data_ptr() == ptrs[1]  # 1500 B -> 1536 B: the 2048 B block
+        assert rt.empty(3000 // 4).data_ptr() == ptrs[0]  # 3000 B -> 3072 B: the 4096 B block
+
+
+def test_sizes_round_up_to_512_bytes(rt):
+    """CUDA caching allocator: request sizes round up to multiples of 512 bytes (kMinBlockSize), so
+    the block of a 4 B request serves a later request of 500 B but not one of 600 B (1024 B). A
+    live separator keeps the freed block from coalescing with the rest of its segment."""
+    with rt.stream(rt.new_stream("fresh")):
+        small, separator = rt.empty(1), rt.empty(1)  # noqa: F841 - the separator is kept alive on purpose
+        ptr = small.data_ptr()
+        del small
+        assert rt.empty(150).data_ptr() != ptr  # 600 B -> 1024 B: more than the cached block holds
+        assert rt.empty(125).data_ptr() == ptr  # 500 B -> 512 B: the cached block
+
+
+def _read_queued_behind(rt, hold):
+    """`a` (ones, default stream) and a copy of it into `out` queued on a side stream behind a hold."""
+    rs = rt.new_stream("reduce_scatter")
+    a = rt.empty(LARGE)
+    rt.launch("fill_a", fill(1.0), writes=(a,))
+    with rt.stream(rs):
+        out = rt.empty(LARGE)
+        rs.wait_stream(rt.default_stream())  # default -> rs: the fill of `a`
+        hold()
+        rt.launch("read_a", copy, reads=(a,), writes=(out,))
+    return rs, a, out
+
+
+def test_freed_block_goes_back_at_once_while_a_side_stream_reads_it(rt, hold):
+    """The motivating race in miniature. CUDA caching allocator: a block returns to its allocation
+    stream's pool when its last reference dies on the host, whatever other streams still have
+    queued; the next allocation on that stream overwrites it before the queued read runs."""
+    rs, a, out = _read_queued_behind(rt, hold)
+    a_ptr = a.data_ptr()
+    del a  # last reference: the block goes back to the default stream's pool now
+    b = rt.empty(LARGE)
+    assert b.data_ptr() == a_ptr
+    rt.launch("overwrite", fill(7.0), writes=(b,))  # runs at once: the default stream is idle
+    hold.release()
+    rs.synchronize()
+    assert bool((out == 7.0).all())
+
+
+def test_record_stream_defers_reuse_until_the_stream_passes_the_free(rt, hold):
+    """Tensor.record_stream: when the tensor is deallocated, its memory is not reused until all
+    work queued on the recorded stream at the time of deallocation is complete."""
+    rs, a, out = _read_queued_behind(rt, hold)
+    rt.record_stream(a, rs)  # rs reads `a`: its block waits for rs at the free
+    a_ptr = a.data_ptr()
+    del a
+    b = rt.empty(LARGE)
+    assert b.data_ptr() != a_ptr
+    rt.launch("overwrite", fill(7.0), writes=(b,))
+    hold.release()
+    rs.synchronize()
+    assert bool((out == 1.0).all())
+    assert rt.empty(LARGE).data_ptr() == a_ptr  # rs passed the free: the next allocation gets it
+
+
+def test_queued_work_holds_no_reference_to_its_buffers(rt, hold):
+    """CUDA kernels hold raw pointers, not references: a tensor whose only other user is queued
+    work is freed (on_free fires) while that work is still queued."""
+    side, ev = rt.new_stream("side"), rt.new_event()
+    rt.add_observer(recorder := Recorder())
+    a = rt.zeros(LARGE)
+    with rt.stream(side):
+        side.wait_stream(rt.default_stream())  # default -> side: the zero fill of `a`
+        hold()
+        rt.launch("read", lambda t: t.sum(), reads=(a,))
+        ev.record()
+    del a
+    assert "on_free" in recorder.calls and not ev.query()
+    hold.release()
+    rt.synchronize()
+
+
+# -- collectives and observers -----------------------------------------------------------------
 def test_one_rank_collectives_are_copies(rt):
     """A one-rank world: all-gather and reduce-scatter copy, all-reduce leaves the data (AVG of one)."""
     group, side = rt.new_group([0]), rt.new_stream("comm")
@@ -107,194 +332,3 @@ def test_observers_see_the_same_calls_in_program_order(rt):
         "on_host_sync",
         "on_host_sync",
     ]
-
-
-# -- a backend that implements the hooks only --------------------------------------------------
-class _HostStream(Stream):
-    """A stream the host runs at once: the least a backend must write."""
-
-    def __init__(self, runtime: Runtime, name: str) -> None:
-        self.runtime, self.name = runtime, name
-
-    inline = property(lambda self: True)
-    runs_host_work = property(lambda self: True)
-
-    def enqueue(self, fn) -> None:
-        fn()
-
-    def _wait_event(self, event) -> None:
-        pass
-
-    def _synchronize(self) -> None:
-        pass
-
-
-class _HostEvent(Event):
-    def __init__(self, runtime: Runtime) -> None:
-        self.runtime = runtime
-
-    def query(self) -> bool:
-        return True
-
-    def _record(self, stream) -> None:
-        pass
-
-    def _synchronize(self) -> None:
-        pass
-
-
-class _HostRuntime(Runtime):
-    """Every hook, none of the reporting: the base class must report each call by itself."""
-
-    backend, device = "host", torch.device("cpu")
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._streams = [_HostStream(self, "default")]
-        self._current = self._streams[0]
-
-    def default_stream(self):
-        return self._streams[0]
-
-    def current_stream(self):
-        return self._current
-
-    def new_stream(self, name):
-        self._streams.append(_HostStream(self, name))
-        return self._streams[-1]
-
-    @contextlib.contextmanager
-    def stream(self, stream):
-        prev, self._current = self._current, stream
-        try:
-            yield stream
-        finally:
-            self._current = prev
-
-    def new_event(self):
-        return _HostEvent(self)
-
-    def _synchronize(self) -> None:
-        pass
-
-    def _allocate(self, shape, dtype, stream):
-        tensor = torch.empty(shape, dtype=dtype)
-        return tensor, NewBlock(0, tensor.data_ptr(), tensor.nbytes)
-
-    def _record_stream(self, tensor, stream):
-        return 0
-
-    def _launch(self, stream, fn, reads, writes) -> None:
-        fn(*writes, *reads)
-
-    sleep = all_gather = reduce_scatter = all_reduce = new_group = allocation_stream = lambda self, *a, **kw: None
-
-
-def test_the_base_class_reports_around_backend_hooks():
-    """A backend that writes no notification at all still reports every observed call, with the
-    stream current at the call: the reporting lives in base.Runtime, Stream and Event."""
-    rt = _HostRuntime()
-    side = rt.new_stream("side")
-    rt.add_observer(recorder := Recorder())
-    a = rt.empty(4)
-    with rt.stream(side):
-        rt.launch("w", lambda t: t.zero_(), writes=(a,))
-        ev = rt.new_event()
-        ev.record()
-    ev.wait(rt.default_stream())
-    rt.record_stream(a, side)
-    side.synchronize()
-    rt.synchronize()
-    assert recorder.calls == [
-        "on_alloc",
-        "on_launch",
-        "on_event_record",
-        "on_event_wait",
-        "on_record_stream",
-        "on_host_sync",
-        "on_host_sync",
-        "on_host_sync",
-    ]
-
-
-def test_stream_declares_what_callers_use():
-    """inline, runs_host_work and enqueue are abstract members: a backend without them cannot be made."""
-    assert {"inline", "runs_host_work", "enqueue", "_wait_event", "_synchronize"} <= Stream.__abstractmethods__
-    assert {"_allocate", "_launch", "_record_stream", "_synchronize"} <= Runtime.__abstractmethods__
-    assert not hasattr(base, "no_observers")
-    with pytest.raises(TypeError, match="inline"):
-        type(
-            "NoInline",
-            (Stream,),
-            {
-                "runs_host_work": property(lambda s: True),
-                "enqueue": lambda s, f: None,
-                "_wait_event": lambda s, e: None,
-                "_synchronize": lambda s: None,
-            },
-        )()
-
-
-def test_a_stream_that_cannot_run_host_work_is_held_by_a_delay():
-    """The injector asks Stream.runs_host_work, never probes: a stream that cannot wait for the host
-    (CUDA's) gets the hold's bound as a sleep, and nothing is enqueued on it."""
-
-    class NoHostWork(SimStream):
-        runs_host_work = property(lambda self: False)
-
-        def enqueue(self, fn) -> None:
-            if not getattr(fn, "is_marker", False):
-                raise AssertionError("host work enqueued on a stream that cannot run it")
-            super().enqueue(fn)
-
-    rt = SimRuntime()
-    try:
-        side = NoHostWork(rt, "all_reduce", inline=False)
-        rt._streams.append(side)
-        slept = []
-        rt.sleep = lambda seconds: slept.append((rt.current_stream().name, seconds))
-        inj = install(rt, parse_profile("reorder@before_all_reduce>end_of_backward:2s"))
-        with rt.stream(side):
-            rt.point(Point.BEFORE_ALL_REDUCE)
-        assert slept == [("all_reduce", 2.0)] and [type(f.action) for f in inj.log] == [Hold]
-    finally:
-        rt.close()
-
-
-# -- injection points ----------------------------------------------------------------------------
-def test_an_unknown_point_is_an_error_observed_or_not():
-    rt = SimRuntime()
-    try:
-        with pytest.raises(ValueError, match="unknown injection point 'before_all_gahter'; known: "):
-            rt.point("before_all_gahter")
-        rt.add_observer(recorder := Recorder())
-        rt.point(Point.BEFORE_COPY, bucket=1)
-        rt.point("after_copy")  # a plain name that is a Point still works
-        with pytest.raises(ValueError):
-            rt.point("nowhere")
-        assert recorder.points == ["before_copy", "after_copy"]
-        assert [type(p) for p in recorder.points] == [str, str]  # observers get plain names
-    finally:
-        rt.close()
-
-
-def test_fsdp_marks_points_with_the_constants():
-    """Every Runtime.point call in racecheck.fsdp names a Point member, never a string literal."""
-    calls = []
-    for path in sorted(FSDP.glob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "point":
-                arg = node.args[0]
-                assert isinstance(arg, ast.Attribute) and isinstance(arg.value, ast.Name) and arg.value.id == "Point", (
-                    f"{path.name}:{node.lineno}: {ast.unparse(arg)}"
-                )
-                assert arg.attr in Point.__members__, f"{path.name}:{node.lineno}: Point.{arg.attr}"
-                calls.append(arg.attr)
-    assert {"BEFORE_REDUCE_SCATTER", "BEFORE_ALL_GATHER", "RESHARD", "END_OF_BACKWARD"} <= set(calls)
-
-
-def test_profiles_know_the_marked_points():
-    from racecheck.perturb.points import MARKED_POINTS
-
-    assert list(MARKED_POINTS) == [p.value for p in Point]
-    assert all(MARKED_POINTS[p.value] == p.description for p in Point)
