@@ -189,7 +189,7 @@ def execute(run: Run, *, out: Path, trials: int, chunk: int, timeout: float, see
         "--",
         *run.targets,
     ]
-    log = out / "runs" / f"{run.name}.log"
+    log = folder.with_name(folder.name + ".log")
     with open(log, "w") as stream:
         stream.write(" ".join(argv) + "\n")
         stream.flush()
