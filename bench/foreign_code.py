@@ -324,13 +324,28 @@ def merge(report: Path, rows: list[dict]) -> list[dict]:
     )
 
 
-def render(report: Path, rows: list[dict], *, actions: dict, bounds: dict, command: str, errors: list[str]) -> None:
+def measured_where(from_runs: Path | None) -> str:
+    """The torch and device the rows come from: this machine's, or with --from-runs the ones the
+    run folders' trials.jsonl record."""
+    if from_runs is not None:
+        for log in sorted((from_runs / "runs").glob("*/trials.jsonl")):
+            for line in log.read_text().splitlines()[:1]:
+                record = json.loads(line)
+                torch_version = (record.get("versions") or {}).get("torch", "?")
+                device = record.get("device", "?")
+                return f"rows from the run folders of {from_runs.name}: torch {torch_version}, device {device}"
+        return f"rows from the run folders of {from_runs.name}"
     try:
         import torch
 
-        where = f"torch {torch.__version__}, {torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU'}"
+        return f"torch {torch.__version__}, {torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU'}"
     except ImportError:
-        where = "torch not importable"
+        return "torch not importable"
+
+
+def render(
+    report: Path, rows: list[dict], *, actions: dict, bounds: dict, command: str, errors: list[str], where: str
+) -> None:
     lines = [
         "# Code that is not racecheck's, through `racecheck run`",
         "",
@@ -489,7 +504,15 @@ def main() -> int:
     merged = merge(args.report, rows)
     bounds = merge_bounds(args.report, bounds)
     command = "python3 bench/foreign_code.py " + " ".join(sys.argv[1:])
-    render(args.report, merged, actions=actions, bounds=bounds, command=command, errors=errors)
+    render(
+        args.report,
+        merged,
+        actions=actions,
+        bounds=bounds,
+        command=command,
+        errors=errors,
+        where=measured_where(args.from_runs),
+    )
     print(f"{len(rows)} rows into {args.report / 'foreign_code.csv'}; {len(errors)} runs not finished")
     return 0 if not errors else 1
 
