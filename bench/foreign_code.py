@@ -45,6 +45,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 ANY_TEST = "any test of the run"
+WORLD_SIZE: int | None = None  # --world-size, passed to every racecheck run
 COLUMNS = ("suite", "case", "arm", "expect", "mode", "trials", "failures", "detected")
 MODES = ("natural", "profile", "systematic", "random", "detect", "soundness")
 
@@ -183,6 +184,7 @@ def execute(run: Run, *, out: Path, trials: int, chunk: int, timeout: float, see
         str(max(1, int(timeout) - 20)),
         "--seed",
         str(seed),
+        *(["--world-size", str(WORLD_SIZE)] if WORLD_SIZE else []),
         "--out",
         str(folder),
         *run.flags(),
@@ -430,6 +432,12 @@ def main() -> int:
     parser.add_argument(
         "--seed", type=int, default=0, help="racecheck run --seed: further trials of a mode, as rows of their own"
     )
+    parser.add_argument(
+        "--world-size",
+        type=int,
+        default=None,
+        help="racecheck run --world-size (FSDP2 issues its all-gathers and reduce-scatters from 2 ranks on)",
+    )
     parser.add_argument("--random-trials", type=int, default=30, help="trials of the random mode")
     parser.add_argument("--jobs", type=int, default=1, help="runs other than natural ones at a time")
     parser.add_argument("--profiles", default=None, metavar="REGEX", help="only the profile runs whose spec matches")
@@ -450,6 +458,8 @@ def main() -> int:
         help="start no run after this long (the device call has a hard limit)",
     )
     args = parser.parse_args()
+    global WORLD_SIZE
+    WORLD_SIZE = args.world_size
     suites, modes = args.suites.split(","), args.modes.split(",")
     for name, given, known in (("suite", suites, ARMS), ("mode", modes, MODES)):
         unknown = [g for g in given if g not in known]

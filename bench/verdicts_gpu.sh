@@ -9,7 +9,8 @@
 #   foreign    bench/foreign_code.py: the example projects in every mode and the soundness check's
 #              generated programs on torch.cuda (FOREIGN_MODES, FOREIGN_SUITES, FOREIGN_JOBS;
 #              FOREIGN_TRIALS for the detect runs, RANDOM_TRIALS, PROFILE_TRIALS, SYSTEMATIC_TRIALS;
-#              FOREIGN_SEED for further trials of a mode, as rows of their own)
+#              FOREIGN_SEED for further trials of a mode, as rows of their own; FOREIGN_WORLD_SIZE=2
+#              on nvidia-h200-x2, where FSDP2 issues its own all-gathers and reduce-scatters)
 #   megatron   the same for megatron-fsdp alone (MEGATRON_MODES), beside the others
 #   catalogue  the catalogue's scenarios that fit one GPU, every arm under its profile
 #   own        bench/own_suite_gpu.sh: a user's one-rank NCCL suite, --world-size beyond the GPUs
@@ -65,7 +66,7 @@ for part in "${parts[@]}"; do
     foreign) (python3 bench/foreign_code.py --out "$V/foreign" --report "$V/report" --jobs "${FOREIGN_JOBS:-6}" \
       --suites "${FOREIGN_SUITES:-megatron_fsdp,fsdp2,plain_torch}" \
       --modes "${FOREIGN_MODES:-natural,profile,detect,random,systematic,soundness}" \
-      --seed "${FOREIGN_SEED:-0}" --trials "${FOREIGN_TRIALS:-10}" --random-trials "${RANDOM_TRIALS:-30}" --profile-trials "${PROFILE_TRIALS:-10}" --systematic-trials "${SYSTEMATIC_TRIALS:-30}" --profiles "${PROFILES:-.}" \
+      ${FOREIGN_WORLD_SIZE:+--world-size "$FOREIGN_WORLD_SIZE"} --seed "${FOREIGN_SEED:-0}" --trials "${FOREIGN_TRIALS:-10}" --random-trials "${RANDOM_TRIALS:-30}" --profile-trials "${PROFILE_TRIALS:-10}" --systematic-trials "${SYSTEMATIC_TRIALS:-30}" --profiles "${PROFILES:-.}" \
       --max-seconds "$((SECONDS_LEFT - 60))" >"$V/foreign.log" 2>&1) & ;;
     megatron) (python3 bench/foreign_code.py --out "$V/megatron" --report "$V/report-megatron" --jobs 2 \
       --suites megatron_fsdp --modes "${MEGATRON_MODES:-profile,systematic}" \
