@@ -3,11 +3,14 @@ built from: which one runs, and that both give the same reports on the same rand
 
 from __future__ import annotations
 
+import importlib.machinery
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -108,13 +111,17 @@ def summaries(seeds: int) -> list:
     return out
 
 
-def _run(seeds: int, *, pure: bool) -> tuple[str, list]:
+def _run(seeds: int, *, pure: bool) -> tuple[str, list, list[str]]:
+    """In a fresh interpreter: which engine runs, the summaries of `seeds` traces, and the files
+    the engine's modules were loaded from."""
     env = {k: v for k, v in os.environ.items() if k != "RACECHECK_PURE_PYTHON"}
     if pure:
         env["RACECHECK_PURE_PYTHON"] = "1"
     code = (
-        "import json, sys; sys.path.insert(0, sys.argv[1]); import racecheck.detect as d; "
-        "from test_detect_native import summaries; print(json.dumps([d.ENGINE, summaries(int(sys.argv[2]))]))"
+        "import importlib, json, sys; sys.path.insert(0, sys.argv[1]); import racecheck.detect as d; "
+        "from racecheck.detect.native import _MODULES; from test_detect_native import summaries; "
+        "files = [importlib.import_module('racecheck.detect.' + m).__file__ for m in _MODULES]; "
+        "print(json.dumps([d.ENGINE, summaries(int(sys.argv[2])), files]))"
     )
     proc = subprocess.run(
         [sys.executable, "-c", code, str(HERE), str(seeds)],
@@ -124,27 +131,53 @@ def _run(seeds: int, *, pure: bool) -> tuple[str, list]:
         timeout=300,
         check=True,
     )
-    kind, result = json.loads(proc.stdout)
-    return kind, result
+    kind, result, files = json.loads(proc.stdout)
+    return kind, result, files
+
+
+def _why_setup_compiles_nothing() -> str | None:
+    """What keeps setup.py (native_extensions) from compiling the engine on this machine, or None
+    where it compiles it: RACECHECK_PURE_PYTHON set, no mypyc, or no C compiler for extensions."""
+    if os.environ.get("RACECHECK_PURE_PYTHON"):
+        return "RACECHECK_PURE_PYTHON is set"
+    try:
+        import mypyc.build  # noqa: F401 - what setup.py imports to compile
+    except ImportError:
+        return "mypyc is not installed"
+    cc = (sysconfig.get_config_var("CC") or "").split()
+    if not cc or shutil.which(cc[0]) is None:
+        return f"no C compiler ({cc[0] if cc else 'sysconfig names none'})"
+    return None
+
+
+def _is_extension(path: str) -> bool:
+    return path.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES))
 
 
 def test_pure_python_engine_can_be_forced():
-    kind, result = _run(1, pure=True)
+    kind, result, files = _run(1, pure=True)
     assert kind == "python"
     assert len(result) == 1
+    assert all(f.endswith(".py") for f in files), files
 
 
-def test_compiled_engine_runs_when_built_from_these_sources():
-    if not any(native._compiled(name) for name in native._MODULES):
-        pytest.skip("the engine was not compiled on this machine (no mypyc or no C compiler at install)")
+def test_compiled_engine_is_the_one_in_use_where_setup_can_compile_it():
+    why = _why_setup_compiles_nothing()
+    if why is not None:
+        pytest.skip(f"setup.py compiles no engine on this machine: {why}")
+    missing = [name for name in native._MODULES if not native._compiled(name)]
+    assert not missing, f"mypyc and a C compiler are here, yet {missing} were not compiled: reinstall racecheck"
     assert native._built_from_these_sources(), "compiled engine is stale or partial: reinstall racecheck"
-    kind, _ = _run(1, pure=False)
+    kind, _, files = _run(1, pure=False)
     assert kind == "compiled"
+    assert all(_is_extension(f) for f in files), files
 
 
 def test_compiled_and_pure_engines_report_the_same_races():
-    pure_kind, pure = _run(400, pure=True)
-    kind, default = _run(400, pure=False)
+    pure_kind, pure, _ = _run(400, pure=True)
+    kind, default, files = _run(400, pure=False)
     assert pure_kind == "python"
+    if _why_setup_compiles_nothing() is None:  # else both runs are the Python engine's
+        assert kind == "compiled" and all(_is_extension(f) for f in files), files
     assert sum(len(reports) for reports, _ in pure) > 100  # the traces do race
     assert default == pure, f"the {kind} engine differs from the pure-Python one"
