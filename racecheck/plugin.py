@@ -26,10 +26,10 @@ import pytest
 from racecheck.failure_text import error_line, failure_signature, first_line
 from racecheck.item_trial import ITEM_TRIAL, ItemTrial
 from racecheck.param_targets import Wanted, widen
+from racecheck.perturb.profiles import rank_profile
 from racecheck.runner.blocks import Block, read_schedule
 from racecheck.runner.lifeline import die_with_parent
 from racecheck.runner.record import Collected, CollectError, Finished, Outcome, RankLog, Started, TestOutcome, worst
-from racecheck.suites.catalogue import check_profile
 
 STEP_FIXTURE = "racecheck_step"  # the fixture this plugin parametrizes with the session's steps
 
@@ -115,7 +115,7 @@ def pytest_configure(config: pytest.Config) -> None:
             raise pytest.UsageError(f"--racecheck-schedule: {exc}") from None
         for block in config.stash[_SCHEDULE_KEY]:
             try:
-                check_profile(block.perturb or None)
+                rank_profile(block.perturb or None)  # parsed here once; every test reuses it
             except ValueError as exc:
                 raise pytest.UsageError(f"--racecheck-schedule: {exc}") from None
         if len(config.stash[_SCHEDULE_KEY]) != count:

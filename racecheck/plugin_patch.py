@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from racecheck.perturb.patch_actions import PatchUnavailable, actions_factory
-from racecheck.perturb.profiles import Profile, parse_profile
+from racecheck.perturb.profiles import Profile, rank_profile
 
 
 def configure_project(config: pytest.Config, specs: list) -> ProjectTests:
@@ -24,10 +24,10 @@ def configure_project(config: pytest.Config, specs: list) -> ProjectTests:
     profiles `specs`; a profile or the detector that cannot act here is a usage error, in one line."""
     from racecheck.perturb.patch import PatchMode
 
-    acting = [s for s in specs if s and not parse_profile(s).is_off]
+    acting = [s for s in specs if s and not rank_profile(s).is_off]
     for spec in acting:
         try:
-            PatchMode(parse_profile(spec), actions=object())  # the grammar check alone; nothing is installed
+            PatchMode(rank_profile(spec), actions=object())  # the grammar check alone; nothing is installed
         except ValueError as exc:
             raise pytest.UsageError(f"--racecheck-schedule: {exc}") from None
     detect = config.getoption("--racecheck-detect")
@@ -53,7 +53,6 @@ class ProjectTests:
         self.memory: dict[tuple, list[str]] = {}  # the enumerations, without a folder
         self.detect = detect
         self.rank = int(os.environ.get("RANK", "0"))
-        self._profiles: dict[str, Profile] = {}  # each spec parsed once per process
         self._cuda = None if factory is None else factory.__name__ == "CudaActions"
 
     @property
@@ -65,12 +64,6 @@ class ProjectTests:
                 return False
             self._cuda = bool(torch.cuda.is_available())
         return self._cuda
-
-    def profile(self, spec: str) -> Profile:
-        profile = self._profiles.get(spec)
-        if profile is None:
-            profile = self._profiles[spec] = parse_profile(spec)
-        return profile
 
     # -- systematic enumeration ------------------------------------------------------------
     def _load(self, arm: str, test: str) -> list[str] | None:
@@ -101,7 +94,7 @@ class ProjectTests:
         """Install patch mode (and the tracker) for the test whose ItemTrial is `t`."""
         from racecheck.perturb.patch import PatchMode
 
-        profile = self.profile(spec)
+        profile = rank_profile(spec)
         t.perturb = profile.to_spec()
         t.patch = None
         if not profile.is_off:

@@ -36,7 +36,7 @@ from racecheck.device.base import POISON_BYTE
 from racecheck.perturb.decisions import Hold, Poison, Pressure, Sleep, make_schedule
 from racecheck.perturb.free_actions import FreeRequest, PendingFrees
 from racecheck.perturb.points import EVENT_WAIT, FREE
-from racecheck.perturb.profiles import Profile, parse_profile
+from racecheck.perturb.profiles import Profile, rank_profile
 
 ENV_VAR = "RACECHECK_PERTURB"
 SEED_ENV_VAR = "RACECHECK_SEED"
@@ -181,7 +181,7 @@ class Injector(RuntimeObserver):
                 rt.sleep(action.seconds)
         elif isinstance(action, Hold):
             self._hold(rt, target, action)
-        else:  # poison and pressure act on frees only (parse_profile enforces it)
+        else:  # poison and pressure act on frees only (profiles.parse_profile enforces it)
             raise AssertionError(f"{action!r} at {point}")
         self._record(point, target, action)
 
@@ -301,4 +301,4 @@ def env_seed(default: int = 0) -> int:
 
 def install_from_env(rt: Runtime, *, default: str | None = None) -> Injector | None:
     """Install the profile named by $RACECHECK_PERTURB (or `default`), seeded by $RACECHECK_SEED."""
-    return install(rt, parse_profile(resolve_spec(None, default)), seed=env_seed())
+    return install(rt, rank_profile(resolve_spec(None, default)), seed=env_seed())

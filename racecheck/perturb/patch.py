@@ -46,7 +46,7 @@ from racecheck.perturb.decisions import Hold, Poison, Pressure, Schedule, Sleep,
 from racecheck.perturb.free_actions import FreeRequest, PendingFrees
 from racecheck.perturb.handoffs import CALLS, HandoffCall
 from racecheck.perturb.points import COLLECTIVE_AFTER_POINTS, COLLECTIVE_POINTS, FREE, HANDOFF_POINTS
-from racecheck.perturb.profiles import Profile, parse_profile
+from racecheck.perturb.profiles import Profile, rank_profile
 
 _COLLECTIVE_POINTS = frozenset(COLLECTIVE_POINTS.values()) | frozenset(COLLECTIVE_AFTER_POINTS.values())
 PATCH_POINTS = _COLLECTIVE_POINTS | frozenset(HANDOFF_POINTS) | {FREE}
@@ -272,7 +272,7 @@ def install_from_env() -> PatchMode | None:
     """Install patch mode for $RACECHECK_PERTURB (seeded by $RACECHECK_SEED), if set and not off."""
     from racecheck.perturb.injector import ENV_VAR, env_seed
 
-    profile = parse_profile(os.environ.get(ENV_VAR, "off"))
+    profile = rank_profile(os.environ.get(ENV_VAR, "off"))
     if profile.is_off:
         return None
     return PatchMode(profile, seed=env_seed()).install()

@@ -154,7 +154,10 @@ class SystematicConfig:
 
 @dataclasses.dataclass(frozen=True)
 class Profile:
-    name: str
+    """What a spec says: its rules, or its random or systematic schedule. `name` is the spec as it
+    was written (`rs_delay`); two profiles that say the same are equal whatever their spelling."""
+
+    name: str = dataclasses.field(compare=False)
     rules: tuple[Rule, ...] = ()
     random: RandomConfig | None = None
     systematic: SystematicConfig | None = None
@@ -186,10 +189,10 @@ class Profile:
         return Profile(f"{self.name}:{seconds * 1e3:g}ms", rules)
 
 
-@functools.lru_cache(maxsize=256)
 def parse_profile(spec: str | None) -> Profile:
     """A Profile from a name, a rule list, a random or systematic spec; ValueError with a one-line
-    reason. Parsed once per process and spec (profiles are immutable)."""
+    reason. The parser itself: the runner's process reads spec text through
+    racecheck.suites.catalogue.read_profile, a test process through rank_profile."""
     spec = (spec or "off").strip()
     text = PROFILES.get(spec, spec)
     if text == "random" or text.startswith("random:"):
@@ -206,6 +209,14 @@ def parse_profile(spec: str | None) -> Profile:
         else:  # a named profile joined with others: its rules in its place
             rules.extend(_parse_rule(p) for p in _parts(named))
     return Profile(spec, tuple(dict.fromkeys(rules)))  # a rule named twice acts once
+
+
+@functools.lru_cache(maxsize=256)
+def rank_profile(spec: str | None) -> Profile:
+    """The Profile of a spec in a test process (a rank), parsed once per process and spec: the
+    one entry point of the pytest plugin, patch mode, the injector and the scenario harness, which
+    meet the same few specs (the session schedule's canonical ones) block after block."""
+    return parse_profile(spec)
 
 
 def _parts(text: str) -> list[str]:

@@ -19,7 +19,7 @@ from torch import nn
 from racecheck.device import Runtime, init_runtime, resolve_backend
 from racecheck.fsdp.mesh import MeshConfig
 from racecheck.perturb.injector import install, uninstall
-from racecheck.perturb.profiles import parse_profile
+from racecheck.perturb.profiles import rank_profile
 
 
 class WorldError(RuntimeError):
@@ -50,15 +50,15 @@ def init_world(world_size: int) -> Runtime:
 
 
 def hsdp_mesh_config(world_size: int) -> MeshConfig:
-    """The HSDP mesh for a world: MeshConfig.for_world, or RACECHECK_MESH=SHARDxREPLICATE (what
-    `racecheck run --mesh` sets; MeshConfig.from_env)."""
+    """The HSDP mesh for a world: MeshConfig.for_world, or the mesh `racecheck run --mesh` passes
+    as RACECHECK_MESH_SHARD and RACECHECK_MESH_REPLICATE (MeshConfig.from_env)."""
     return MeshConfig.from_env(world_size)
 
 
 @contextlib.contextmanager
 def perturbation(rt: Runtime, spec: str, *, seed: int) -> Iterator[None]:
     """Install the injector for `spec` for the duration of a test."""
-    injector = install(rt, parse_profile(spec), seed=seed)
+    injector = install(rt, rank_profile(spec), seed=seed)
     try:
         yield
     finally:

@@ -57,14 +57,14 @@ class EmulationPatch:
         from racecheck.detect.observer import RaceDetector
         from racecheck.device.sim import SimRuntime
         from racecheck.perturb.patch import PatchMode
-        from racecheck.perturb.profiles import parse_profile
+        from racecheck.perturb.profiles import rank_profile
         from racecheck.perturb.runtime_actions import RuntimeActions
         from racecheck.scenario_kit.program_runs import run_on_runtime
 
         rt = SimRuntime()
         patch = None
         if spec is not None:
-            profile = parse_profile(spec)
+            profile = rank_profile(spec)
             if self.delay is not None and profile.systematic is None:
                 profile = profile.with_delay(self.delay)
             patch = PatchMode(profile, actions=RuntimeActions(rt), seed=seed, plan=plan)
@@ -101,11 +101,11 @@ class EmulationInjector(EmulationPatch):
     def run(self, program: Program, *, spec: str | None = None, seed: int = 0, plan=None, detect=False) -> Run:
         from racecheck.device.sim import SimRuntime
         from racecheck.perturb.injector import Injector
-        from racecheck.perturb.profiles import parse_profile
+        from racecheck.perturb.profiles import rank_profile
         from racecheck.scenario_kit.program_runs import run_on_runtime
 
         rt = SimRuntime()
-        profile = parse_profile(spec)
+        profile = rank_profile(spec)
         if self.delay is not None:
             profile = profile.with_delay(self.delay)
         injector = Injector(profile, seed=seed, rank=0)
@@ -141,12 +141,12 @@ class TorchCudaPatch(EmulationPatch):
     def run(self, program: Program, *, spec: str | None = None, seed: int = 0, plan=None, detect=False) -> Run:
         from racecheck.detect.torch_tracker import TorchRaceTracker
         from racecheck.perturb.patch import PatchMode
-        from racecheck.perturb.profiles import parse_profile
+        from racecheck.perturb.profiles import rank_profile
         from racecheck.scenario_kit.program_runs import run_on_torch_cuda
 
         patch = None
         if spec is not None:
-            profile = parse_profile(spec)
+            profile = rank_profile(spec)
             if self.delay is not None and profile.systematic is None:
                 profile = profile.with_delay(self.delay)
             patch = PatchMode(profile, seed=seed, plan=plan)
