@@ -18,4 +18,10 @@ class InfrastructureError(Exception):
 
 class InputError(Exception):
     """Raised when the user's input cannot be run as given, found only once racecheck tries (a suite
-    pytest cannot collect, arguments pytest rejects, a git revision that does not exist): exit 2."""
+    pytest cannot collect, arguments pytest rejects, a git revision that does not exist, settings
+    that do not fit the suites or the machine): exit 2. `option` names the command-line option the
+    mistake is in, where one is (`--mesh`), so that the command line can say which."""
+
+    def __init__(self, message: str, *, option: str | None = None) -> None:
+        super().__init__(message)
+        self.option = option

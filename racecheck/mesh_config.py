@@ -2,12 +2,13 @@
 
 It has no torch in it, so that the command line can parse `--mesh` and name the mesh a run uses
 without importing torch; racecheck.fsdp.mesh builds the communicators for it. This dataclass is
-the one owner of the `SHARDxREPLICATE` spelling and of the default layout for a world size.
+the one owner of the `SHARDxREPLICATE` spelling and of the default layout for a world size; the
+runner reads the spelling once (racecheck.runner.run_config.read_mesh) and passes the value on.
 
-A run passes the mesh to its test processes in the environment (`env()`): RACECHECK_MESH in that
-spelling, which racecheck's own suites read back with `from_env`, and its two axes as plain
-integers, RACECHECK_MESH_SHARD and RACECHECK_MESH_REPLICATE, so that a project's suite, which
-does not import racecheck, reads the mesh without parsing the string again.
+A run passes the mesh to its test processes in the environment (`env()`): its two axes as plain
+integers, RACECHECK_MESH_SHARD and RACECHECK_MESH_REPLICATE, from which racecheck's own suites
+rebuild it (`from_env`, by the constructor) and which a project's suite, which does not import
+racecheck, reads as they are; and RACECHECK_MESH in the spelling, for people and logs.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import os
 from collections.abc import Mapping
 
 MESH_ENV = "RACECHECK_MESH"
+SHARD_ENV = f"{MESH_ENV}_SHARD"
+REPLICATE_ENV = f"{MESH_ENV}_REPLICATE"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,23 +53,27 @@ class MeshConfig:
 
     @classmethod
     def from_env(cls, world_size: int, *, environ: Mapping[str, str] | None = None) -> MeshConfig:
-        """The mesh of a test process: RACECHECK_MESH (what `racecheck run --mesh` sets), else
-        the default layout of `world_size`; ValueError naming the variable for a spec that does
-        not parse or does not cover the world."""
-        spec = (os.environ if environ is None else environ).get(MESH_ENV)
-        if not spec:
+        """The mesh of a test process: the two axes `racecheck run --mesh` sets (RACECHECK_MESH_SHARD,
+        RACECHECK_MESH_REPLICATE), else the default layout of `world_size`; ValueError naming the
+        variable for an axis that is not a positive integer, for RACECHECK_MESH set without its
+        axes, or for a mesh that does not cover the world."""
+        env = os.environ if environ is None else environ
+        axes = {name: env.get(name, "") for name in (SHARD_ENV, REPLICATE_ENV)}
+        if not any(axes.values()):
+            if env.get(MESH_ENV):
+                raise ValueError(f"{MESH_ENV} is set without {SHARD_ENV} and {REPLICATE_ENV}, which carry the mesh")
             return cls.for_world(world_size)
-        try:
-            mesh = cls.parse(spec)
-        except ValueError as exc:
-            raise ValueError(f"{MESH_ENV}: {exc}") from None
+        for name, value in axes.items():
+            if not (value.isdigit() and int(value) > 0):
+                raise ValueError(f"{name}={value!r} is not a positive integer")
+        mesh = cls(shard=int(axes[SHARD_ENV]), replicate=int(axes[REPLICATE_ENV]))
         if mesh.world_size != world_size:
-            raise ValueError(f"{MESH_ENV}={spec!r} does not cover a world of {world_size}")
+            raise ValueError(f"{MESH_ENV}={str(mesh)!r} does not cover a world of {world_size}")
         return mesh
 
     def env(self) -> dict[str, str]:
         """The variables that carry this mesh to a run's test processes (module docstring)."""
-        return {MESH_ENV: str(self), f"{MESH_ENV}_SHARD": str(self.shard), f"{MESH_ENV}_REPLICATE": str(self.replicate)}
+        return {MESH_ENV: str(self), SHARD_ENV: str(self.shard), REPLICATE_ENV: str(self.replicate)}
 
     def __str__(self) -> str:
         return f"{self.shard}x{self.replicate}"

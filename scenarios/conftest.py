@@ -19,12 +19,20 @@ def scenario(request):
 
 @pytest.fixture(scope="module")
 def world(scenario):
-    """The runtime of a process world of the scenario's size (started by torchrun / racecheck run);
-    RACECHECK_WORLD_SIZE overrides the size, for machines with fewer GPUs than the scenario's."""
+    """The runtime of the process world torchrun / racecheck run started, whose size WORLD_SIZE
+    says (`--world-size`, or the GPUs of the machine, may differ from the scenario's world_size);
+    without a launcher, a world of the scenario's size. A world below its min_world_size fails."""
     from racecheck.scenario_kit.harness import WorldError, init_world
 
+    size = int(os.environ.get("WORLD_SIZE") or scenario.world_size)
+    if size < scenario.min_world_size:
+        pytest.fail(
+            f"{scenario.name} needs at least {scenario.min_world_size} ranks (its min_world_size), "
+            f"this world has {size}",
+            pytrace=False,
+        )
     try:
-        return init_world(int(os.environ.get("RACECHECK_WORLD_SIZE") or scenario.world_size))
+        return init_world(size)
     except WorldError as exc:
         pytest.fail(str(exc), pytrace=False)
 

@@ -139,6 +139,7 @@ def test_a_mesh_that_does_not_fit_is_a_usage_error(project, args, message):
 def test_the_mesh_is_kept_for_resume_and_named_in_replays(tmp_path):
     import json
 
+    from racecheck.mesh_config import MeshConfig
     from racecheck.runner.record import TrialRecord
     from racecheck.runner.run_config import RunConfig, replay_command
     from racecheck.suites.catalogue import find_catalogue, load_catalogue
@@ -165,7 +166,7 @@ def test_the_mesh_is_kept_for_resume_and_named_in_replays(tmp_path):
     assert json.loads((tmp_path / "out" / "run.json").read_text())["mesh"] == "1x2"
     assert [r.outcome for r in records(tmp_path / "out")] == ["passed"]
     suite = load_catalogue(find_catalogue(str(CHECKOUT / "scenarios")))["main_grad_reuse"]
-    config = RunConfig(scenarios=(suite,), arms=None, trials=1, out=tmp_path, world_size=8, mesh="4x2")
+    config = RunConfig(scenarios=(suite,), arms=None, trials=1, out=tmp_path, world_size=8, mesh=MeshConfig(4, 2))
     record = TrialRecord("r", suite.name, "baseline", "race", 0, 3, "t.py::test[1]", "1", "failed", perturb="rs_delay")
     assert replay_command(record, suite=suite, config=config).startswith(
         "racecheck run --scenario main_grad_reuse --arms baseline --trials 1 --seed 3 --perturb rs_delay "

@@ -64,19 +64,6 @@ def node_spec(ctx, opts):
     return spec
 
 
-def check_nodes(config, nodes) -> None:
-    """Every suite's world splits evenly over the nodes."""
-    if nodes is None:
-        return
-    for s in config.scenarios:
-        world = config.world_for(s)
-        if world % nodes.nnodes:
-            raise click.BadParameter(
-                f"{s.name} runs {world} ranks, which {nodes.nnodes} nodes cannot share evenly (--world-size)",
-                param_hint="--nnodes",
-            )
-
-
 def writer_for(nodes, config):
     if nodes is None:
         return None

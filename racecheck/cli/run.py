@@ -55,12 +55,24 @@ def _parse_trials(ctx, param, value):
 def _parse_mesh(ctx, param, value):
     if value is None:
         return None
-    from racecheck.mesh_config import MeshConfig
+    from racecheck.runner.run_config import read_mesh
 
     try:
-        return str(MeshConfig.parse(value))
+        return read_mesh(value)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
+
+
+def _parse_perturb(ctx, param, value):
+    """--perturb's Profile: the spec is parsed here, once, and travels as the value."""
+    if value is None:
+        return None
+    from racecheck.suites.catalogue import read_profile
+
+    try:
+        return read_profile(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--perturb") from None
 
 
 def _parse_shard(ctx, param, value):
@@ -134,7 +146,10 @@ def _parse_stop(ctx, param, value):
     "started (the tally then mixes trials of both); without it such a resume is refused.",
 )
 @click.option(
-    "--perturb", default=None, help="Perturbation profile or rules (default: the suite's; an arm's own profile wins)."
+    "--perturb",
+    default=None,
+    callback=_parse_perturb,
+    help="Perturbation profile or rules (default: the suite's; an arm's own profile wins).",
 )
 @click.option("--no-perturb", is_flag=True, help="Run without perturbation: the natural failure rate.")
 @click.option(
@@ -280,12 +295,11 @@ def run_command(ctx, **opts):
     from racecheck.runner.trial_runner import Runner
 
     nodes = node_options.node_spec(ctx, opts)  # None on one node; a follower's folder is OUT/nodes/node-R
+    nnodes = nodes.nnodes if nodes is not None else 1
     if opts["resume_dir"] is not None:
-        config = run_options.resumed_config(ctx, opts)
+        config = run_options.resumed_config(ctx, opts, nnodes=nnodes)
     else:
-        config = run_options.fresh_config(ctx, opts)
-    node_options.check_nodes(config, nodes)
-    run_checks.check_gpus(config, nnodes=nodes.nnodes if nodes is not None else 1)
+        config = run_options.fresh_config(ctx, opts, nnodes=nnodes)
     gate = run_options.gate_options(ctx, opts, config)
 
     from racecheck.runner import interrupts
@@ -321,7 +335,7 @@ def run_command(ctx, **opts):
     have_records = summarize_run(
         config.out, footer=f"{config.out}/summary.csv and trials.jsonl written ({time.monotonic() - started:.1f} s)"
     )
-    _perturbation_notes(config.out)
+    _perturbation_notes(config)
     if result.stopped:
         why = "--max-time was reached" if result.stopped == "max-time" else "the stop rules held"
         click.echo(f"stopped early: {why}; continue with: {resume_command(config.out)}")
@@ -337,14 +351,15 @@ def run_command(ctx, **opts):
         ctx.exit(run_options.apply_gate(config.out, gate))
 
 
-def _perturbation_notes(out_dir: Path) -> None:
+def _perturbation_notes(config) -> None:
     """What the perturbation did: profiles that never acted, the systematic schedule's bound."""
     from racecheck.results.perturb_notes import perturbation_notes
     from racecheck.runner.record import read_log
 
     try:
-        records = list(read_log(out_dir / "trials.jsonl"))
+        records = list(read_log(config.out / "trials.jsonl"))
     except (OSError, ValueError):
         return
-    for line in perturbation_notes(records):
+    profiles = {(s.name, a): config.profile_for(s, a) for s in config.scenarios for a in config.arms_for(s)}
+    for line in perturbation_notes(records, profiles):
         click.echo(line)

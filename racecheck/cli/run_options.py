@@ -2,7 +2,8 @@
 and its --gate: the run command's logic, kept out of run.py so that the command reads as a script.
 
 User mistakes become click.UsageError/BadParameter (one line, exit 2); git and suite problems found
-later raise exitcodes.InputError (exit 2) as well.
+later raise exitcodes.InputError (exit 2) as well. The settings' own checks are the config's
+(RunConfig.validate), run through run_checks.checked.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from pathlib import Path
 import click
 
 from racecheck.cli import run_checks
+from racecheck.exitcodes import InputError
+from racecheck.perturb.profiles import Profile
 
 # Options that define the experiment: on --resume they come from OUT/run.json.
 _DEFINING = (
@@ -59,8 +62,9 @@ def suites_from_options(opts) -> tuple[list, dict]:
         raise click.UsageError(str(exc)) from None
 
 
-def fresh_config(ctx, opts):
-    """The RunConfig the command line describes (arms checked, git revisions resolved)."""
+def fresh_config(ctx, opts, *, nnodes: int = 1):
+    """The RunConfig the command line describes (checked for `nnodes` nodes, git revisions
+    resolved)."""
     from racecheck.runner.run_config import RunConfig
     from racecheck.suites.catalogue import CatalogueError
 
@@ -79,7 +83,8 @@ def fresh_config(ctx, opts):
         raise click.UsageError(str(exc)) from None
     if opts["allow_changed_suite"]:
         raise click.UsageError("--allow-changed-suite needs --resume")
-    spec = perturb_spec(opts, suites)
+    if opts["perturb"] is not None and opts["no_perturb"]:
+        raise click.UsageError("--perturb and --no-perturb exclude each other")
     shard, shard_source = job_shard(opts["shard"])
     out_dir = opts["out_dir"] or Path("racecheck-out") / time.strftime("run-%Y%m%d-%H%M%S")
     config = RunConfig(
@@ -87,7 +92,7 @@ def fresh_config(ctx, opts):
         arms=arm_list,
         trials=trials_value(opts["trials"], 10),
         out=out_dir,
-        perturb=spec,
+        perturb=Profile("off") if opts["no_perturb"] else opts["perturb"],
         seed=opts["seed"],
         isolation=opts["isolation"],
         order=opts["order"],
@@ -105,8 +110,12 @@ def fresh_config(ctx, opts):
         stop_rules=opts["stop_rules"],
         source=source,
     )
-    config = run_checks.fit_worlds(config)
-    run_checks.check_run(config)
+    if opts["delay_ms"] is not None:
+        try:
+            config = config.with_delay(opts["delay_ms"] / 1e3)
+        except InputError as exc:
+            raise run_checks.usage_error(exc) from None
+    config = run_checks.checked(config, nnodes=nnodes)
     config = with_fingerprints(with_revisions(config))
     from racecheck.runner.state import ForeignFolder, check_out_folder
 
@@ -134,25 +143,6 @@ def job_shard(value):
     except ValueError as exc:
         raise click.BadParameter(f"auto: {exc}", param_hint="--shard") from None
     return job.shard, job.source
-
-
-def perturb_spec(opts, suites) -> str | None:
-    if opts["perturb"] and opts["no_perturb"]:
-        raise click.UsageError("--perturb and --no-perturb exclude each other")
-    spec = "off" if opts["no_perturb"] else opts["perturb"]
-    if spec is None and opts["delay_ms"] is None:
-        return None
-    from racecheck.perturb.profiles import parse_profile  # imports torch (racecheck.perturb's package)
-
-    try:
-        specs = {s.name: parse_profile(spec if spec is not None else s.default_perturb) for s in suites}
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--perturb") from None
-    if opts["delay_ms"] is not None:
-        if len({p.to_spec() for p in specs.values()}) > 1:
-            raise click.UsageError("--delay-ms needs --perturb when the scenarios' profiles differ")
-        spec = next(iter(specs.values())).with_delay(opts["delay_ms"] / 1e3).to_spec()
-    return spec
 
 
 def trials_value(value, default: int) -> int:
@@ -228,9 +218,9 @@ def check_unchanged(out: Path, kept: dict, config, *, allowed: bool) -> None:
     click.echo(f"racecheck: warning: {what}; the run's tally mixes trials of both", err=True)
 
 
-def resumed_config(ctx, opts):
-    """The RunConfig of OUT/run.json; only --trials, --timeout, --max-time, --stop-when, the gate
-    options, --allow-changed-suite and --quiet may be given anew."""
+def resumed_config(ctx, opts, *, nnodes: int = 1):
+    """The RunConfig of OUT/run.json, checked for `nnodes` nodes; only --trials, --timeout,
+    --max-time, --stop-when, the gate options, --allow-changed-suite and --quiet may be given anew."""
     from click.core import ParameterSource
 
     from racecheck.runner import state
@@ -258,12 +248,11 @@ def resumed_config(ctx, opts):
             stop_rules=opts["stop_rules"],
             **({"timeout": opts["timeout"]} if timeout_given else {}),
         )
-        config = run_checks.fit_worlds(config)
     except CatalogueError as exc:
         raise click.UsageError(f"cannot resume {out}: {exc}") from None
     except (ValueError, KeyError, TypeError) as exc:
         raise click.BadParameter(f"cannot resume it: {exc}", param_hint="--resume") from None
-    run_checks.check_run(config)
+    config = run_checks.checked(config, nnodes=nnodes)
     config = with_fingerprints(config)
     check_unchanged(out, settings.get("fingerprints", {}), config, allowed=opts["allow_changed_suite"])
     return with_revisions(config)

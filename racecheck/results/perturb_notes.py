@@ -2,16 +2,20 @@
 profiles that never acted (a perturbation that never fires proves nothing), and for the systematic
 schedule its bound: k, the hand-off points recorded, what the trials covered, and what failed.
 
-Only records that counted their actions (patch mode, a project's own suite) are judged.
+Only records that counted their actions (patch mode, a project's own suite) are judged. The
+profiles come parsed, as the run resolved them per (suite, arm) (RunConfig.profile_for).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+from racecheck.perturb.profiles import Profile
 from racecheck.runner.record import Outcome, TrialRecord
 
 
-def perturbation_notes(records: list[TrialRecord]) -> list[str]:
-    from racecheck.perturb.profiles import parse_profile
+def perturbation_notes(records: list[TrialRecord], profiles: Mapping[tuple[str, str], Profile]) -> list[str]:
+    """The notes on `records`, whose arms ran `profiles` ((suite, arm) -> the arm's profile)."""
     from racecheck.perturb.systematic import coverage
 
     groups: dict[tuple[str, str, str], list[TrialRecord]] = {}
@@ -22,7 +26,8 @@ def perturbation_notes(records: list[TrialRecord]) -> list[str]:
     for (suite, arm, spec), rs in sorted(groups.items()):
         trials = len({r.trial for r in rs})
         acted = sum(int(n) for r in rs for n in (r.actions or {}).values())
-        systematic = parse_profile(spec).systematic
+        profile = profiles.get((suite, arm))
+        systematic = profile.systematic if profile is not None and profile.to_spec() == spec else None
         if systematic is not None and not systematic.at:
             k = max((r.handoffs for r in rs if r.handoffs is not None), default=0)
             failing = sorted((r for r in rs if Outcome(r.outcome).is_failure and r.delayed), key=lambda r: r.trial)

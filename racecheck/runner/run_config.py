@@ -2,6 +2,12 @@
 folder keeps, how each is written, and how `--resume` and `merge` read them back; and the one
 command line that replays a trial of the run (replay_command), and the one that resumes it.
 
+Settings travel parsed: the run's profile is a Profile, the mesh a MeshConfig. Each (suite, arm)'s
+profile is resolved once per config by one precedence chain (profile_for: the arm's own, else
+--perturb, else the suite's default); its canonical spec (spec_for) is what the session schedule,
+the ranks and the records carry. The config checks itself against its suites and the machine
+(fitted_to, validate: config_checks.py), raising InputError.
+
 `to_json()` writes every field but those a later invocation gives anew or finds itself
 (_NOT_KEPT), plus two derived entries for the reader: each suite's world on this machine and each
 suite's arms with their canonical profile specs (what `merge` compares). `from_json()` is its
@@ -11,16 +17,21 @@ inverse for `--resume`: the suites come back from `source`, the rest from the fi
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import shlex
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from racecheck.exitcodes import InputError
+from racecheck.mesh_config import MeshConfig
+from racecheck.perturb.profiles import Profile
+from racecheck.runner import config_checks
 from racecheck.runner.blocks import Shard
 from racecheck.runner.record import TrialRecord
 from racecheck.runner.stopping import StopRule
-from racecheck.suites.catalogue import Suite
+from racecheck.suites.catalogue import Suite, read_profile
 
 # Fields run.json does not keep: the suites (reloaded from `source`), the folder itself, the
 # limits of one invocation (--max-time, --stop-when), and what fit_worlds finds on the machine
@@ -38,7 +49,7 @@ class RunConfig:
     arms: tuple[str, ...] | None  # None: each suite's default arms
     trials: int
     out: Path
-    perturb: str | None = None  # None: each suite's default profile (an arm's own profile wins)
+    perturb: Profile | None = None  # --perturb; None: each suite's default (an arm's own profile wins)
     seed: int = 0
     isolation: str = "session"
     order: str = "alternate"
@@ -49,7 +60,7 @@ class RunConfig:
     pytest_args: tuple[str, ...] = ()  # from the command line, after `--`
     all_arms: bool = False  # every arm of each scenario (for --scenario all)
     world_size: int | None = None  # overrides the suites' world size
-    mesh: str | None = None  # SHARDxREPLICATE for racecheck.scenario_kit.harness.hsdp_mesh_config (RACECHECK_MESH)
+    mesh: MeshConfig | None = None  # --mesh, for racecheck.scenario_kit.harness.hsdp_mesh_config
     shard: Shard = Shard()
     shard_source: str = ""  # where --shard auto found the shard (shard_env.py); "" when given
     max_time: float | None = None  # seconds; then the run stops at the next trial boundary
@@ -65,28 +76,60 @@ class RunConfig:
             return self.arms
         return tuple(suite.arms) if self.all_arms else suite.default_arms
 
-    def perturb_for(self, suite: Suite, arm: str | None = None) -> str:
-        own = suite.arms[arm].perturb if arm in suite.arms else None
-        if own is not None:
-            return own
-        return suite.default_perturb if self.perturb is None else self.perturb
+    @functools.cached_property
+    def _resolved(self) -> dict[tuple[str, str | None], tuple[Profile, str]]:
+        """(suite, arm) -> its profile and canonical spec, filled as profile_for resolves them."""
+        return {}
+
+    def _resolve(self, suite: Suite, arm: str | None) -> tuple[Profile, str]:
+        key = (suite.name, arm)
+        if key not in self._resolved:
+            own = suite.arms[arm].profile if arm in suite.arms else None
+            if own is not None:
+                profile = own
+            elif self.perturb is not None:
+                profile = self.perturb
+            else:
+                profile = suite.default_profile
+            self._resolved[key] = (profile, profile.to_spec())
+        return self._resolved[key]
+
+    def profile_for(self, suite: Suite, arm: str | None = None) -> Profile:
+        """The profile an arm of a suite runs: the arm's own, else the run's (--perturb), else
+        the suite's default; without an arm, the run's profile for the suite. Resolved once."""
+        return self._resolve(suite, arm)[0]
 
     def spec_for(self, suite: Suite, arm: str) -> str:
-        """The canonical form of perturb_for: the one spec the schedule, the ranks and the records
+        """The canonical spec of profile_for: the one spec the schedule, the ranks and the records
         carry (profile names resolved, e.g. rs_delay -> sleep@before_reduce_scatter:5ms)."""
-        from racecheck.perturb.profiles import parse_profile
+        return self._resolve(suite, arm)[1]
 
-        return parse_profile(self.perturb_for(suite, arm)).to_spec()
+    def with_delay(self, seconds: float) -> RunConfig:
+        """--delay-ms: the run's profile (--perturb, else the suites' one default) with every sleep
+        resized; an arm's own profile is kept. InputError when the suites' defaults differ and no
+        --perturb names one."""
+        runs = {self.profile_for(s) for s in self.scenarios}
+        if len(runs) > 1:
+            raise InputError("--delay-ms needs --perturb when the scenarios' profiles differ")
+        return dataclasses.replace(self, perturb=runs.pop().with_delay(seconds))
 
     def world_for(self, suite: Suite) -> int:
         return self.world_size or self.worlds.get(suite.name) or suite.world_size
 
-    def mesh_for(self, suite: Suite) -> str:
+    def mesh_for(self, suite: Suite) -> MeshConfig:
         """The HSDP mesh a catalogue scenario's harness builds in this run (--mesh, else the
         default layout of its world)."""
-        from racecheck.mesh_config import MeshConfig
+        return self.mesh or MeshConfig.for_world(self.world_for(suite))
 
-        return self.mesh or str(MeshConfig.for_world(self.world_for(suite)))
+    def fitted_to(self, gpus: int | None) -> RunConfig:
+        """This config with each suite's world fitted to the `gpus` of the machine (None: the CPU
+        emulation); InputError for a suite that cannot fit (config_checks.fit_worlds)."""
+        return config_checks.fit_worlds(self, gpus)
+
+    def validate(self, *, gpus: int | None, nnodes: int = 1) -> None:
+        """InputError (naming its option) unless the settings fit the suites, each other, the
+        machine's `gpus` and `nnodes` nodes (config_checks.check_run)."""
+        config_checks.check_run(self, gpus=gpus, nnodes=nnodes)
 
     def to_json(self) -> dict:
         """run.json's settings (see the module docstring); JSON-ready."""
@@ -118,7 +161,9 @@ class RunConfig:
 def _to_json(value):
     if isinstance(value, tuple):
         return list(value)
-    if isinstance(value, (Shard, Path)):
+    if isinstance(value, Profile):
+        return value.to_spec()
+    if isinstance(value, (Shard, Path, MeshConfig)):
         return str(value)
     if isinstance(value, dict):
         return dict(value)
@@ -178,21 +223,13 @@ def _object(value) -> dict:
     return dict(value)
 
 
-def _profile(value) -> str:
-    from racecheck.suites.catalogue import check_profile
-
-    if not isinstance(value, str):
-        raise ValueError(f"{value!r} is not a profile")
-    check_profile(value)
-    return value
-
-
-def _mesh(value) -> str:
-    from racecheck.mesh_config import MeshConfig
-
+def read_mesh(value) -> MeshConfig:
+    """The MeshConfig of `SHARDxREPLICATE` text given to the runner (`--mesh`, run.json);
+    ValueError with a one-line reason. The one reader of the spelling: the ranks rebuild the mesh
+    from its two integers (MeshConfig.from_env)."""
     if not isinstance(value, str):
         raise ValueError(f"{value!r} is not of the form SHARDxREPLICATE")
-    return str(MeshConfig.parse(value))
+    return MeshConfig.parse(value)
 
 
 # How each kept field reads back from run.json, checked as the command line checks it: a value
@@ -200,7 +237,7 @@ def _mesh(value) -> str:
 _READ_BACK: dict[str, Callable[[Any], Any]] = {
     "arms": _optional(lambda v: _strings(v) or None),  # [] and null: each suite's default arms
     "trials": _whole(1),
-    "perturb": _optional(_profile),
+    "perturb": _optional(read_profile),
     "seed": _whole(),
     "isolation": _one_of(ISOLATIONS),
     "order": _one_of(ORDERS),
@@ -211,7 +248,7 @@ _READ_BACK: dict[str, Callable[[Any], Any]] = {
     "pytest_args": _strings,
     "all_arms": _flag,
     "world_size": _optional(_whole(1)),
-    "mesh": _optional(_mesh),
+    "mesh": _optional(read_mesh),
     "shard": lambda v: Shard.parse(str(v)),
     "shard_source": lambda v: v if isinstance(v, str) else str(v),
     "revisions": _object,
@@ -284,19 +321,14 @@ def split_targets(args, root: Path) -> tuple[list[str], list[str]]:
     return targets, options
 
 
-def replay_spec(record: TrialRecord) -> str:
+def replay_spec(record: TrialRecord, profile: Profile) -> str:
     """The profile that replays the record's trial in a run of one trial: its own, or for a
-    systematic trial the schedule with the points it delayed named (`at=`), since trial 0 of a
-    new run would only record them."""
+    systematic trial (`profile`, the one its arm ran) the schedule with the points it delayed
+    named (`at=`), since trial 0 of a new run would only record them."""
     spec = record.perturb or "off"
-    if not record.delayed:
+    if not record.delayed or profile.systematic is None:
         return spec
-    from racecheck.perturb.profiles import parse_profile
-
-    systematic = parse_profile(spec).systematic
-    if systematic is None:
-        return spec
-    return dataclasses.replace(systematic, at=tuple(record.delayed)).to_spec()
+    return dataclasses.replace(profile.systematic, at=tuple(record.delayed)).to_spec()
 
 
 def resume_command(out: Path | str) -> str:
@@ -314,7 +346,8 @@ def replay_command(record: TrialRecord, *, suite: Suite, config: RunConfig) -> s
         parts = ["racecheck", "run", "--config", where]
     else:
         parts = ["racecheck", "run", "--scenario", suite.name]
-    parts += ["--arms", record.arm, "--trials", "1", "--seed", str(record.seed), "--perturb", replay_spec(record)]
+    spec = replay_spec(record, config.profile_for(suite, record.arm))
+    parts += ["--arms", record.arm, "--trials", "1", "--seed", str(record.seed), "--perturb", spec]
     if config.detect:
         parts.append("--detect")
     if config.backend != "auto":
@@ -322,7 +355,7 @@ def replay_command(record: TrialRecord, *, suite: Suite, config: RunConfig) -> s
     if config.world_size:
         parts += ["--world-size", str(config.world_size)]
     if config.mesh:
-        parts += ["--mesh", config.mesh]
+        parts += ["--mesh", str(config.mesh)]
     _, options = split_targets(config.pytest_args, suite.run_root)
     parts += ["--", *options, record.test]
     return shlex.join(parts)

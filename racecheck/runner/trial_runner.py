@@ -27,7 +27,6 @@ from collections.abc import Iterator
 from importlib import metadata
 
 from racecheck.exitcodes import InfrastructureError, InputError
-from racecheck.mesh_config import MeshConfig
 from racecheck.runner import blocks, launch, state
 from racecheck.runner.blocks import Block, SessionPlan
 from racecheck.runner.gitarms import Worktrees, pythonpath
@@ -306,10 +305,8 @@ class Runner:
             args = [f"--rootdir={cwd}" if a.startswith("--rootdir=") else a for a in args]
         if c.backend != "auto":
             env["RACECHECK_BACKEND"] = c.backend
-        if c.world_for(suite) != suite.world_size:  # --world-size, or the GPUs of this machine
-            env["RACECHECK_WORLD_SIZE"] = str(c.world_for(suite))
-        if c.mesh:
-            env.update(MeshConfig.parse(c.mesh).env())
+        if c.mesh is not None:  # the world's size travels as torchrun's WORLD_SIZE (launch.py)
+            env.update(c.mesh.env())
         env.update(dict(arm.env))
         return launch.SessionSpec(
             world_size=c.world_for(suite),

@@ -3,14 +3,24 @@ that the catalogue and a project's own `[tool.racecheck]` table (project.py) sha
 
 A suite is what the runner runs: pytest targets and options, the process world it needs, a default
 perturbation profile and named arms. A catalogue scenario is a suite whose targets are its folder.
+
+Perturbation specs stay as written (`default_perturb`, `Arm.perturb`: what `racecheck list` shows
+and the fingerprint keeps) and are parsed once, at load, into the Profile the run uses
+(`default_profile`, `Arm.profile`) by read_profile: the one reader of spec text in the runner's
+process (a suite's TOML, `--perturb`, run.json).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import tomllib
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from racecheck.perturb.profiles import Profile
 
 EXPECTS = ("race", "safe")
 ARM_KEYS = ("expect", "summary", "env", "pytest_args", "git", "perturb")
@@ -42,6 +52,11 @@ class Arm:
         """Arms with equal keys can share one pytest session."""
         return (self.env, self.pytest_args, self.git)
 
+    @functools.cached_property
+    def profile(self) -> Profile | None:
+        """The arm's own profile, parsed once (None: the run's or the suite's applies)."""
+        return None if self.perturb is None else read_profile(self.perturb)
+
 
 @dataclasses.dataclass(frozen=True)
 class Suite:
@@ -59,6 +74,11 @@ class Suite:
     pytest_args: tuple[str, ...] = ()  # pytest options for every arm
     config_file: Path | None = None  # the config that defined a config suite (None: catalogue)
     min_world_size: int = 1  # the fewest ranks whose collectives can still show the race
+
+    @functools.cached_property
+    def default_profile(self) -> Profile:
+        """`default_perturb`, parsed once."""
+        return read_profile(self.default_perturb)
 
     @property
     def run_root(self) -> Path:
@@ -82,13 +102,14 @@ class Suite:
             ) from None
 
 
-def check_profile(spec: str | None) -> None:
-    """ValueError unless `spec` is a valid perturbation profile (parsing imports no torch)."""
-    if spec is None:
-        return
+def read_profile(spec: str) -> Profile:
+    """The Profile of perturbation spec text given to the runner (a suite's TOML, `--perturb`,
+    run.json); ValueError with a one-line reason. Parsing imports no torch."""
     from racecheck.perturb.profiles import parse_profile
 
-    parse_profile(spec)
+    if not isinstance(spec, str):
+        raise ValueError(f"{spec!r} is not a profile")
+    return parse_profile(spec)
 
 
 def _strings(value, what: str, where: str) -> tuple[str, ...]:
@@ -120,11 +141,7 @@ def parse_arm(name: str, spec, where: str) -> Arm:
     for key in ("git", "perturb", "summary"):
         if not isinstance(spec.get(key, ""), str) or (key != "summary" and spec.get(key) == ""):
             raise CatalogueError(f"{where}: {key} must be a non-empty string")
-    try:
-        check_profile(spec.get("perturb"))
-    except ValueError as exc:
-        raise CatalogueError(f"{where}: {exc}") from None
-    return Arm(
+    arm = Arm(
         name,
         expect,
         spec.get("summary", ""),
@@ -133,6 +150,11 @@ def parse_arm(name: str, spec, where: str) -> Arm:
         spec.get("git"),
         spec.get("perturb"),
     )
+    try:
+        _ = arm.profile  # parsed once, here: a bad spec is the file's error
+    except ValueError as exc:
+        raise CatalogueError(f"{where}: {exc}") from None
+    return arm
 
 
 def parse_arms(table, where: str) -> dict[str, Arm]:
@@ -196,11 +218,7 @@ def load_scenario(folder: Path) -> Suite:
     for key in ("name", "summary", "default_perturb"):
         if not isinstance(data.get(key, ""), str):
             raise CatalogueError(f"{path}: {key} must be a string")
-    try:
-        check_profile(data.get("default_perturb", "off"))
-    except ValueError as exc:
-        raise CatalogueError(f"{path}: default_perturb: {exc}") from None
-    return Suite(
+    suite = Suite(
         name,
         Path(folder).resolve(),
         data.get("summary", ""),
@@ -210,6 +228,11 @@ def load_scenario(folder: Path) -> Suite:
         arms,
         min_world_size=least,
     )
+    try:
+        _ = suite.default_profile  # parsed once, here: a bad spec is the file's error
+    except ValueError as exc:
+        raise CatalogueError(f"{path}: default_perturb: {exc}") from None
+    return suite
 
 
 def load_catalogue(root: Path) -> dict[str, Suite]:

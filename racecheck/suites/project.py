@@ -32,7 +32,6 @@ from racecheck.suites.catalogue import (
     Suite,
     _strings,
     check_default_arms,
-    check_profile,
     parse_arms,
     reject_unknown_keys,
     world_sizes,
@@ -109,14 +108,10 @@ def load_config(path: Path) -> Suite:
     perturb = table.get("perturb", "off")
     if not isinstance(perturb, str):
         raise ConfigError(f"{where}: perturb must be a string")
-    try:
-        check_profile(perturb)
-    except ValueError as exc:
-        raise ConfigError(f"{where}: perturb: {exc}") from None
     for key in ("name", "summary"):
         if not isinstance(table.get(key, ""), str):
             raise ConfigError(f"{where}: {key} must be a string")
-    return Suite(
+    suite = Suite(
         name=table.get("name") or root.name,
         path=root,
         summary=table.get("summary", ""),
@@ -130,6 +125,11 @@ def load_config(path: Path) -> Suite:
         config_file=path.resolve(),
         min_world_size=least,
     )
+    try:
+        _ = suite.default_profile  # parsed once, here: a bad spec is the file's error
+    except ValueError as exc:
+        raise ConfigError(f"{where}: perturb: {exc}") from None
+    return suite
 
 
 def load_suites(source: dict) -> list[Suite]:

@@ -20,7 +20,7 @@ ONE_STEP = MLPTraining(steps=1)  # the corruption is there at the end of the fir
 
 @pytest.fixture(scope="module")
 def mesh(world):
-    # 2x1 on 2 ranks, 2x2 (2-way shard x 2-way replicate) on 4; RACECHECK_MESH (--mesh) overrides.
+    # 2x1 on 2 ranks, 2x2 (2-way shard x 2-way replicate) on 4; --mesh overrides (MeshConfig.from_env).
     return Mesh(hsdp_mesh_config(dist.get_world_size()), runtime=world)
 
 
