@@ -62,18 +62,22 @@ def _worker(rank: int, world: int, port: int, shard: int, replicate: int, out_di
         dist.destroy_process_group()
 
 
-def _run_world(name: str, out_dir: str) -> dict[str, dict]:
+def _start_world(name: str, out_dir: str):
+    """The ranks of one mesh's world, started; `_world_results` waits for them."""
     shard, replicate = MESHES[name]
     world = shard * replicate
     get_context("forkserver").set_forkserver_preload(["torch", "torch._dynamo", "racecheck.scenario_kit.fsdp_parity"])
-    ctx = mp.start_processes(
+    return mp.start_processes(
         _worker,
         args=(world, free_port(), shard, replicate, out_dir),
         nprocs=world,
         join=False,
         start_method="forkserver",
     )
-    deadline = time.monotonic() + WORLD_TIMEOUT_S
+
+
+def _world_results(name: str, ctx, started: float, out_dir: str) -> dict[str, dict]:
+    deadline = started + WORLD_TIMEOUT_S
     try:
         while not ctx.join(timeout=1):
             if time.monotonic() > deadline:
@@ -86,17 +90,36 @@ def _run_world(name: str, out_dir: str) -> dict[str, dict]:
         return {r["name"]: r for r in json.load(f)}
 
 
+def _meshes_selected(request) -> list[str]:
+    """The meshes that this module's selected tests read."""
+    params = [getattr(item, "callspec", None) for item in request.session.items if item.module is request.module]
+    return [name for name in MESHES if any(p is not None and p.params.get("mesh_name") == name for p in params)]
+
+
 @pytest.fixture(scope="module")
-def worlds(tmp_path_factory):
-    """Each mesh's world, started on first use and shared by every test of this module."""
+def worlds(request, tmp_path_factory):
+    """Each mesh's world, shared by every test of this module. At first use every world that the
+    selected tests need starts at once: on a machine of few cores one world's ranks compute while
+    another's wait in a collective, so together they take less time than one after the other."""
+    needed = _meshes_selected(request)
+    running: dict[str, tuple] = {}
     cache: dict[str, dict[str, dict]] = {}
 
     def get(name: str) -> dict[str, dict]:
         if name not in cache:
-            cache[name] = _run_world(name, str(tmp_path_factory.mktemp(name)))
+            for other in dict.fromkeys([name, *needed]):
+                if other not in cache and other not in running:
+                    out_dir = str(tmp_path_factory.mktemp(other))
+                    running[other] = (_start_world(other, out_dir), time.monotonic(), out_dir)
+            ctx, started, out_dir = running.pop(name)
+            cache[name] = _world_results(name, ctx, started, out_dir)
         return cache[name]
 
-    return get
+    yield get
+    for ctx, _, _ in running.values():  # a world that no test read in the end (the run stopped early)
+        for p in ctx.processes:
+            p.kill()
+            p.join()
 
 
 def _verdict(results: dict[str, dict], name: str) -> None:
