@@ -13,6 +13,7 @@ import pytest
 from run_kit import SEEDED_TEST, racecheck, records, summary_counts, write_suite
 
 from racecheck.cli import run_checks
+from racecheck.runner import session
 
 pytestmark = pytest.mark.usefixtures("fast_sessions")
 
@@ -47,7 +48,10 @@ def _one_line(text: str) -> str:
 
 
 @pytest.mark.slow
-def test_a_rank_failing_at_setup_ends_its_session_and_is_the_recorded_error(tmp_path):
+def test_a_rank_failing_at_setup_ends_its_session_and_is_the_recorded_error(tmp_path, monkeypatch):
+    # Rank 0 waits in the rendezvous for good: how long the runner gives it before it takes the
+    # world to be broken changes nothing here, so half a second stands for the default's five.
+    monkeypatch.setattr(session, "FAILFAST_S", 0.5)
     root = write_suite(
         tmp_path / "p",
         arms={"a": {"env": {"ARM": "a"}}, "b": {"env": {"ARM": "b"}}},
