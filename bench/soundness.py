@@ -56,7 +56,7 @@ def main() -> int:
     parser.add_argument("--max-seconds", type=float, default=None)
     args = parser.parse_args()
 
-    from racecheck.scenario_kit.programs import expected
+    from racecheck.scenario_kit.program_values import expected
     from racecheck.scenario_kit.soundness import EmulationPatch, TorchCudaPatch, profile_specs, racy_verdict
 
     backend = TorchCudaPatch() if args.backend == "cuda" else EmulationPatch()

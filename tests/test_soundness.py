@@ -17,7 +17,8 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from racecheck.scenario_kit.programs import expected, programs
+from racecheck.scenario_kit.program_values import expected
+from racecheck.scenario_kit.programs import programs
 from racecheck.scenario_kit.soundness import (
     EmulationInjector,
     EmulationPatch,

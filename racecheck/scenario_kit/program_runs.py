@@ -18,7 +18,8 @@ from collections.abc import Callable
 
 import torch
 
-from racecheck.scenario_kit.programs import STREAMS, Outcome, Program, witness_sizes
+from racecheck.scenario_kit.program_ops import STREAMS, Program
+from racecheck.scenario_kit.program_values import Outcome, witness_sizes
 
 _SALTS = itertools.count(1)
 SALT_STEP = 1000.0  # far above any value a generated program writes

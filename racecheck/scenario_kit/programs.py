@@ -18,55 +18,17 @@ drops the i-th such one (an event's record and wait together) and gives a racy p
 access it ordered now races with the earlier one. `expected(program)` is what the program
 computes when every operation runs at once in program order, which a correctly synchronized
 program computes however its streams are timed.
+
+This module is the generator; the programs' data is in program_ops.py, their happens-before
+replay in program_clocks.py and what they compute in program_values.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-STREAMS = 4  # 0: the default stream
-SIZES = (256, 1024)  # float32 elements: equal sizes so that a freed block is reused
-
-
-@dataclasses.dataclass(frozen=True)
-class Op:
-    """One operation; `kind` names it, the other fields are its operands (-1: unused)."""
-
-    kind: str
-    stream: int = -1  # where it runs (the waiting stream of a wait)
-    buf: int = -1  # the buffer it writes or acts on
-    src: int = -1  # the buffer it reads
-    other: int = -1  # the stream waited for, an event, a witness slot
-    value: float = 0.0
-    size: int = 0
-
-
-@dataclasses.dataclass(frozen=True)
-class Sync:
-    """A synchronization the generator inserted: its operations' indices, why it is there (an
-    access, or a reuse before the next allocation on a stream), and the racing pair it orders:
-    the earlier access (its stream and operation) and the operation after it. A reuse names the
-    buffers whose blocks the allocation may be handed."""
-
-    ops: tuple[int, ...]
-    reason: str  # "access" or "reuse"
-    early_stream: int
-    early_op: int
-    late_op: int
-    freed: tuple[int, ...] = ()
-
-
-@dataclasses.dataclass(frozen=True)
-class Program:
-    ops: tuple[Op, ...]
-    syncs: tuple[Sync, ...]
-    witnesses: int
-
-    def text(self) -> str:
-        return "\n".join(f"{i:2d} {op}" for i, op in enumerate(self.ops))
-
-
-HOST = -2  # the host, as the domain of a pinned buffer's host-side accesses
+from racecheck.scenario_kit.program_clocks import Clocks, ordered
+from racecheck.scenario_kit.program_ops import HOST, SIZES, STREAMS, Op, Program, Sync
 
 
 @dataclasses.dataclass
@@ -77,51 +39,6 @@ class _Buffer:
     write: tuple[int, int, int] | None = None  # (domain, epoch, operation) of the last write
     reads: dict[int, tuple[int, int]] = dataclasses.field(default_factory=dict)  # domain -> (epoch, operation)
     recorded: set[int] = dataclasses.field(default_factory=set)
-
-
-class _Clocks:
-    """Vector clocks of the streams and the host, as racecheck.detect.engine keeps them."""
-
-    def __init__(self) -> None:
-        self.streams = [{s: 1} for s in range(STREAMS)]
-        self.host: dict[int, int] = {}
-        self.events: dict[int, dict[int, int]] = {}
-
-    def now(self, s: int) -> dict[int, int]:
-        clock = self.streams[s]
-        for d, t in self.host.items():
-            if clock.get(d, 0) < t:
-                clock[d] = t
-        return clock
-
-    def epoch(self, s: int) -> int:
-        return self.now(s)[s]
-
-    def record(self, event: int, s: int) -> None:
-        self.events[event] = dict(self.now(s))
-        self.streams[s][s] += 1
-
-    def wait(self, s: int, event: int) -> None:
-        clock = self.now(s)
-        for d, t in self.events.get(event, {}).items():
-            if clock.get(d, 0) < t:
-                clock[d] = t
-
-    def host_learns(self, snap: dict[int, int]) -> None:
-        for d, t in snap.items():
-            if self.host.get(d, 0) < t:
-                self.host[d] = t
-
-    def sync_stream(self, s: int) -> None:
-        self.host_learns(dict(self.now(s)))
-        self.streams[s][s] += 1
-
-    def covers(self, domain: int, d: int, epoch: int) -> bool:
-        """Whether `domain` (a stream, or HOST) is ordered after d's access at `epoch`."""
-        if d == HOST:
-            return True  # the host's accesses are done when it goes on
-        known = self.host if domain == HOST else self.now(domain)
-        return known.get(d, 0) >= epoch
 
 
 def programs(*, max_ops: int = 24, host: bool = True):
@@ -140,7 +57,7 @@ class _Generator:
         self.draw, self.st, self.host_buffers = draw, st, host
         self.ops: list[Op] = []
         self.syncs: list[Sync] = []
-        self.clocks = _Clocks()
+        self.clocks = Clocks()
         self.bufs: dict[int, _Buffer] = {}
         # stream -> {domain: (epoch, operation, buffers)} it must cover before it next allocates
         self.owed: dict[int, dict[int, tuple[int, int, set[int]]]] = {}
@@ -361,44 +278,6 @@ class _Generator:
         return self.events
 
 
-def _domain(op: Op) -> int:
-    return HOST if op.kind in ("host_alloc", "host_write", "host_read") else op.stream
-
-
-def ordered(ops, early: int, late: int, *, skip: set[int] = frozenset()) -> bool:  # type: ignore[assignment]
-    """Whether operation `late` is ordered after operation `early` in `ops` with the operations
-    in `skip` left out: the clocks replayed."""
-    clocks = _Clocks()
-    events = 0
-    stamp = None
-    for k, op in enumerate(ops):
-        if k in skip:
-            continue
-        kind = op.kind
-        if k == early:
-            d = _domain(op)
-            stamp = (d, 0 if d == HOST else clocks.epoch(d))
-        if k == late:
-            assert stamp is not None, "the earlier operation comes first"
-            return clocks.covers(_domain(op), *stamp)
-        if kind == "record":
-            clocks.record(op.other, op.stream)
-        elif kind == "wait":
-            clocks.wait(op.stream, op.other)
-        elif kind == "wait_stream":
-            events -= 1  # a private event per wait_stream
-            clocks.record(events, op.other)
-            clocks.wait(op.stream, events)
-        elif kind == "stream_sync":
-            clocks.sync_stream(op.stream)
-        elif kind == "event_sync":
-            clocks.host_learns(clocks.events.get(op.other, {}))
-        elif kind == "synchronize":
-            for d in range(STREAMS):
-                clocks.sync_stream(d)
-    raise AssertionError(f"operation {late} is not in the program")
-
-
 def without(program: Program, i: int) -> Program:
     """The program with its i-th inserted synchronization removed (a racy program)."""
     drop = set(program.syncs[i].ops)
@@ -410,62 +289,3 @@ def without(program: Program, i: int) -> Program:
         if j != i and all(o in index for o in s.ops)
     )
     return Program(tuple(program.ops[k] for k in keep), syncs, program.witnesses)
-
-
-@dataclasses.dataclass
-class Outcome:
-    """What a run computed: each live buffer's value and each witness (None: not uniform); and,
-    not compared, where each device buffer was allocated (to tell a block's reuse)."""
-
-    values: dict[int, float | None]
-    witnesses: list[float | None]
-    addresses: dict[int, int] = dataclasses.field(default_factory=dict, compare=False)
-
-
-def expected(program: Program) -> Outcome:
-    """What the program computes with every operation done at once, in program order."""
-    values: dict[int, float] = {}
-    live: set[int] = set()
-    witnesses: list[float | None] = [None] * program.witnesses
-    for op in program.ops:
-        if op.kind in ("alloc", "host_alloc"):
-            values[op.buf] = op.value
-            live.add(op.buf)
-        elif op.kind in ("write", "host_write"):
-            values[op.buf] = op.value
-        elif op.kind in ("copy", "to_host", "from_host"):
-            values[op.buf] = values[op.src]
-        elif op.kind in ("read", "host_read"):
-            witnesses[op.other] = values[op.src]
-        elif op.kind == "free":
-            live.discard(op.buf)
-    return Outcome({b: values[b] for b in sorted(live)}, witnesses)
-
-
-def witness_sizes(program: Program) -> list[int]:
-    """The elements each witness holds: the size of the buffer its read copies."""
-    sizes: dict[int, int] = {}
-    out = [0] * program.witnesses
-    for op in program.ops:
-        if op.kind in ("alloc", "host_alloc"):
-            sizes[op.buf] = op.size
-        elif op.kind in ("read", "host_read"):
-            out[op.other] = sizes[op.src]
-    return out
-
-
-def changes_value(program: Program, i: int) -> bool:
-    """Whether operation i writes a value other than the one its buffer held (a fresh buffer's
-    first fill always does): only then does running it late show in what is read."""
-    values: dict[int, float] = {}
-    for k, op in enumerate(program.ops):
-        if op.kind in ("alloc", "host_alloc", "write", "host_write"):
-            new = op.value
-        elif op.kind in ("copy", "to_host", "from_host"):
-            new = values[op.src]
-        else:
-            continue
-        if k == i:
-            return op.kind in ("alloc", "host_alloc") or values.get(op.buf) != new
-        values[op.buf] = new
-    return False

@@ -15,7 +15,9 @@ import contextlib
 import dataclasses
 import itertools
 
-from racecheck.scenario_kit.programs import Outcome, Program, changes_value, expected, without
+from racecheck.scenario_kit.program_ops import Program
+from racecheck.scenario_kit.program_values import Outcome, changes_value, expected
+from racecheck.scenario_kit.programs import without
 
 # The named profiles that act on generated programs, per kind of backend.
 PATCH_PROFILES = (

@@ -1,0 +1,53 @@
+"""The generated programs of the soundness check as data: their operations, the synchronizations
+the generator inserted (what each one orders), the program itself, and the streams and buffer
+sizes they use. racecheck.scenario_kit.programs generates them; program_clocks.py replays their
+happens-before order, program_values.py says what they compute.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+STREAMS = 4  # 0: the default stream
+SIZES = (256, 1024)  # float32 elements: equal sizes so that a freed block is reused
+
+
+@dataclasses.dataclass(frozen=True)
+class Op:
+    """One operation; `kind` names it, the other fields are its operands (-1: unused)."""
+
+    kind: str
+    stream: int = -1  # where it runs (the waiting stream of a wait)
+    buf: int = -1  # the buffer it writes or acts on
+    src: int = -1  # the buffer it reads
+    other: int = -1  # the stream waited for, an event, a witness slot
+    value: float = 0.0
+    size: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Sync:
+    """A synchronization the generator inserted: its operations' indices, why it is there (an
+    access, or a reuse before the next allocation on a stream), and the racing pair it orders:
+    the earlier access (its stream and operation) and the operation after it. A reuse names the
+    buffers whose blocks the allocation may be handed."""
+
+    ops: tuple[int, ...]
+    reason: str  # "access" or "reuse"
+    early_stream: int
+    early_op: int
+    late_op: int
+    freed: tuple[int, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+    ops: tuple[Op, ...]
+    syncs: tuple[Sync, ...]
+    witnesses: int
+
+    def text(self) -> str:
+        return "\n".join(f"{i:2d} {op}" for i, op in enumerate(self.ops))
+
+
+HOST = -2  # the host, as the domain of a pinned buffer's host-side accesses
