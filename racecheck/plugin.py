@@ -20,6 +20,7 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -31,13 +32,16 @@ from racecheck.runner.blocks import Block, read_schedule
 from racecheck.runner.lifeline import die_with_parent
 from racecheck.runner.record import Collected, CollectError, Finished, Outcome, RankLog, Started, TestOutcome, worst
 
+if TYPE_CHECKING:
+    from racecheck.plugin_patch import ProjectTests
+
 STEP_FIXTURE = "racecheck_step"  # the fixture this plugin parametrizes with the session's steps
 
 
 _LOG_KEY = pytest.StashKey["RankLog | None"]()
 _STOPPED_KEY = pytest.StashKey[bool]()
 _SCHEDULE_KEY = pytest.StashKey[list]()
-_PROJECT_KEY = pytest.StashKey[object]()
+_PROJECT_KEY: pytest.StashKey[ProjectTests] = pytest.StashKey()
 _WANTED_KEY = pytest.StashKey[Wanted]()
 
 
@@ -127,12 +131,12 @@ def pytest_configure(config: pytest.Config) -> None:
 
         specs = [b.perturb for b in config.stash.get(_SCHEDULE_KEY, [])]
         config.stash[_PROJECT_KEY] = configure_project(config, specs)
-    log = config.getoption("--racecheck-log")
-    config.stash[_LOG_KEY] = RankLog(log) if log else None
-    if log:
+    path = config.getoption("--racecheck-log")
+    log = config.stash[_LOG_KEY] = RankLog(path) if path else None
+    if log is not None:
         # Under the trial runner: a rank (or xdist worker) dies with its launcher, never orphaned.
         die_with_parent(signal.SIGKILL)
-        config.pluginmanager.register(_CollectErrors(config.stash[_LOG_KEY]), "racecheck-collect-errors")
+        config.pluginmanager.register(_CollectErrors(log), "racecheck-collect-errors")
     config.stash[_STOPPED_KEY] = False
 
 

@@ -152,7 +152,7 @@ class RandomSchedule(Schedule):
             g = self._draws(point)
             if point == FREE:
                 u_poison, u_pressure = g.random(), g.random()
-                out = []
+                out: list[Action] = []
                 if u_poison < c.poison:
                     out.append(Poison())
                 if u_pressure < c.pressure:

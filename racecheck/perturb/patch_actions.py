@@ -25,6 +25,10 @@ this one. An actions object provides:
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 
 class PatchUnavailable(Exception):
@@ -73,7 +77,7 @@ class CudaActions:
     poison and pressure on freed blocks found in the allocator's snapshot."""
 
     def __init__(self) -> None:
-        self._side: dict[int, object] = {}
+        self._side: dict[int, torch.cuda.Stream] = {}
         self._callbacks: list = []
 
     # -- the host's view of streams --------------------------------------------------------

@@ -250,7 +250,8 @@ def _parse_rule(part: str) -> Rule:
 
 
 def _parse_random(text: str) -> RandomConfig:
-    values = {}
+    sizes: dict[str, float] = {}  # max_delay and the probabilities
+    counts: dict[str, int] = {}  # depth, horizon
     for item in text.split(":")[1:]:
         key, sep, value = item.partition("=")
         if not sep:
@@ -264,18 +265,26 @@ def _parse_random(text: str) -> RandomConfig:
                 m = _SIZE.match(value)
                 if not m:
                     raise ValueError
-                values["max_delay"] = float(m["size"]) * _UNITS[m["unit"]]
+                sizes["max_delay"] = float(m["size"]) * _UNITS[m["unit"]]
             elif key in ("sleep", "poison", "pressure"):
-                values[key] = float(value)
-                if not 0.0 <= values[key] <= 1.0:
+                sizes[key] = float(value)
+                if not 0.0 <= sizes[key] <= 1.0:
                     raise ValueError
             else:  # depth, horizon
-                values[key] = int(value)
-                if values[key] < 1:
+                counts[key] = int(value)
+                if counts[key] < 1:
                     raise ValueError
         except ValueError:
             raise ValueError(f"bad value {value!r} for random schedule option {key!r}") from None
-    return RandomConfig(**values)
+    default = RandomConfig()
+    return RandomConfig(
+        max_delay=sizes.get("max_delay", default.max_delay),
+        sleep=sizes.get("sleep", default.sleep),
+        poison=sizes.get("poison", default.poison),
+        pressure=sizes.get("pressure", default.pressure),
+        depth=counts.get("depth", default.depth),
+        horizon=counts.get("horizon", default.horizon),
+    )
 
 
 def _parse_systematic(text: str) -> SystematicConfig:

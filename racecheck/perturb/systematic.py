@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import sys
+import types
 from pathlib import Path
 
 _SKIP_DIRS: tuple[str, ...] = ()  # filled on first use: torch's and racecheck's own folders
@@ -33,7 +34,7 @@ def selection(trial: int, k: int, *, pairs: bool) -> tuple[int, ...]:
     """The 0-based indices of the points trial `trial` delays (() for the recording trial 0)."""
     if trial <= 0 or k <= 0:
         return ()
-    combos = [(i,) for i in range(k)]
+    combos: list[tuple[int, ...]] = [(i,) for i in range(k)]
     if pairs:
         combos += [(i, j) for i in range(k) for j in range(i + 1, k)]
     return combos[(trial - 1) % len(combos)]
@@ -76,7 +77,7 @@ def location() -> str:
             os.path.dirname(os.__file__) + os.sep + "contextlib.py",
             os.path.dirname(os.__file__) + os.sep + "functools.py",
         )
-    frame = sys._getframe(1)
+    frame: types.FrameType | None = sys._getframe(1)
     while frame is not None and frame.f_code.co_filename.startswith(_SKIP_DIRS):
         frame = frame.f_back
     if frame is None:
