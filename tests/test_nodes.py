@@ -15,6 +15,8 @@ import psutil
 import pytest
 from run_kit import free_port, racecheck, records, summary_counts, write_suite
 
+from racecheck.runner import node_writer
+
 # Each rank draws; the world fails a test when any rank's draw was unlucky (an all-reduce, so
 # both nodes must take part). test_rank_one fails on rank 1 alone: its outcome crosses the nodes.
 WORLD_TEST = """
@@ -183,6 +185,8 @@ def test_a_killed_node_ends_its_trial_as_crash_the_other_reports_it_and_resume_f
     assert (out / "summary.csv").exists() and crashed < 11
     assert not [p for p in psutil.process_iter(["cmdline"]) if str(out) in " ".join(p.info["cmdline"] or [])]
     # Both nodes resume the run: the trials after the crash run; the crashed block stays crashed.
+    # Nothing is killed from here on, so the tests need not be slowed down any longer.
+    monkeypatch.setenv("STEP_S", "0")
     port = free_port()
     done = run_nodes(project, [["--resume", out, "-q"] + node_args(port, rank) for rank in (0, 1)])
     assert [d[0] for d in done] == [0, 0], done
@@ -202,18 +206,21 @@ def test_a_killed_node_ends_its_trial_as_crash_the_other_reports_it_and_resume_f
 def test_a_node_that_never_joins_stops_the_run_within_the_join_timeout(project, tmp_path):
     port = free_port()
     res = racecheck(
-        "run", "--trials", 2, "--out", tmp_path / "out", "-q", *node_args(port, 0, conf="join_timeout=2"), cwd=project
+        "run", "--trials", 2, "--out", tmp_path / "out", "-q", *node_args(port, 0, conf="join_timeout=1"), cwd=project
     )
     assert res.code == 3, res
-    assert "node 1 of 2 did not join within 2 s (--rdzv-conf join_timeout)" in res.err
+    assert "node 1 of 2 did not join within 1 s (--rdzv-conf join_timeout)" in res.err
     assert not (tmp_path / "out" / "trials.jsonl").exists()
     res = racecheck(
-        "run", "--trials", 2, "--out", tmp_path / "f", "-q", *node_args(port, 1, conf="join_timeout=2"), cwd=project
+        "run", "--trials", 2, "--out", tmp_path / "f", "-q", *node_args(port, 1, conf="join_timeout=1"), cwd=project
     )
-    assert res.code == 3 and f"node 1: could not reach node 0 at 127.0.0.1:{port} within 2 s" in res.err, res
+    assert res.code == 3 and f"node 1: could not reach node 0 at 127.0.0.1:{port} within 1 s" in res.err, res
 
 
-def test_a_node_with_other_settings_is_refused_by_both(project, tmp_path):
+def test_a_node_with_other_settings_is_refused_by_both(project, tmp_path, monkeypatch):
+    # Node 0 keeps its store up for BYE_S after the refusal, for node 1 to read it; node 1 polls
+    # it every 50 ms and never says goodbye, so a shorter stay is all this needs.
+    monkeypatch.setattr(node_writer, "BYE_S", 2.0)
     port = free_port()
     follower = start_node(project, ["--seed", 2, "--out", tmp_path / "out", "-q"] + node_args(port, 1))
     try:
