@@ -1,17 +1,22 @@
 #!/usr/bin/env bash
-# Measure a world across nodes against one node on this machine and write reports/two_nodes.md:
-# the motivating scenario (4 gloo ranks, 2x2 HSDP mesh) run by one node, then by two
-# `racecheck run` processes as two nodes of 2 ranks each (a localhost c10d rendezvous).
+# Measure a world across nodes against one node on this machine and write reports/two_nodes.md,
+# with the runs' output in reports/two_nodes.log: the motivating scenario (main_grad_reuse) run by
+# one node, then by two `racecheck run` processes as two nodes sharing its ranks (a localhost c10d
+# rendezvous). WORLD sets the ranks of the world (default 2, the scenario's own; WORLD=4 gives the
+# 2x2 HSDP mesh, two nodes of 2 ranks).
 #   bash bench/two_nodes.sh [TRIALS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 trials=${1:-10}
+world=${WORLD:-2}
 rc=${RACECHECK:-.venv/bin/racecheck}
 work=$(mktemp -d)
 report=reports/two_nodes.md
+log=reports/two_nodes.log
 port=$(.venv/bin/python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-args=(--arms "fixed,baseline" --trials "$trials" --seed 0 --quiet)
+args=(--arms "fixed,baseline" --trials "$trials" --seed 0 --world-size "$world" --quiet)
 nodes=(--nnodes 2 --rdzv-endpoint "127.0.0.1:$port")
+per_node=$((world / 2))
 seconds() { echo "$(( ($2 - $1) / 1000000000 )).$(( ($2 - $1) / 100000000 % 10 ))"; }
 
 start=$(date +%s%N)
@@ -26,17 +31,27 @@ wait "$follower"
 two=$(seconds "$start" "$(date +%s%N)")
 
 {
+  echo "# bash bench/two_nodes.sh $trials (WORLD=$world), $(date -u +%Y-%m-%dT%H:%M:%SZ), $(nproc) CPU cores"
+  for part in one node0 node1; do
+    echo
+    echo "## $part: racecheck run ${args[*]}$([ "$part" = one ] || echo " --nnodes 2 --node-rank ${part#node}")"
+    cat "$work/$part.log"
+  done
+} >"$log"
+
+{
   echo "# A world across two nodes, measured on $(nproc) CPU cores, $(date -u +%Y-%m-%d)"
   echo
-  echo "Made by \`bash bench/two_nodes.sh $trials\`: \`racecheck run ${args[*]}\` (main_grad_reuse, 4 gloo"
-  echo "ranks), once on one node and once as two nodes of 2 ranks on this machine (\`--nnodes 2"
-  echo "--node-rank R --rdzv-endpoint 127.0.0.1:PORT\`). Load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "Made by \`bash bench/two_nodes.sh $trials\` (WORLD=$world; the runs' output is in \`$log\`):"
+  echo "\`racecheck run ${args[*]}\` (main_grad_reuse, $world gloo ranks), once on one node and"
+  echo "once as two nodes of $per_node rank(s) each on this machine (\`--nnodes 2 --node-rank R"
+  echo "--rdzv-endpoint 127.0.0.1:PORT\`). Load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
   echo "(the machine is shared: wall times are noisy)."
   echo
   echo "| run | wall |"
   echo "| --- | --- |"
-  echo "| one node, 4 ranks | $one s |"
-  echo "| two nodes, 2 + 2 ranks | $two s |"
+  echo "| one node, $world ranks | $one s |"
+  echo "| two nodes, $per_node + $per_node rank(s) | $two s |"
   echo
   if diff -q "$work/one/summary.csv" "$work/two/summary.csv" >/dev/null; then
     echo "The two runs' summary.csv are identical:"
@@ -51,4 +66,4 @@ two=$(seconds "$start" "$(date +%s%N)")
   "$rc" report "$work/two" --format markdown
 } >"$report"
 rm -rf "$work"
-echo "wrote $report"
+echo "wrote $report and $log"
