@@ -16,7 +16,10 @@ from run_kit import SEEDED_TEST, expected_failures, racecheck, records, summary_
 
 from racecheck.runner import interrupts
 
-SLOW_SEEDED = SEEDED_TEST + "\nimport time\n\ndef test_slow():\n    time.sleep(0.15)\n"
+# test_slow keeps an interrupted run busy until the interrupt lands; SLOW_S=0 once nothing is.
+SLOW_SEEDED = (
+    SEEDED_TEST + "\nimport time\n\ndef test_slow():\n    time.sleep(float(os.environ.get('SLOW_S', '0.15')))\n"
+)
 
 
 pytestmark = pytest.mark.usefixtures("fast_sessions")
@@ -45,7 +48,7 @@ def _wait_gone(pid, limit=20.0):
     raise AssertionError(f"process {pid} still runs {limit} s after its runner was killed")
 
 
-def test_sigkill_in_the_middle_then_resume_gives_the_uninterrupted_counts(tmp_path):
+def test_sigkill_in_the_middle_then_resume_gives_the_uninterrupted_counts(tmp_path, monkeypatch):
     root = write_suite(tmp_path / "p", arms={"often": {}, "never": {}}, tests={"test_seeded.py": SLOW_SEEDED})
     out = tmp_path / "killed"
     proc = subprocess.Popen(
@@ -63,6 +66,7 @@ def test_sigkill_in_the_middle_then_resume_gives_the_uninterrupted_counts(tmp_pa
     session = runner["session"]["pid"]
     _wait_gone(session)  # the session died with its runner: no orphan holds the folder's ranks
 
+    monkeypatch.setenv("SLOW_S", "0")  # the resume and the uninterrupted run are not interrupted
     res = racecheck("run", "--resume", out, "-q", cwd=root)
     assert res.code == 0, res
     full = racecheck("run", "--trials", 8, "--seed", 11, "--out", tmp_path / "full", "-q", cwd=root)
