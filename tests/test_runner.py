@@ -96,7 +96,7 @@ def test_a_hanging_test_becomes_timeout_and_the_run_goes_on(tmp_path, monkeypatc
     monkeypatch.setenv("MODE", "hang")
     root = write_suite(tmp_path / "p", arms={"bad": {}, "good": {}}, tests={"test_x.py": HANG_OR_DIE})
     res = racecheck(
-        "run", "--trials", 3, "--timeout", 2, "--isolation", isolation, "--out", tmp_path / "out", "-q", cwd=root
+        "run", "--trials", 3, "--timeout", 1, "--isolation", isolation, "--out", tmp_path / "out", "-q", cwd=root
     )
     assert res.code == 0, res
     outcomes = {(r.trial, r.arm, r.test.split("::")[-1]): r.outcome for r in records(tmp_path / "out")}
@@ -110,7 +110,7 @@ def test_a_hanging_test_becomes_timeout_and_the_run_goes_on(tmp_path, monkeypatc
         if (t, a, n) != (1, "bad", "test_first")
     }
     timeout = next(r for r in records(tmp_path / "out") if r.outcome == "timeout")
-    assert timeout.signature.startswith("timeout: no test finished within 2 s") and timeout.replay
+    assert timeout.signature.startswith("timeout: no test finished within 1 s") and timeout.replay
     assert summary_counts(tmp_path / "out")[("bad", "*")] == (1, 3)
 
 
