@@ -41,6 +41,13 @@ def one_line_error(res, code=2) -> str:
             "Invalid value for --stop-when: rule 'gone:failures>=1' names arm 'gone'",
         ),
         (["--out", "pyproject.toml/o"], "Invalid value for --out: cannot create pyproject.toml/o: Not a directory"),
+        (["--perturb", "sleep@nowhere"], "Invalid value for --perturb: unknown injection point 'nowhere'"),
+        (["--perturb", "rs_delay", "--no-perturb"], "--perturb and --no-perturb exclude each other"),
+        (["--perturb", "reorder@stream_enter>stream_wait"], "Invalid value for --perturb: patch mode takes sleep@"),
+        (
+            ["--perturb", "sleep@stream_enter:5ms/side", "--delay-ms", "1"],
+            "rules only, not sleep@stream_enter:1ms/side",
+        ),
     ],
 )
 def test_bad_options_get_one_line_and_exit_2(project, args, message):
@@ -100,6 +107,29 @@ def test_an_unknown_scenario_is_a_usage_error(project):
     res = racecheck("run", "--scenario", "nope", "--scenarios", CHECKOUT / "scenarios", cwd=project)
     err = one_line_error(res)
     assert "unknown scenario 'nope'; known: " in err and "main_grad_reuse" in err
+
+
+@pytest.mark.slow
+def test_a_scenario_runs_at_the_world_size_given_which_reaches_its_ranks_as_world_size(tmp_path):
+    res = racecheck(
+        "run",
+        "--scenario",
+        "pingpong_bucket_reuse",
+        "--arms",
+        "flip",
+        "--world-size",
+        "1",
+        "--trials",
+        "1",
+        "--out",
+        tmp_path / "out",
+        "-q",
+        cwd=CHECKOUT,
+    )
+    assert res.code == 0, res
+    assert "pingpong_bucket_reuse: 1 rank on " in res.out
+    outcomes = [r.outcome for r in records(tmp_path / "out")]
+    assert outcomes and set(outcomes) == {"passed"}, outcomes
 
 
 def test_too_few_ranks_for_a_scenario_is_a_usage_error(project):
