@@ -111,23 +111,9 @@ def test_an_unknown_scenario_is_a_usage_error(project):
 
 @pytest.mark.slow
 def test_a_scenario_runs_at_the_world_size_given_which_reaches_its_ranks_as_world_size(tmp_path):
-    res = racecheck(
-        "run",
-        "--scenario",
-        "pingpong_bucket_reuse",
-        "--arms",
-        "flip",
-        "--world-size",
-        "1",
-        "--trials",
-        "1",
-        "--out",
-        tmp_path / "out",
-        "-q",
-        cwd=CHECKOUT,
-    )
-    assert res.code == 0, res
-    assert "pingpong_bucket_reuse: 1 rank on " in res.out
+    args = ["--scenario", "pingpong_bucket_reuse", "--arms", "flip", "--world-size", 1, "--trials", 1]
+    res = racecheck("run", *args, "--out", tmp_path / "out", "-q", cwd=CHECKOUT)
+    assert res.code == 0 and "pingpong_bucket_reuse: 1 rank on " in res.out, res
     outcomes = [r.outcome for r in records(tmp_path / "out")]
     assert outcomes and set(outcomes) == {"passed"}, outcomes
 

@@ -1,9 +1,10 @@
 """The `run` command: its options, and the run around the trial runner (progress, interrupts,
 the table and summary.csv at the end, the perturbation notes, --gate).
 
-The options' checks live in run_options.py and node_options.py, so that the command reads as a
-script; torch, pandas and the runner are imported inside the command, so `racecheck --help` stays
-instant.
+The options become values in their callbacks (--perturb a Profile, --mesh a MeshConfig) and a
+RunConfig in run_options.py and node_options.py, whose settings the config checks itself
+(RunConfig.validate, through run_checks.py), so that the command reads as a script; torch, pandas
+and the runner are imported inside the command, so `racecheck --help` stays instant.
 """
 
 from __future__ import annotations
