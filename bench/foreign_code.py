@@ -133,6 +133,7 @@ class Run:
     def name(self) -> str:
         tag = self.mode.replace("profile:", "profile-").translate(str.maketrans("@:,/>", "_____"))
         which = "-".join(t.partition("::")[2] or Path(t).stem for t in self.targets)
+        which = re.sub(r"[^a-z0-9_.-]", "_", which.lower())  # a node id's parameters: a plain file name
         return f"{self.suite}.{tag}.{which}"
 
     def flags(self) -> list[str]:

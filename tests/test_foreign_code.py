@@ -59,7 +59,7 @@ def _summary(folder: Path, rows: list[dict]) -> None:
         writer.writerows(rows)
 
 
-def test_rows_drop_the_whole_trial_rows_and_merge_replaces_the_same_key(fc, tmp_path):
+def test_rows_name_the_whole_trial_rows_and_merge_replaces_the_same_key(fc, tmp_path):
     run = fc.Run("megatron_fsdp", "detect", ("tests/test_hsdp.py",))
     node = "tests/test_hsdp.py::test_hsdp_losses_match_baseline[1-True]"
     _summary(
@@ -96,7 +96,17 @@ def test_rows_drop_the_whole_trial_rows_and_merge_replaces_the_same_key(fc, tmp_
             "trials": "10",
             "failures": "9",
             "detected": "10",
-        }
+        },
+        {
+            "suite": "megatron_fsdp",
+            "case": fc.ANY_TEST,
+            "arm": "asis",
+            "expect": "race",
+            "mode": "detect",
+            "trials": "10",
+            "failures": "10",
+            "detected": "10",
+        },
     ]
     report = tmp_path / "report"
     fc.merge(report, rows)
@@ -104,7 +114,11 @@ def test_rows_drop_the_whole_trial_rows_and_merge_replaces_the_same_key(fc, tmp_
     fc.merge(report, [natural, dict(rows[0], failures="10")])
     with open(report / "foreign_code.csv", newline="") as f:
         table = list(csv.DictReader(f))
-    assert [(r["mode"], r["failures"]) for r in table] == [("natural", "0"), ("detect", "10")]
+    assert [(r["case"], r["mode"], r["failures"]) for r in table] == [
+        (fc.ANY_TEST, "detect", "10"),  # kept: no new row of its key
+        ("test_hsdp_losses_match_baseline[1-True]", "natural", "0"),
+        ("test_hsdp_losses_match_baseline[1-True]", "detect", "10"),  # replaced
+    ]
     assert list(table[0]) == list(fc.COLUMNS)
 
 
