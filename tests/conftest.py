@@ -4,7 +4,9 @@
   runner loads its own with -p), as a module asks with
   `pytestmark = pytest.mark.usefixtures("fast_sessions")`;
 - `project`: a small project whose arms `often` (race) and `never` (safe) fail SEEDED_TEST at
-  known rates.
+  known rates;
+- `not_an_xdist_worker` (every test): under `pytest -n`, the pytest processes a test starts
+  itself (pytester, a session of its own) do not inherit the worker's identity.
 """
 
 from __future__ import annotations
@@ -25,3 +27,9 @@ def project(tmp_path):
         arms={"often": {"expect": "race"}, "never": {"expect": "safe"}},
         tests={"test_seeded.py": SEEDED_TEST},
     )
+
+
+@pytest.fixture(autouse=True)
+def not_an_xdist_worker(monkeypatch):
+    for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
+        monkeypatch.delenv(name, raising=False)

@@ -1,5 +1,6 @@
 """The command line: bad input gets one line and exit 2 (3 for infrastructure), never a traceback;
-`list`, `--trials auto`, `--gate`, replay lines, pytest-xdist, and the motivating scenario."""
+`list`, `--trials auto`, `--gate`, replay lines and pytest-xdist (the motivating scenario is run
+with the whole catalogue, test_readme_promises.py)."""
 
 from __future__ import annotations
 
@@ -335,21 +336,6 @@ def test_pytest_xdist_workers_are_merged_into_one_outcome_per_test(project, tmp_
     recs = records(tmp_path / "out")
     assert len(recs) == len({(r.arm, r.trial, r.test) for r in recs}) == 12
     assert summary_counts(tmp_path / "out") == expected_failures({"often": 0.6, "never": 0.0}, range(3))
-
-
-def test_the_motivating_scenario_reproduces_in_baseline_and_not_in_fixed(tmp_path):
-    """The one test that launches the real 2-rank main_grad_reuse scenario (torchrun, gloo). Under
-    its default profile (rs_window) every parametrization of the baseline fails, not just one:
-    the window it opens, not luck, makes the collision."""
-    res = racecheck("run", "--arms", "fixed,baseline", "--trials", 1, "--out", tmp_path / "out", "-q", cwd=CHECKOUT)
-    assert res.code == 0, res
-    counts = summary_counts(tmp_path / "out")
-    assert counts[("baseline", "*")] == (1, 1) and counts[("fixed", "*")] == (0, 1)
-    recs = records(tmp_path / "out")
-    assert len(recs) == 8 and {r.expect for r in recs} == {"race", "safe"}
-    assert {r.outcome for r in recs if r.arm == "baseline"} == {"failed"}
-    assert {r.outcome for r in recs if r.arm == "fixed"} == {"passed"}
-    assert all("--scenario main_grad_reuse --arms baseline" in r.replay for r in recs if r.outcome == "failed")
 
 
 def test_a_multi_rank_scenario_runs_in_one_process_on_a_one_rank_group(tmp_path):

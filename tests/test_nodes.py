@@ -50,7 +50,7 @@ RATES = {"often": 0.4, "never": 0.0}
 LIMIT_S = 120  # no command here may hang: each is killed after this long
 
 
-pytestmark = pytest.mark.usefixtures("fast_sessions")
+pytestmark = [pytest.mark.usefixtures("fast_sessions"), pytest.mark.slow]
 
 
 @pytest.fixture

@@ -79,6 +79,7 @@ def test_each_arms_profile_reaches_the_rank_and_its_actions_are_counted(tmp_path
     assert "never acted" not in res.out
 
 
+@pytest.mark.slow
 def test_the_systematic_schedule_finds_the_race_within_its_bound_across_sessions(project, tmp_path):
     out = tmp_path / "out"
     # Trials 0 (records the points) and 1 (delays the first) in one session ...

@@ -21,8 +21,8 @@ import psutil
 import pytest
 from run_kit import racecheck, write_suite
 
+from racecheck.runner import session
 from racecheck.runner.record import read_log
-from racecheck.runner.session import FAILFAST_S
 from racecheck.suites.catalogue import load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,6 +62,14 @@ def test_every_race_arm_of_the_catalogue_fails_and_every_safe_arm_passes_in_one_
         if ran != 1 or failures != (1 if expect == "race" else 0) or expect != expected[scenario, arm]
     ]
     assert not wrong, "\n".join(wrong)
+    # The motivating scenario under its default profile (rs_window): every parametrization of the
+    # baseline fails, not just one (the window it opens, not luck, makes the collision), and each
+    # failure's replay line names the scenario and the arm.
+    motivating = [r for r in read_log(out / "trials.jsonl") if r.scenario == "main_grad_reuse"]
+    assert {r.outcome for r in motivating if r.arm == "baseline"} == {"failed"}
+    assert len({r.test for r in motivating if r.arm == "baseline"}) == 4
+    assert {r.outcome for r in motivating if r.arm == "fixed"} == {"passed"}
+    assert all("--scenario main_grad_reuse --arms baseline" in r.replay for r in motivating if r.arm == "baseline")
 
 
 # -- the systematic schedule on the CPU emulation --------------------------------------------------
@@ -240,6 +248,8 @@ FAILFAST_MARGIN_S = 5.0  # the kill's grace (3 s), the poll, writing the run fol
 
 @pytest.mark.slow
 def test_a_rank_failing_at_setup_ends_its_session_within_the_fail_fast_bound(tmp_path, monkeypatch):
+    # The bound is FAILFAST_S, whatever its value: half a second stands for the default's five.
+    monkeypatch.setattr(session, "FAILFAST_S", 0.5)
     failed_at = tmp_path / "failed_at"
     monkeypatch.setenv("FAILED_AT", str(failed_at))
     root = write_suite(
@@ -251,6 +261,6 @@ def test_a_rank_failing_at_setup_ends_its_session_within_the_fail_fast_bound(tmp
     (record,) = read_log(tmp_path / "out" / "trials.jsonl")
     assert record.outcome == "error" and record.message.startswith("rank 1: rank 1 could not set up")
     elapsed = ended - float(failed_at.read_text())
-    assert FAILFAST_S <= elapsed < FAILFAST_S + FAILFAST_MARGIN_S, (
+    assert session.FAILFAST_S <= elapsed < session.FAILFAST_S + FAILFAST_MARGIN_S, (
         f"the session ended {elapsed:.1f} s after the failure"
     )

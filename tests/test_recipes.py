@@ -108,6 +108,7 @@ def test_the_workflow_merge_step_joins_the_matrix_shards(project, tmp_path, monk
     assert done.returncode == 2 and f"shard {shards[1]}/{len(shards)} missing" in done.stderr, done.stderr
 
 
+@pytest.mark.slow
 def test_the_slurm_array_and_merge_scripts_give_the_unsharded_run(project, tmp_path):
     # `--array=1-2`: Slurm gives each task its id and the array's range (test_shards.py: the count).
     env = {
