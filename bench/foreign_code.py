@@ -45,7 +45,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 ANY_TEST = "any test of the run"
-WORLD_SIZE: int | None = None  # --world-size, passed to every racecheck run
 COLUMNS = ("suite", "case", "arm", "expect", "mode", "trials", "failures", "detected")
 MODES = ("natural", "profile", "systematic", "random", "detect", "soundness")
 
@@ -163,7 +162,9 @@ def plan(suites: list[str], modes: list[str]) -> list[Run]:
     return runs
 
 
-def execute(run: Run, *, out: Path, trials: int, chunk: int, timeout: float, seed: int = 0) -> tuple[int, Path]:
+def execute(
+    run: Run, *, out: Path, trials: int, chunk: int, timeout: float, seed: int = 0, world_size: int | None = None
+) -> tuple[int, Path]:
     """`racecheck run` from the example's folder; (exit code, its run folder)."""
     folder = out / "runs" / (run.name + (f".seed{seed}" if seed else ""))
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -185,7 +186,7 @@ def execute(run: Run, *, out: Path, trials: int, chunk: int, timeout: float, see
         str(max(1, int(timeout) - 20)),
         "--seed",
         str(seed),
-        *(["--world-size", str(WORLD_SIZE)] if WORLD_SIZE else []),
+        *(["--world-size", str(world_size)] if world_size else []),
         "--out",
         str(folder),
         *run.flags(),
@@ -459,8 +460,6 @@ def main() -> int:
         help="start no run after this long (the device call has a hard limit)",
     )
     args = parser.parse_args()
-    global WORLD_SIZE
-    WORLD_SIZE = args.world_size
     suites, modes = args.suites.split(","), args.modes.split(",")
     for name, given, known in (("suite", suites, ARMS), ("mode", modes, MODES)):
         unknown = [g for g in given if g not in known]
@@ -490,6 +489,7 @@ def main() -> int:
                 chunk=args.chunk,
                 timeout=left if left is not None else 3600,
                 seed=args.seed,
+                world_size=args.world_size,
             )
         if args.seed:  # further trials of a mode: rows of their own, beside seed 0's
             run = dataclasses.replace(run, mode=f"{run.mode} (seed {args.seed})")

@@ -13,6 +13,7 @@ import pytest
 from run_kit import SEEDED_TEST, racecheck, records, summary_counts, write_suite
 
 from racecheck.cli import run_checks
+from racecheck.exitcodes import InputError
 from racecheck.runner import session
 
 pytestmark = pytest.mark.usefixtures("fast_sessions")
@@ -199,7 +200,7 @@ def test_a_console_that_is_no_terminal_gets_status_lines_not_a_bar(tmp_path):
 
 
 class _Suite:
-    """Enough of a suite for fit_worlds."""
+    """Enough of a suite for RunConfig.fitted_to."""
 
     def __init__(self, name, world_size, min_world_size=1, config_file=None):
         self.name, self.world_size, self.min_world_size = name, world_size, min_world_size
@@ -220,8 +221,8 @@ def _config(*suites, world_size=None):
 
 
 def test_on_one_gpu_worlds_are_capped_floored_or_skipped_and_named(monkeypatch):
-    monkeypatch.setattr(run_checks, "cuda_devices", lambda backend: 1)
-    config = run_checks.fit_worlds(_config(_Suite("wide", 4), _Suite("pair", 2, min_world_size=2), _Suite("solo", 1)))
+    monkeypatch.setattr(run_checks, "cuda_devices", lambda backend: 1)  # describe_worlds names the backend
+    config = _config(_Suite("wide", 4), _Suite("pair", 2, min_world_size=2), _Suite("solo", 1)).fitted_to(1)
     assert [s.name for s in config.scenarios] == ["wide", "solo"]
     assert config.worlds == {"wide": 1}
     assert config.skipped["pair"]["why"] == "needs at least 2 ranks (min_world_size), this machine has 1 GPU"
@@ -230,11 +231,11 @@ def test_on_one_gpu_worlds_are_capped_floored_or_skipped_and_named(monkeypatch):
         "solo: 1 rank on cuda",
         "pair: skipped, needs at least 2 ranks (min_world_size), this machine has 1 GPU",
     ]
-    assert run_checks.fit_worlds(_config(_Suite("wide", 4), world_size=4)).worlds == {}  # --world-size wins
-    with pytest.raises(Exception, match="has world_size 2, and this machine has 1 GPU: give --world-size 1"):
-        run_checks.fit_worlds(_config(_Suite("project", 2, config_file="pyproject.toml")))
-    with pytest.raises(Exception, match="no suite of the run fits this machine"):
-        run_checks.fit_worlds(_config(_Suite("pair", 2, min_world_size=2)))
+    assert _config(_Suite("wide", 4), world_size=4).fitted_to(1).worlds == {}  # --world-size wins
+    with pytest.raises(InputError, match="has world_size 2, and this machine has 1 GPU: give --world-size 1"):
+        _config(_Suite("project", 2, config_file="pyproject.toml")).fitted_to(1)
+    with pytest.raises(InputError, match="no suite of the run fits this machine"):
+        _config(_Suite("pair", 2, min_world_size=2)).fitted_to(1)
 
 
 def test_a_skipped_suite_is_a_row_of_the_summary_and_a_line_of_the_table(tmp_path):

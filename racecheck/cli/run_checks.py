@@ -1,7 +1,7 @@
-"""`racecheck run` against the machine: the GPUs it has (cuda_devices), each suite's world on them
-(fit_worlds) and the one header line per suite that says so (describe_worlds), and the config's
-own checks (checked: RunConfig.fitted_to and RunConfig.validate, in racecheck.runner) with their
-input errors turned into the command line's usage errors (one line, exit 2), naming the option.
+"""`racecheck run` against the machine: the GPUs it has (cuda_devices), the config fitted to them
+and checked (checked: RunConfig.fitted_to and RunConfig.validate, in racecheck.runner) with its
+input errors turned into the command line's usage errors (one line, exit 2), naming the option,
+and the one header line per suite that says where it runs (describe_worlds).
 """
 
 from __future__ import annotations
@@ -21,20 +21,13 @@ def usage_error(exc: InputError) -> click.UsageError:
     return click.UsageError(str(exc))
 
 
-def fit_worlds(config):
-    """The config with each suite's world fitted to this machine's GPUs (RunConfig.fitted_to)."""
-    try:
-        return config.fitted_to(cuda_devices(config.backend))
-    except InputError as exc:
-        raise usage_error(exc) from None
-
-
 def checked(config, *, nnodes: int = 1):
-    """The config fitted to this machine, once it has passed its own checks (RunConfig.validate)
-    for this machine's GPUs and `nnodes` nodes."""
-    config = fit_worlds(config)
+    """The config fitted to this machine's GPUs (RunConfig.fitted_to), once it has passed its own
+    checks (RunConfig.validate) for those GPUs and `nnodes` nodes."""
+    gpus = cuda_devices(config.backend)
     try:
-        config.validate(gpus=cuda_devices(config.backend), nnodes=nnodes)
+        config = config.fitted_to(gpus)
+        config.validate(gpus=gpus, nnodes=nnodes)
     except InputError as exc:
         raise usage_error(exc) from None
     return config

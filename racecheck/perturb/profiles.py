@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
+from typing import Any
 
 from racecheck.perturb.points import COLLECTIVE_AFTER_POINTS, COLLECTIVE_POINTS, FREE, HANDOFF_POINTS, POINTS
 
@@ -250,8 +251,7 @@ def _parse_rule(part: str) -> Rule:
 
 
 def _parse_random(text: str) -> RandomConfig:
-    sizes: dict[str, float] = {}  # max_delay and the probabilities
-    counts: dict[str, int] = {}  # depth, horizon
+    values: dict[str, Any] = {}  # max_delay and the probabilities (float), depth, horizon (int)
     for item in text.split(":")[1:]:
         key, sep, value = item.partition("=")
         if not sep:
@@ -265,26 +265,18 @@ def _parse_random(text: str) -> RandomConfig:
                 m = _SIZE.match(value)
                 if not m:
                     raise ValueError
-                sizes["max_delay"] = float(m["size"]) * _UNITS[m["unit"]]
+                values["max_delay"] = float(m["size"]) * _UNITS[m["unit"]]
             elif key in ("sleep", "poison", "pressure"):
-                sizes[key] = float(value)
-                if not 0.0 <= sizes[key] <= 1.0:
+                values[key] = float(value)
+                if not 0.0 <= values[key] <= 1.0:
                     raise ValueError
             else:  # depth, horizon
-                counts[key] = int(value)
-                if counts[key] < 1:
+                values[key] = int(value)
+                if values[key] < 1:
                     raise ValueError
         except ValueError:
             raise ValueError(f"bad value {value!r} for random schedule option {key!r}") from None
-    default = RandomConfig()
-    return RandomConfig(
-        max_delay=sizes.get("max_delay", default.max_delay),
-        sleep=sizes.get("sleep", default.sleep),
-        poison=sizes.get("poison", default.poison),
-        pressure=sizes.get("pressure", default.pressure),
-        depth=counts.get("depth", default.depth),
-        horizon=counts.get("horizon", default.horizon),
-    )
+    return RandomConfig(**values)
 
 
 def _parse_systematic(text: str) -> SystematicConfig:
