@@ -20,13 +20,24 @@ N = 1024
 
 
 class Streams:
-    """The current stream of the (pretend) CUDA thread."""
+    """The current stream of the (pretend) CUDA thread. On the native path the tracker applies
+    its log before each switch (`on_switch`), as patch mode's recording twin does."""
 
     def __init__(self) -> None:
-        self.current = DEFAULT
+        self._current = DEFAULT
+        self.on_switch = lambda: None
+
+    @property
+    def current(self) -> int:
+        return self._current
+
+    @current.setter
+    def current(self, stream: int) -> None:
+        self.on_switch()
+        self._current = stream
 
     def __call__(self) -> int:
-        return self.current
+        return self._current
 
 
 @pytest.fixture
@@ -34,9 +45,22 @@ def cur():
     return Streams()
 
 
+@pytest.fixture(params=["python", "native"])
+def path(request):
+    """Every tracker test on both paths: the TorchDispatchMode and the native operator log."""
+    return request.param
+
+
+def make_tracker(cur: Streams, path: str) -> TorchRaceTracker:
+    t = TorchRaceTracker(device_type="cpu", current_stream=cur, stream_handle=lambda s: s, path=path)
+    assert t.path == path  # native: the log was built here (a test machine has a compiler)
+    cur.on_switch = t.flush
+    return t
+
+
 @pytest.fixture
-def tracker(cur):
-    t = TorchRaceTracker(device_type="cpu", current_stream=cur, stream_handle=lambda s: s)
+def tracker(cur, path):
+    t = make_tracker(cur, path)
     t.name_stream(DEFAULT, "default")
     t.name_stream(RS, "reduce_scatter")
     with t:
@@ -105,12 +129,12 @@ def test_fixed_versions_are_not_reported(tracker, cur, fix):
     assert tracker.reports() == []
 
 
-def test_a_block_handed_out_again_retires_the_record_that_missed_its_free(cur):
+def test_a_block_handed_out_again_retires_the_record_that_missed_its_free(cur, path):
     """A block whose free never reached the tracker (here: memory from before it started, dropped
     unseen) and that the allocator hands out again is a new allocation, checked as a reuse; the
     stale record must not take the new block's accesses."""
     a = torch.zeros(N)  # from before the tracker: adopted at its first access
-    tracker = TorchRaceTracker(device_type="cpu", current_stream=cur, stream_handle=lambda s: s)
+    tracker = make_tracker(cur, path)
     tracker.name_stream(DEFAULT, "default")
     tracker.name_stream(RS, "reduce_scatter")
     with tracker:
@@ -177,9 +201,9 @@ def test_collective_end_event_waited_orders_the_reuse(tracker, cur):
     assert tracker.reports() == []
 
 
-def test_tensors_from_before_the_tracker_are_adopted(cur):
+def test_tensors_from_before_the_tracker_are_adopted(cur, path):
     before = torch.ones(N)
-    with TorchRaceTracker(device_type="cpu", current_stream=cur, stream_handle=lambda s: s) as t:
+    with make_tracker(cur, path) as t:
         before.add_(1.0)
         cur.current = RS
         before.sum()
@@ -221,8 +245,8 @@ def _training_loop(tracker, cur, *, steps: int, side_read: str | None) -> None:
 
 
 @pytest.mark.parametrize("side_read", [None, "wait"])
-def test_training_loop_with_allocator_callbacks_has_no_reports(cur, side_read):
-    t = TorchRaceTracker(device_type="cpu", current_stream=cur, stream_handle=lambda s: s)
+def test_training_loop_with_allocator_callbacks_has_no_reports(cur, side_read, path):
+    t = make_tracker(cur, path)
     _training_loop(t, cur, steps=4, side_read=side_read)
     assert t.errors == []
     assert t.reports() == []
@@ -230,8 +254,8 @@ def test_training_loop_with_allocator_callbacks_has_no_reports(cur, side_read):
     assert t.engine.stats["unknown_frees"] == 0  # every free matched an allocation it resolved
 
 
-def test_training_loop_unordered_side_read_is_reported(cur):
-    t = TorchRaceTracker(device_type="cpu", current_stream=cur, stream_handle=lambda s: s)
+def test_training_loop_unordered_side_read_is_reported(cur, path):
+    t = make_tracker(cur, path)
     t.name_stream(RS, "reduce_scatter")
     _training_loop(t, cur, steps=4, side_read="none")
     assert t.errors == []

@@ -217,3 +217,52 @@ def byte_range(t: torch.Tensor) -> tuple[int, int]:
         return t.data_ptr(), n * t.element_size()
     span = 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride(), strict=True) if s > 1)
     return t.data_ptr(), span * t.element_size()
+
+
+# -- the native recording path (op_log.cpp) ------------------------------------------------------
+# Its kinds and access codes (op_log.cpp's Kind and Access enums).
+NATIVE_KINDS = {OpKind.PLAIN: 0, OpKind.SKIP: 1, OpKind.COLLECTIVE: 3, OpKind.RECORD_STREAM: 4}
+NATIVE_TRANSPARENT = 2
+NATIVE_READ, NATIVE_WRITE, NATIVE_RESOLVE = 0, 1, 2
+
+
+def overload_named(name: str, overload: str):
+    """The OpOverload `ns::op` `overload` ("" is the default overload)."""
+    namespace, _, op = name.partition("::")
+    packet = getattr(getattr(torch.ops, namespace), op)
+    return getattr(packet, overload or "default")
+
+
+def decomposes(func) -> bool:
+    """Whether the dispatcher runs `func` as its CompositeImplicitAutograd decomposition, so a
+    TorchDispatchMode never sees it, only what it calls: it has that kernel and none of its own
+    for a backend or as CompositeExplicitAutograd."""
+    name = func.name()
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    if not has(name, "CompositeImplicitAutograd"):
+        return False
+    return not any(has(name, key) for key in ("CPU", "CUDA", "CompositeExplicitAutograd"))
+
+
+def native_plan(name: str, overload: str) -> tuple:
+    """The plan op_log.cpp applies to every call of one operator overload, from plan_for's (the
+    Python path's rules): (kind, ((argument position, access), ...), access of the returns or -1,
+    position of `non_blocking` or -1). Positions count every argument, keyword-only ones too (a
+    RecordFunction sees the call boxed, in schema order)."""
+    func = overload_named(name, overload)
+    if decomposes(func):
+        return (NATIVE_TRANSPARENT, (), -1, -1)
+    plan = plan_for(func)
+    positions = {arg.name: i for i, arg in enumerate(func._schema.arguments)}
+    inputs = tuple(
+        (positions[arg_name], NATIVE_WRITE if is_write else NATIVE_READ) for _, arg_name, is_write, _ in plan.args
+    )
+    if plan.kind is OpKind.RECORD_STREAM:
+        inputs = ((0, NATIVE_READ),)  # which block: record_stream reads nothing
+    if plan.kind is not OpKind.PLAIN:
+        returns = -1
+    elif plan.writes_returns:
+        returns = NATIVE_WRITE
+    else:  # a return may be the first sight of a fresh block, which sizes it ([Note: pending allocations])
+        returns = NATIVE_RESOLVE
+    return (NATIVE_KINDS[plan.kind], inputs, returns, positions.get("non_blocking", -1))

@@ -100,10 +100,38 @@ def _capture_python(skip: int) -> tuple:
     return tuple(out)
 
 
+class LazyStack:
+    """A stack kept elsewhere in compact form (the native operator log's table), resolved to
+    its user frames on demand."""
+
+    __slots__ = ()
+
+    def frames(self) -> list[tuple[str, int, str]]:
+        raise NotImplementedError
+
+
+def user_frames(chain) -> list[tuple[str, int, str]]:
+    """The user frames, as (file, line, function), of a walked chain of (code object, bytecode
+    offset) pairs, innermost first."""
+    out = []
+    cache = _is_user
+    for code, lasti in chain:
+        user = cache.get(code)
+        if user is None:
+            user = cache[code] = _classify(code.co_filename)
+        if user:
+            out.append((code.co_filename, line_of(code, lasti), code.co_name))
+            if len(out) >= MAX_FRAMES:
+                break
+    return out
+
+
 def frames(stack) -> list[tuple[str, int, str]]:
     """The user frames of a captured stack as (file, line, function), innermost first."""
     if stack is None or (isinstance(stack, tuple) and not stack):
         return []
+    if isinstance(stack, LazyStack):
+        return stack.frames()
     if isinstance(stack, tuple):
         return [(code.co_filename, line_of(code, lasti), code.co_name) for code, lasti in stack]
     out = []

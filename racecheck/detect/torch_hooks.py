@@ -27,6 +27,9 @@ def make_handler(tracker: TorchRaceTracker):
 
     domains = tracker._domains
     live = tracker.engine.live
+    # On the native path the operators issued before a callback are applied first.
+    feed = tracker._feed
+    drain = feed.drain if feed is not None else None
 
     # The base is torch.cuda._sanitizer.EventHandler, imported only here (its import has a side
     # effect, see dispatch.py); a class computed at run time is beyond the type check.
@@ -35,6 +38,8 @@ def make_handler(tracker: TorchRaceTracker):
             """Nothing to track (overrides the sanitizer's bookkeeping): an event matters once recorded."""
 
         def _handle_event_deletion(self, event):
+            if drain is not None:
+                drain()
             tracker._guard(tracker.engine.forget_event, event)
 
         def _handle_event_record(self, event, stream):
@@ -45,6 +50,8 @@ def make_handler(tracker: TorchRaceTracker):
 
         def _handle_memory_allocation(self, data_ptr):  # the most frequent: no extra call layer
             try:
+                if drain is not None:
+                    drain()
                 # The stack is the allocating operator's: _op captures it when it resolves this.
                 stream = tracker._current()
                 if stream not in domains:
@@ -57,6 +64,8 @@ def make_handler(tracker: TorchRaceTracker):
 
         def _handle_memory_deallocation(self, data_ptr):
             try:
+                if drain is not None:
+                    drain()
                 if tracker._pending.pop(data_ptr, None) is None:  # else: no op ever touched it
                     tracker.engine.free(data_ptr, stack=tracker._capture())
             except Exception as exc:
@@ -66,12 +75,18 @@ def make_handler(tracker: TorchRaceTracker):
             """Nothing to track (overrides the sanitizer's bookkeeping): streams are named at first use."""
 
         def _handle_device_synchronization(self):
+            if drain is not None:
+                drain()
             tracker._guard(tracker._on_host_sync, "device")
 
         def _handle_stream_synchronization(self, stream):
+            if drain is not None:
+                drain()
             tracker._guard(tracker._on_host_sync, "stream", stream)
 
         def _handle_event_synchronization(self, event):
+            if drain is not None:
+                drain()
             tracker._guard(tracker._on_host_sync, "event", event)
 
     return TraceHandler()

@@ -43,6 +43,7 @@ import torch
 from racecheck.detect import stacks
 from racecheck.detect.dispatch import byte_range, returned_tensors, set_trace_handler
 from racecheck.detect.engine import HappensBefore
+from racecheck.detect.native_feed import NativeTrackerOps
 from racecheck.detect.report import RaceReport, render
 from racecheck.detect.torch_hooks import TrackerMode, cuda_current_stream_fn, cuda_stream_handle, make_handler
 
@@ -61,16 +62,17 @@ class _InFlight:
     """A collective being issued: the stream it runs on, once known, and whether its accesses
     have been charged."""
 
-    __slots__ = ("plan", "args", "kwargs", "issuer", "stream", "charged")
+    __slots__ = ("plan", "args", "kwargs", "issuer", "stream", "charged", "native")
 
     def __init__(self, plan, args, kwargs, issuer: int) -> None:
         self.plan, self.args, self.kwargs = plan, args, kwargs
         self.issuer = issuer
         self.stream: int | None = None  # a stream other than the issuer that waited during the call
         self.charged = False
+        self.native: tuple | None = None  # on the native path: (stack, log items) instead of args
 
 
-class TorchRaceTracker:
+class TorchRaceTracker(NativeTrackerOps):
     def __init__(
         self,
         *,
@@ -79,20 +81,28 @@ class TorchRaceTracker:
         current_stream: Callable[[], int] | None = None,
         stream_handle: Callable[[object], int] | None = None,
         host_memory: Callable[[torch.Tensor], bool] | None = None,
+        path: str | None = None,
     ) -> None:
         """`device_type`, `current_stream`, `stream_handle` and `host_memory` (which tensors are
         host memory, on the CPU where all are) exist for tests on the CPU, which drive the trace
-        handler by hand; on CUDA leave them alone."""
+        handler by hand; on CUDA leave them alone. `path`: "native" (op_log.cpp's log, see
+        native_feed.py), "python" (a TorchDispatchMode), or None: native on CUDA where the log
+        builds ($RACECHECK_DETECT_PATH overrides). A CPU tracker's streams are Python's: on the
+        native path, whoever switches the current stream calls `flush()` first."""
         self.engine = HappensBefore()
         self.device_type = device_type
+        self.stacks_on = stacks_on
         self._capture = stacks.capturer() if stacks_on else (lambda: ())
         self._current = current_stream
         self._stream_handle = stream_handle or cuda_stream_handle
         self._names: dict[int, str] = {}
         self._domains = self.engine.domains
+        custom_host = host_memory is not None
         if host_memory is None:
             host_memory = (lambda t: not t.is_cuda) if device_type == "cuda" else (lambda t: False)
         self._is_host = host_memory
+        self._feed = self._native_feed(path, custom_host=custom_host)
+        self.path = "python" if self._feed is None else "native"
         # The host's own work on host memory that streams touch ([Note: host accesses]).
         self._host = self.engine.domain(_HOST, "host")
         self._host_touched: dict[int, set] = {}  # host allocation start -> stream keys that touched it
@@ -113,16 +123,26 @@ class TorchRaceTracker:
             self.name_stream(torch.cuda.default_stream().cuda_stream, "default")
             torch._C._activate_gpu_trace()
             set_trace_handler(self.handler, attached=True)
-        self._mode = TrackerMode(self)
-        self._mode.__enter__()
+        if self._feed is not None:
+            self._feed.start()
+        else:
+            self._mode = TrackerMode(self)
+            self._mode.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
+        if self._feed is not None:
+            self._feed.stop()
         if self._mode is not None:
             self._mode.__exit__(*exc)
             self._mode = None
         if self.device_type == "cuda":
             set_trace_handler(self.handler, attached=False)
+
+    def flush(self) -> None:
+        """Apply what the native operator log holds (nothing to do on the Python path)."""
+        if self._feed is not None and self._feed.active:
+            self._feed.drain()
 
     def name_stream(self, stream, name: str) -> None:
         """Name a stream (a torch.cuda.Stream or its handle) in reports."""
@@ -133,14 +153,17 @@ class TorchRaceTracker:
     def event_recorded(self, event: int, stream: int) -> None:
         """An event recorded on a stream (handles), as CUDA's trace callbacks report it: for a
         stream API that CUDA does not trace, such as patch mode's recording twin."""
+        self.flush()
         self._guard(self._on_event_record, event, stream)
 
     def event_waited(self, event: int, stream: int) -> None:
         """A stream made to wait for an event (handles), as CUDA's trace callbacks report it."""
+        self.flush()
         self._guard(self._on_event_wait, event, stream)
 
     # -- results ---------------------------------------------------------------------------
     def reports(self) -> list[RaceReport]:
+        self.flush()
         return self.engine.reports()
 
     def render(self) -> str:
@@ -225,7 +248,7 @@ class TorchRaceTracker:
                         alloc = engine.allocation_at(ptr)
                         if alloc is None:
                             fresh_host = fresh_host or []
-                            fresh_host.append((t, is_write, nbytes))
+                            fresh_host.append(self._fresh_host(t, is_write, nbytes))
                             continue
                     else:
                         alloc = engine.allocation_at(ptr) or self._adopt(t, stack)
@@ -234,7 +257,7 @@ class TorchRaceTracker:
                 if nbytes:
                     items.append((ptr, nbytes, is_write, alloc))
         if touches_host or fresh_host:
-            self._host_op(plan, args, kwargs, items, fresh_host, stream, stack)
+            self._host_op(plan, items, fresh_host, stream, stack, _non_blocking(plan, args, kwargs))
             return
         if not items:
             return
@@ -259,7 +282,18 @@ class TorchRaceTracker:
     # any stream follows it. A copy is asynchronous only when it is non_blocking and every host
     # tensor in it is pinned; any other copy returns once the stream has done it, so the host
     # learns the stream complete. Host memory no stream ever touched is not tracked.
-    def _host_op(self, plan, args, kwargs, items, fresh_host, stream, stack) -> None:
+    def _fresh_host(self, t: torch.Tensor, is_write: bool, nbytes: int) -> tuple:
+        """A host tensor no stream touched yet, as _host_op takes it: (address, bytes, written,
+        pinned, storage start, storage bytes, how to learn of the storage's death)."""
+        storage = t.untyped_storage()
+        pinned = self.device_type != "cuda" or t.is_pinned()
+
+        def watch(ptr: int) -> None:
+            weakref.finalize(storage, self._host_freed, ptr)
+
+        return (t.data_ptr(), nbytes, is_write, pinned, storage.data_ptr(), storage.nbytes(), watch)
+
+    def _host_op(self, plan, items, fresh_host, stream, stack, non_blocking: bool) -> None:
         engine = self.engine
         host = self._host
         if stack is None:
@@ -275,26 +309,25 @@ class TorchRaceTracker:
         if key not in self._domains:
             self._key(key)
         pinned = all(self._host_pinned.get(it[3].ptr, False) for it in items if it[3].stream is host)
-        for t, is_write, nbytes in fresh_host or ():
-            if self.device_type == "cuda" and not t.is_pinned():
+        for ptr, nbytes, is_write, is_pinned, start, size, watch in fresh_host or ():
+            if self.device_type == "cuda" and not is_pinned:
                 pinned = False  # pageable memory: the copy is synchronous, nothing to track
                 continue
-            items.append((t.data_ptr(), nbytes, is_write, self._host_allocation(t, stack)))
+            items.append((ptr, nbytes, is_write, self._host_allocation(start, size, stack, watch)))
         for it in items:
             if it[3].stream is host:
                 self._host_touched.setdefault(it[3].ptr, set()).add(key)
         engine.access_many(key, items, plan.name, stack)
         self.ops += 1
-        if not (pinned and _non_blocking(plan, args, kwargs)):
+        if not (pinned and non_blocking):
             engine.host_sync_stream(key)  # a synchronous copy: the host waited for the stream
 
-    def _host_allocation(self, t: torch.Tensor, stack):
-        """Track the host storage behind `t` from now on; its death frees it."""
-        storage = t.untyped_storage()
-        ptr = storage.data_ptr()
-        alloc = self.engine.allocate(_HOST, ptr, storage.nbytes(), stack=stack)
+    def _host_allocation(self, ptr: int, nbytes: int, stack, watch):
+        """Track the host storage at `ptr` from now on; its death (`watch(ptr)` arranges to learn
+        of it) frees it."""
+        alloc = self.engine.allocate(_HOST, ptr, nbytes, stack=stack)
         self._host_pinned[ptr] = True
-        weakref.finalize(storage, self._host_freed, ptr)
+        watch(ptr)
         return alloc
 
     def _host_freed(self, ptr: int) -> None:
@@ -310,24 +343,29 @@ class TorchRaceTracker:
     def _resolve(self, t: torch.Tensor, stack):
         """The pending allocation whose block `t` starts (see [Note: pending allocations])."""
         storage = t.untyped_storage()
-        ptr = storage.data_ptr()
+        return self._resolve_block(storage.data_ptr(), storage.nbytes(), stack)
+
+    def _resolve_block(self, ptr: int, nbytes: int, stack):
         found = self._pending.pop(ptr, None)
         if found is None:
             return None
         s, clock, alloc_stack = found
         if alloc_stack is None:
             alloc_stack = stack if stack is not None else self._capture()
-        return self.engine.allocate(s, ptr, storage.nbytes(), stack=alloc_stack, clock=clock)
+        return self.engine.allocate(s, ptr, nbytes, stack=alloc_stack, clock=clock)
 
     def _adopt(self, t: torch.Tensor, stack=None):
         """A storage the tracker has no live allocation for: allocated while no op could tell its
         size (resolved now) or before the tracker started (adopted without a stream)."""
-        alloc = self._resolve(t, stack)
+        storage = t.untyped_storage()
+        return self._adopt_block(storage.data_ptr(), storage.nbytes(), stack)
+
+    def _adopt_block(self, ptr: int, nbytes: int, stack):
+        alloc = self._resolve_block(ptr, nbytes, stack)
         if alloc is not None:
             return alloc
         self.stats["adopted"] += 1
-        storage = t.untyped_storage()
-        return self.engine.allocate(None, storage.data_ptr(), storage.nbytes())
+        return self.engine.allocate(None, ptr, nbytes)
 
     def _record_stream(self, args) -> None:
         tensor, stream = args[0], args[1]
@@ -348,13 +386,12 @@ class TorchRaceTracker:
 
     def _charge(self, flight: _InFlight, out) -> None:
         flight.charged = True
-        self._op(
-            flight.plan,
-            flight.args,
-            flight.kwargs,
-            out,
-            stream=flight.stream if flight.stream is not None else flight.issuer,
-        )
+        stream = flight.stream if flight.stream is not None else flight.issuer
+        if flight.native is not None:
+            stack, items = flight.native
+            self._native_op(flight.plan, stream, stack, items, False)
+        else:
+            self._op(flight.plan, flight.args, flight.kwargs, out, stream=stream)
         self.stats["collectives"] += 1
 
     def _guard(self, fn, *args) -> None:

@@ -1,0 +1,504 @@
+// racecheck/detect/op_log.cpp: the native recording path of racecheck's PyTorch tracker.
+//
+// An observer on PyTorch's RecordFunction (the C++ callbacks the profiler uses) records, for every
+// operator the dispatcher runs, which bytes of which storages it reads and writes, the stream it
+// was issued on and a compact identifier of the Python call stack, into one ordered log, without
+// entering Python. The tracker (torch_tracker.py, native mode) drains the log in batches before it
+// handles any CUDA trace callback, event or report, so the happens-before engine sees operators,
+// allocations and synchronizations in the order the program issued them.
+//
+// Which arguments an operator reads and writes is not decided here: the first time an operator is
+// seen, Python compiles its plan from the schema (dispatch.py, the rules the Python path uses) and
+// hands back positions; after that a call only applies them.
+//
+// Which calls are recorded mirrors what a TorchDispatchMode sees (the Python path):
+// - an operator whose CompositeImplicitAutograd kernel decomposes it ("transparent") records
+//   nothing and its callees are recorded in its place;
+// - the calls a recorded operator makes from inside its kernel (temporaries, the local tensors of
+//   a tensor subclass, ProcessGroupNCCL's internal copies) are its own and are not recorded;
+// - calls made while the tracker itself runs (Python, between suspend() and resume()) neither.
+//
+// Python stacks: an identifier per distinct chain of (code object, bytecode offset), interned
+// here; Python turns one into frames only for an access that ends up in a report.
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
+#include <ATen/detail/CUDAHooksInterface.h>
+#include <ATen/record_function.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/util/intrusive_ptr.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace {
+
+// What a call of one operator overload records (the plan's kind, see dispatch.py's OpKind).
+enum Kind : int8_t { UNPLANNED = -1, PLAIN = 0, SKIP = 1, TRANSPARENT = 2, COLLECTIVE = 3, RECORD_STREAM = 4 };
+// Access codes of an item.
+enum Access : int8_t { READ = 0, WRITE = 1, RESOLVE = 2 };  // RESOLVE: a return that sizes a fresh block
+// Record types.
+enum Type : int8_t { OP = 0, COLLECTIVE_BEGIN = 1, COLLECTIVE_END = 2, STREAM_RECORDED = 3, HOST_FREED = 4 };
+
+constexpr int64_t NO_STREAM = INT64_MIN;  // no CUDA tensor, or the CPU tracker: Python's current stream
+constexpr int MAX_WALK = 96;              // frames walked at most (stacks.py's MAX_WALK)
+
+struct Plan {
+  Kind kind = UNPLANNED;
+  std::vector<std::pair<int, int8_t>> inputs;  // (argument position, READ or WRITE); a position may repeat
+  int8_t returns = -1;                         // -1: returns not recorded; else their Access
+  int non_blocking = -1;                       // position of a `non_blocking` argument, if any
+};
+
+struct Item {
+  uint64_t ptr, nbytes, sptr, snbytes;
+  int8_t access, device;  // device: 0 CPU, 1 CUDA, 2 other
+  int8_t pinned;          // host memory only: page-locked
+};
+
+struct Record {
+  int8_t type;
+  int32_t op;
+  int64_t stream;
+  int32_t device_index;
+  int64_t frame;
+  uint32_t first, count;  // its items
+  int64_t extra;          // OP: non_blocking; STREAM_RECORDED: the stream id; HOST_FREED: the storage
+};
+
+struct Frames {
+  std::vector<std::pair<PyObject*, int>> chain;  // (code object, strong reference; bytecode offset)
+};
+
+// -- state (guarded by mu, except the thread-locals and the flags) ------------------------------
+std::mutex mu;
+std::vector<Record> records;
+std::vector<Item> items;
+struct OpName {
+  std::string name, overload;
+  Plan plan;
+  int32_t id = 0;
+};
+// schema name pointer -> (overload name pointer, op) of each overload seen; ops never move
+std::unordered_map<const char*, std::vector<std::pair<const char*, OpName*>>> op_ids;
+std::vector<std::unique_ptr<OpName>> ops;
+std::unordered_map<uint64_t, int64_t> frame_ids;  // chain hash -> frame id
+std::vector<Frames> frames;
+std::unordered_map<uint64_t, c10::weak_intrusive_ptr<c10::StorageImpl>> recent_host;  // seen this batch
+std::unordered_map<uint64_t, c10::weak_intrusive_ptr<c10::StorageImpl>> watched_host;  // tracked by Python
+std::atomic<bool> active{false};
+std::atomic<bool> watching{false};
+bool cuda_mode = false;  // streams from CUDA's current stream (else Python's)
+bool with_stacks = true;
+PyObject* planner = nullptr;  // Python: (name, overload) -> plan tuple
+std::string planner_error;
+at::CallbackHandle handle = 0;
+thread_local int inside = 0;  // > 0: within a recorded operator or the tracker itself
+
+// -- planning ------------------------------------------------------------------------------------
+OpName* find_locked(const char* name, const char* overload) {
+  auto it = op_ids.find(name);
+  if (it == op_ids.end()) return nullptr;
+  for (const auto& [o, op] : it->second)
+    if (o == overload) return op;
+  return nullptr;
+}
+
+// The overload behind `fn` (its name pointers identify it), planned by Python at first sight.
+OpName* op_of(const at::RecordFunction& fn) {
+  const char* name = fn.name();
+  const char* overload = fn.overload_name();
+  {
+    std::lock_guard<std::mutex> g(mu);
+    if (OpName* op = find_locked(name, overload)) return op;
+  }
+  auto entry = std::make_unique<OpName>();
+  entry->name = name ? name : "";
+  entry->overload = overload ? overload : "";
+  Plan& plan = entry->plan;
+  plan.kind = TRANSPARENT;  // a name Python cannot plan: record nothing, hide nothing
+  inside++;  // what the planner runs is the tracker's own
+  PyGILState_STATE gil = PyGILState_Ensure();
+  if (planner != nullptr) {
+    PyObject* got = PyObject_CallFunction(planner, "ss", entry->name.c_str(), entry->overload.c_str());
+    if (got == nullptr) {
+      PyObject *t, *v, *tb;
+      PyErr_Fetch(&t, &v, &tb);
+      PyObject* s = v ? PyObject_Str(v) : nullptr;
+      planner_error = entry->name + ": " + (s ? PyUnicode_AsUTF8(s) : "error");
+      Py_XDECREF(s);
+      Py_XDECREF(t);
+      Py_XDECREF(v);
+      Py_XDECREF(tb);
+    } else {
+      // (kind, ((position, access), ...), returns, non_blocking position)
+      int kind = 0, returns = -1, nb = -1;
+      PyObject* inputs = nullptr;
+      if (PyArg_ParseTuple(got, "iOii", &kind, &inputs, &returns, &nb)) {
+        plan.kind = static_cast<Kind>(kind);
+        plan.returns = static_cast<int8_t>(returns);
+        plan.non_blocking = nb;
+        Py_ssize_t n = PySequence_Size(inputs);
+        for (Py_ssize_t i = 0; i < n; i++) {
+          PyObject* pair = PySequence_GetItem(inputs, i);
+          int pos = 0, acc = 0;
+          if (pair && PyArg_ParseTuple(pair, "ii", &pos, &acc)) plan.inputs.emplace_back(pos, acc);
+          Py_XDECREF(pair);
+        }
+      }
+      PyErr_Clear();
+      Py_DECREF(got);
+    }
+  }
+  PyGILState_Release(gil);
+  inside--;
+  std::lock_guard<std::mutex> g(mu);
+  if (OpName* op = find_locked(name, overload)) return op;  // planned meanwhile by another thread
+  entry->id = static_cast<int32_t>(ops.size());
+  OpName* op = entry.get();
+  ops.push_back(std::move(entry));
+  op_ids[name].emplace_back(overload, op);
+  return op;
+}
+
+// -- stacks --------------------------------------------------------------------------------------
+// The calling thread's Python stack as an interned id (-1: no Python frame, e.g. autograd's
+// device threads). The thread may have released the GIL around the operator: take it back.
+int64_t stack_id() {
+  if (!with_stacks || PyGILState_GetThisThreadState() == nullptr) return -1;
+  PyGILState_STATE gil = PyGILState_Ensure();
+  std::pair<PyCodeObject*, int> chain[MAX_WALK];
+  int n = 0;
+  uint64_t h = 1469598103934665603ull;
+  PyFrameObject* frame = PyThreadState_GetFrame(PyThreadState_Get());  // new reference
+  while (frame != nullptr && n < MAX_WALK) {
+    PyCodeObject* code = PyFrame_GetCode(frame);  // new reference
+    int lasti = PyFrame_GetLasti(frame);
+    chain[n++] = {code, lasti};
+    h = (h ^ reinterpret_cast<uint64_t>(code)) * 1099511628211ull;
+    h = (h ^ static_cast<uint64_t>(lasti)) * 1099511628211ull;
+    PyFrameObject* back = PyFrame_GetBack(frame);  // new reference
+    Py_DECREF(frame);
+    frame = back;
+  }
+  Py_XDECREF(frame);
+  int64_t id = -1;
+  {
+    std::lock_guard<std::mutex> g(mu);
+    auto it = frame_ids.find(h);
+    if (it != frame_ids.end()) {
+      id = it->second;
+    } else {
+      Frames f;
+      for (int i = 0; i < n; i++) {
+        Py_INCREF(chain[i].first);
+        f.chain.emplace_back(reinterpret_cast<PyObject*>(chain[i].first), chain[i].second);
+      }
+      id = static_cast<int64_t>(frames.size());
+      frames.push_back(std::move(f));
+      frame_ids.emplace(h, id);
+    }
+  }
+  for (int i = 0; i < n; i++) Py_DECREF(chain[i].first);
+  PyGILState_Release(gil);
+  return id;
+}
+
+// -- tensors -------------------------------------------------------------------------------------
+struct Pending {  // one call between its start and end callbacks
+  const OpName* op = nullptr;
+  Kind kind;
+  int64_t stream = NO_STREAM;
+  int32_t device_index = -1;
+  int64_t frame = -1;
+  int64_t non_blocking = 0;
+  std::vector<Item> items;
+};
+
+void add_tensor(Pending& p, const at::Tensor& t, int8_t access) {
+  if (!t.defined() || !t.has_storage()) return;  // undefined, or a wrapper subclass (DTensor)
+  const c10::Storage& storage = t.storage();
+  const char* base = static_cast<const char*>(storage.data());
+  if (base == nullptr) return;  // meta and fake tensors
+  int64_t n = t.numel();
+  uint64_t itemsize = t.dtype().itemsize();
+  uint64_t nbytes = 0;
+  if (n > 0) {
+    if (t.is_contiguous()) {
+      nbytes = static_cast<uint64_t>(n) * itemsize;
+    } else {  // from the first to the last element (dispatch.py's byte_range)
+      int64_t span = 1;
+      auto sizes = t.sizes();
+      auto strides = t.strides();
+      for (size_t d = 0; d < sizes.size(); d++)
+        if (sizes[d] > 1) span += (sizes[d] - 1) * strides[d];
+      nbytes = static_cast<uint64_t>(span) * itemsize;
+    }
+  }
+  Item it{};
+  it.ptr = reinterpret_cast<uint64_t>(base) + static_cast<uint64_t>(t.storage_offset()) * itemsize;
+  it.nbytes = nbytes;
+  it.sptr = reinterpret_cast<uint64_t>(base);
+  it.snbytes = storage.nbytes();
+  it.access = access;
+  c10::DeviceType type = t.device().type();
+  it.device = type == c10::DeviceType::CPU ? 0 : (type == c10::DeviceType::CUDA ? 1 : 2);
+  it.pinned = 0;
+  if (type == c10::DeviceType::CUDA && p.device_index < 0) {
+    p.device_index = t.device().index();
+  }
+  if (cuda_mode && it.device == 0) {
+    it.pinned = at::detail::getCUDAHooks().isPinnedPtr(base) ? 1 : 0;
+    if (watching.load(std::memory_order_relaxed)) {
+      std::lock_guard<std::mutex> g(mu);
+      recent_host.emplace(it.sptr, c10::weak_intrusive_ptr<c10::StorageImpl>(storage.getWeakStorageImpl()));
+    }
+  }
+  p.items.push_back(it);
+}
+
+void add_value(Pending& p, const c10::IValue& v, int8_t access) {
+  if (v.isTensor()) {
+    add_tensor(p, v.toTensor(), access);
+  } else if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorList().vec()) add_tensor(p, t, access);
+  } else if (v.isList()) {  // Tensor?[] and Tensor[][] (c10d's allgather)
+    for (const c10::IValue& e : v.toListRef()) {
+      if (e.isTensor()) add_tensor(p, e.toTensor(), access);
+      else if (e.isTensorList())
+        for (const at::Tensor& t : e.toTensorList().vec()) add_tensor(p, t, access);
+    }
+  }
+}
+
+void set_stream(Pending& p) {
+  if (!cuda_mode || p.device_index < 0) return;
+  c10::Device device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(p.device_index));
+  p.stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(device).id();
+}
+
+// Storages Python tracks as host memory (pinned buffers) that died since the last check: a record
+// each, before the record being appended, so a free precedes the reuse of its bytes. Under mu.
+void host_frees_locked() {
+  for (auto it = watched_host.begin(); it != watched_host.end();) {
+    if (it->second.expired()) {
+      records.push_back(Record{HOST_FREED, -1, NO_STREAM, -1, -1, 0, 0, static_cast<int64_t>(it->first)});
+      it = watched_host.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void append(int8_t type, const Pending& p, int64_t extra) {
+  std::lock_guard<std::mutex> g(mu);
+  if (!watched_host.empty()) host_frees_locked();
+  Record r{type, p.op->id, p.stream, p.device_index, p.frame, static_cast<uint32_t>(items.size()),
+           static_cast<uint32_t>(p.items.size()), extra};
+  items.insert(items.end(), p.items.begin(), p.items.end());
+  records.push_back(r);
+}
+
+// -- the observer --------------------------------------------------------------------------------
+struct Context : at::ObserverContext {
+  int8_t mode = 0;  // 0: nothing to do at the end; 1: leave a recorded call; 2: record it, then leave
+  Pending pending;
+};
+
+std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
+  if (!active.load(std::memory_order_relaxed)) return nullptr;
+  if (inside > 0) {  // a callee of a recorded operator, or the tracker's own call
+    return nullptr;
+  }
+  const OpName* op = op_of(fn);
+  const Plan& plan = op->plan;  // fixed once planned
+  if (plan.kind == TRANSPARENT) return nullptr;
+  auto ctx = std::make_unique<Context>();
+  inside++;
+  ctx->mode = 1;
+  if (plan.kind == SKIP) return ctx;
+  Pending& p = ctx->pending;
+  p.op = op;
+  p.kind = plan.kind;
+  auto inputs = fn.inputs();
+  for (const auto& [pos, access] : plan.inputs)
+    if (pos < static_cast<int>(inputs.size())) add_value(p, inputs[pos], access);
+  if (plan.non_blocking >= 0 && plan.non_blocking < static_cast<int>(inputs.size())) {
+    const c10::IValue& v = inputs[plan.non_blocking];
+    p.non_blocking = v.isBool() && v.toBool() ? 1 : 0;
+  }
+  if (plan.kind == RECORD_STREAM) {  // aten::record_stream(Tensor(a!) self, Stream s)
+    int64_t sid = NO_STREAM;
+    if (inputs.size() > 1 && inputs[1].isStream()) sid = inputs[1].toStream().id();
+    append(STREAM_RECORDED, p, sid);
+    return ctx;
+  }
+  set_stream(p);
+  p.frame = stack_id();
+  if (plan.kind == COLLECTIVE) {  // Python learns of it before the trace callbacks it causes
+    append(COLLECTIVE_BEGIN, p, 0);
+    p.items.clear();
+  }
+  ctx->mode = 2;
+  return ctx;
+}
+
+void on_end(const at::RecordFunction& fn, at::ObserverContext* raw) {
+  auto* ctx = static_cast<Context*>(raw);
+  if (ctx == nullptr || ctx->mode == 0) return;
+  inside--;
+  if (ctx->mode != 2) return;
+  Pending& p = ctx->pending;
+  if (p.kind == COLLECTIVE) {
+    append(COLLECTIVE_END, p, 0);
+    return;
+  }
+  const Plan& plan = p.op->plan;
+  if (plan.returns >= 0)
+    for (const c10::IValue& v : fn.outputs()) add_value(p, v, plan.returns);
+  append(OP, p, p.non_blocking);
+}
+
+// -- Python API ----------------------------------------------------------------------------------
+PyObject* py_start(PyObject*, PyObject* args) {
+  PyObject* plan_fn;
+  int cuda, stacks;
+  if (!PyArg_ParseTuple(args, "Opp", &plan_fn, &cuda, &stacks)) return nullptr;
+  if (active.load()) {
+    PyErr_SetString(PyExc_RuntimeError, "the native op log is already recording");
+    return nullptr;
+  }
+  Py_INCREF(plan_fn);
+  Py_XSETREF(planner, plan_fn);
+  cuda_mode = cuda != 0;
+  with_stacks = stacks != 0;
+  {
+    std::lock_guard<std::mutex> g(mu);  // the plans stay: they depend on the operator alone
+    records.clear();
+    items.clear();
+    recent_host.clear();
+    watched_host.clear();
+  }
+  handle = at::addGlobalCallback(at::RecordFunctionCallback(on_start, on_end)
+                                     .needsInputs(true)
+                                     .needsOutputs(true)
+                                     .scopes({at::RecordScope::FUNCTION}));
+  active.store(true);
+  Py_RETURN_NONE;
+}
+
+PyObject* py_stop(PyObject*, PyObject*) {
+  if (active.exchange(false)) at::removeCallback(handle);
+  Py_RETURN_NONE;
+}
+
+// suspend()/resume(): the tracker's own calls on this thread are not the program's.
+PyObject* py_suspend(PyObject*, PyObject*) {
+  inside++;
+  Py_RETURN_NONE;
+}
+PyObject* py_resume(PyObject*, PyObject*) {
+  inside--;
+  Py_RETURN_NONE;
+}
+
+// drain() -> (records, items, new op names from `known` on): records are tuples
+// (type, op, stream, device_index, frame, first, count, extra); items (ptr, nbytes, sptr, snbytes,
+// access, device, pinned), indexed by `first`.
+PyObject* py_drain(PyObject*, PyObject* args) {
+  Py_ssize_t known = 0;
+  if (!PyArg_ParseTuple(args, "n", &known)) return nullptr;
+  std::vector<Record> rs;
+  std::vector<Item> is;
+  std::vector<std::pair<std::string, std::string>> names;
+  {
+    std::lock_guard<std::mutex> g(mu);
+    if (!watched_host.empty()) host_frees_locked();
+    rs.swap(records);
+    is.swap(items);
+    recent_host.clear();
+    for (size_t i = static_cast<size_t>(known); i < ops.size(); i++) names.emplace_back(ops[i]->name, ops[i]->overload);
+  }
+  PyObject* out_r = PyList_New(static_cast<Py_ssize_t>(rs.size()));
+  for (size_t i = 0; i < rs.size(); i++) {
+    const Record& r = rs[i];
+    PyList_SET_ITEM(out_r, i,
+                    Py_BuildValue("(iiLiLIIL)", r.type, r.op, static_cast<long long>(r.stream), r.device_index,
+                                  static_cast<long long>(r.frame), r.first, r.count, static_cast<long long>(r.extra)));
+  }
+  PyObject* out_i = PyList_New(static_cast<Py_ssize_t>(is.size()));
+  for (size_t i = 0; i < is.size(); i++) {
+    const Item& it = is[i];
+    PyList_SET_ITEM(out_i, i,
+                    Py_BuildValue("(KKKKiii)", static_cast<unsigned long long>(it.ptr),
+                                  static_cast<unsigned long long>(it.nbytes), static_cast<unsigned long long>(it.sptr),
+                                  static_cast<unsigned long long>(it.snbytes), it.access, it.device, it.pinned));
+  }
+  PyObject* out_n = PyList_New(static_cast<Py_ssize_t>(names.size()));
+  for (size_t i = 0; i < names.size(); i++)
+    PyList_SET_ITEM(out_n, i, Py_BuildValue("(ss)", names[i].first.c_str(), names[i].second.c_str()));
+  return Py_BuildValue("(NNN)", out_r, out_i, out_n);
+}
+
+// watch(storage ptr): Python tracks this host storage; its death becomes a HOST_FREED record.
+PyObject* py_watch(PyObject*, PyObject* args) {
+  unsigned long long sptr;
+  if (!PyArg_ParseTuple(args, "K", &sptr)) return nullptr;
+  std::lock_guard<std::mutex> g(mu);
+  auto it = recent_host.find(sptr);
+  if (it == recent_host.end()) Py_RETURN_FALSE;
+  watched_host.insert_or_assign(sptr, it->second);
+  Py_RETURN_TRUE;
+}
+
+PyObject* py_watch_host(PyObject*, PyObject* args) {
+  int on;
+  if (!PyArg_ParseTuple(args, "p", &on)) return nullptr;
+  watching.store(on != 0);
+  Py_RETURN_NONE;
+}
+
+// frames(id) -> ((code, lasti), ...), innermost first.
+PyObject* py_frames(PyObject*, PyObject* args) {
+  long long id;
+  if (!PyArg_ParseTuple(args, "L", &id)) return nullptr;
+  std::lock_guard<std::mutex> g(mu);
+  if (id < 0 || static_cast<size_t>(id) >= frames.size()) return PyTuple_New(0);
+  const Frames& f = frames[static_cast<size_t>(id)];
+  PyObject* out = PyTuple_New(static_cast<Py_ssize_t>(f.chain.size()));
+  for (size_t i = 0; i < f.chain.size(); i++)
+    PyTuple_SET_ITEM(out, i, Py_BuildValue("(Oi)", f.chain[i].first, f.chain[i].second));
+  return out;
+}
+
+PyObject* py_planner_error(PyObject*, PyObject*) {
+  std::lock_guard<std::mutex> g(mu);
+  return PyUnicode_FromString(planner_error.c_str());
+}
+
+PyMethodDef methods[] = {
+    {"start", py_start, METH_VARARGS, "start(planner, cuda, stacks): record every operator from now on"},
+    {"stop", py_stop, METH_NOARGS, "stop recording"},
+    {"suspend", py_suspend, METH_NOARGS, "the calling thread's operators are the tracker's own until resume()"},
+    {"resume", py_resume, METH_NOARGS, "undo one suspend()"},
+    {"drain", py_drain, METH_VARARGS, "drain(known_ops) -> (records, items, new op names)"},
+    {"watch", py_watch, METH_VARARGS, "watch(storage_ptr) -> whether that host storage's death will be logged"},
+    {"watch_host", py_watch_host, METH_VARARGS, "watch_host(on): keep weak references to host storages seen"},
+    {"frames", py_frames, METH_VARARGS, "frames(stack_id) -> ((code, lasti), ...), innermost first"},
+    {"planner_error", py_planner_error, METH_NOARGS, "the last error the Python planner raised"},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyModuleDef module = {PyModuleDef_HEAD_INIT, "_op_log", "racecheck's native operator log", -1, methods};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit__op_log() { return PyModule_Create(&module); }
