@@ -70,6 +70,8 @@ def build(*, verbose: bool = False) -> Path:
     except ImportError as exc:  # pragma: no cover - torch without its extension builder
         raise NativeUnavailable(f"torch.utils.cpp_extension is missing ({exc})") from exc
     if not cpp_extension.is_ninja_available():
+        _ninja_on_path()
+    if not cpp_extension.is_ninja_available():
         raise NativeUnavailable("ninja is not installed (torch.utils.cpp_extension needs it: pip install ninja)")
     directory.mkdir(parents=True, exist_ok=True)
     try:
@@ -89,6 +91,18 @@ def build(*, verbose: bool = False) -> Path:
     if found is None:
         raise NativeUnavailable(f"building op_log.cpp left no {MODULE} in {directory}")
     return found
+
+
+def _ninja_on_path() -> None:
+    """The ninja that pip installed (the `ninja` package, a dependency) where a venv that is not
+    activated keeps it off PATH."""
+    try:
+        import ninja
+    except ImportError:
+        return
+    bin_dir = getattr(ninja, "BIN_DIR", None)
+    if bin_dir and os.path.isdir(bin_dir):
+        os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
 
 
 def _import(path: Path) -> ModuleType:

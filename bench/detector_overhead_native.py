@@ -1,0 +1,349 @@
+"""What race detection costs on a training step, with the tracker's two recording paths side by side
+(needs one CUDA GPU): racecheck.detect.TorchRaceTracker on its native path (op_log.cpp) and on its
+Python path (a TorchDispatchMode), and torch.cuda._sanitizer, against the step with no tool.
+
+    python bench/detector_overhead_native.py --out reports/gpu
+    python bench/detector_overhead_native.py --device cpu --workloads mlp --out /tmp/x   # a smoke run
+
+Workloads: `mlp`, an MLP of --layers Linear(2048, 2048) + ReLU, batch 64, MSE, SGD with momentum
+(bench/detector_overhead.py's loop); `fsdp2`, a transformer (--fsdp2-layers encoder layers of
+width 1024) with torch.distributed.fsdp.fully_shard on every layer and the root, AdamW, on a
+one-rank process group. Each (workload, mode, repeat) runs in a fresh process, modes interleaved
+within a repeat, --warmup steps then --iters timed ones (CUDA synchronized around them).
+
+Modes: `plain` (no tool), `native`, `python`, `sanitizer`, and the parts that say where the time
+goes: `trace_only` (the CUDA trace callbacks into racecheck's handlers, no operator recorded),
+`native_record` (that plus the native log recording every operator with its stack and being
+drained, its records dropped), `native_nostacks` (the native path without stacks),
+`dispatch_floor` (an empty TorchDispatchMode: the Python path's floor) and `python_nostacks`.
+The split, per workload: trace callbacks = trace_only - plain; native recording = native_record -
+trace_only; stacks = native - native_nostacks; engine (shadow updates) = native_nostacks -
+native_record.
+
+Writes DIR/detector_overhead_native.csv (workload, mode, ms_median, slowdown over plain),
+DIR/detector_overhead_native_runs.csv (every run) and DIR/detector_overhead_native.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+MODES = (
+    "plain",
+    "native",
+    "python",
+    "sanitizer",
+    "trace_only",
+    "native_record",
+    "native_nostacks",
+    "dispatch_floor",
+    "python_nostacks",
+)
+WORKLOADS = ("mlp", "fsdp2")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _workload(args, dev):
+    """(step, what it is) for the workload, built on `dev`."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    if args.workload == "mlp":
+        layers = []
+        for _ in range(args.layers):
+            layers += [nn.Linear(args.width, args.width), nn.ReLU()]
+        model = nn.Sequential(*layers).to(dev)
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9, foreach=True)
+        x = torch.randn(args.batch, args.width, device=dev)
+        y = torch.randn(args.batch, args.width, device=dev)
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+
+        return step, f"{args.layers}-layer {args.width}-wide MLP, batch {args.batch}, SGD with momentum"
+    from torch.distributed.fsdp import fully_shard
+
+    width = args.fsdp2_width
+    model = nn.Sequential(
+        *[
+            nn.TransformerEncoderLayer(width, 16, 4 * width, dropout=0.0, batch_first=True, device=dev)
+            for _ in range(args.fsdp2_layers)
+        ]
+    )
+    for layer in model:
+        fully_shard(layer)
+    fully_shard(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+    x = torch.randn(args.fsdp2_batch, args.fsdp2_seq, width, device=dev)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        model(x).float().pow(2).mean().backward()
+        opt.step()
+
+    return step, (
+        f"{args.fsdp2_layers}-layer width-{width} transformer, batch {args.fsdp2_batch} x {args.fsdp2_seq}, "
+        "FSDP2 (fully_shard per layer and root) on one rank, AdamW"
+    )
+
+
+def _tool(mode: str, cpu: bool):
+    """The context the step runs under, and the tracker (or None)."""
+    if mode == "plain":
+        return None, None
+    if mode == "sanitizer":
+        import torch.cuda._sanitizer as csan
+
+        csan.enable_cuda_sanitizer()  # for the whole process, as its documentation says
+        return None, None
+    if mode == "dispatch_floor":
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        class Floor(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, a=(), kw=None):
+                return func(*a, **(kw or {}))
+
+        return Floor(), None
+    from racecheck.detect import TorchRaceTracker
+
+    path = "python" if mode.startswith("python") else "native"
+    kwargs = {"device_type": "cpu", "current_stream": lambda: 0, "stream_handle": lambda s: 0} if cpu else {}
+    tracker = TorchRaceTracker(stacks_on=not mode.endswith("nostacks"), path=path, **kwargs)
+    feed = tracker._feed
+    if mode == "trace_only":  # the log never starts: no operator is recorded
+
+        def started():
+            feed.active = True
+
+        feed.start = started
+    elif mode == "native_record":  # recorded and drained, then dropped
+        feed._apply = lambda records, items: None
+    return tracker, tracker
+
+
+def child(args) -> dict:
+    import torch
+
+    sys.path.insert(0, str(REPO))
+    cpu = args.device == "cpu"
+    dev = torch.device("cpu") if cpu else torch.device("cuda", 0)
+    if args.workload == "fsdp2":
+        import torch.distributed as dist
+
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0", WORLD_SIZE="1")
+        if not cpu:
+            torch.cuda.set_device(0)
+        dist.init_process_group("gloo" if cpu else "nccl", rank=0, world_size=1)
+    ctx, tracker = _tool(args.mode, cpu)
+    if ctx is not None:
+        ctx.__enter__()
+    step, what = _workload(args, dev)
+    sync = (lambda: None) if cpu else torch.cuda.synchronize
+    for _ in range(args.warmup):
+        step()
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(args.iters):
+        step()
+    sync()
+    ms = (time.perf_counter() - t0) / args.iters * 1e3
+    result = {
+        "workload": args.workload,
+        "mode": args.mode,
+        "ms_per_step": ms,
+        "what": what,
+        "torch": torch.__version__,
+        "device": "cpu" if cpu else torch.cuda.get_device_name(0),
+    }
+    if ctx is not None:
+        ctx.__exit__(None, None, None)
+    if tracker is not None:
+        from racecheck.detect import ENGINE
+
+        result.update(
+            reports=len(tracker.reports()),
+            errors=tracker.errors[:3],
+            path=tracker.path,
+            engine=ENGINE,
+            ops=tracker.ops,
+            accesses=tracker.engine.accesses,
+        )
+    if args.workload == "fsdp2":
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+    return result
+
+
+def run_child(args, workload: str, mode: str, path: Path) -> str | None:
+    cmd = [sys.executable, __file__, "--child", "--workload", workload, "--mode", mode, "--json", str(path)]
+    for name in ("device", "layers", "width", "batch", "warmup", "iters", "fsdp2_layers", "fsdp2_width"):
+        cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    cmd += ["--fsdp2-batch", str(args.fsdp2_batch), "--fsdp2-seq", str(args.fsdp2_seq)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        return f"no result in {args.timeout:.0f} s"
+    if proc.returncode != 0 or not path.exists():
+        return " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
+    return None
+
+
+def medians(rows: list[dict]) -> dict[tuple[str, str], float]:
+    out = {}
+    for key in {(r["workload"], r["mode"]) for r in rows if r.get("ms_per_step")}:
+        out[key] = statistics.median(
+            r["ms_per_step"] for r in rows if (r["workload"], r["mode"]) == key and r.get("ms_per_step")
+        )
+    return out
+
+
+def write_outputs(out: Path, rows: list[dict], args) -> list[str]:
+    with open(out / "detector_overhead_native_runs.csv", "w", newline="") as fh:
+        fields = [
+            "workload",
+            "mode",
+            "repeat",
+            "ms_per_step",
+            "reports",
+            "path",
+            "engine",
+            "ops",
+            "errors",
+            "torch",
+            "device",
+        ]
+        w = csv.DictWriter(fh, fieldnames=fields, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({**r, "errors": " | ".join(map(str, r.get("errors") or []))})
+    med = medians(rows)
+    with open(out / "detector_overhead_native.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["workload", "mode", "ms_median", "slowdown"])
+        for workload in WORKLOADS:
+            base = med.get((workload, "plain"))
+            for mode in MODES:
+                m = med.get((workload, mode))
+                if m is not None:
+                    w.writerow([workload, mode, f"{m:.3f}", f"{m / base:.2f}" if base else ""])
+    meta = next((r for r in rows if r.get("device")), {})
+    lines = [
+        "# Detector overhead: the native and the Python recording path",
+        "",
+        f"Device: {meta.get('device', '?')}; torch {meta.get('torch', '?')}. {args.warmup} warm-up and "
+        f"{args.iters} timed steps per run, median of {args.repeats} runs (fresh processes, modes interleaved).",
+        "",
+    ]
+    for workload in WORKLOADS:
+        base = med.get((workload, "plain"))
+        if base is None:
+            continue
+        what = next((r["what"] for r in rows if r["workload"] == workload and r.get("what")), workload)
+        lines += [
+            f"## {workload}: {what}",
+            "",
+            "| mode | ms per step (median) | slowdown | every run (ms) |",
+            "| --- | --- | --- | --- |",
+        ]
+        for mode in MODES:
+            m = med.get((workload, mode))
+            runs = sorted(
+                r["ms_per_step"]
+                for r in rows
+                if (r["workload"], r["mode"]) == (workload, mode) and r.get("ms_per_step")
+            )
+            if m is not None:
+                lines.append(f"| {mode} | {m:.3f} | {m / base:.2f}x | {', '.join(f'{t:.2f}' for t in runs)} |")
+        part = {mode: med.get((workload, mode)) for mode in MODES}
+        if all(part[m] is not None for m in ("trace_only", "native_record", "native_nostacks", "native")):
+            lines += [
+                "",
+                f"Where the native path's {part['native'] - base:.3f} ms per step go: trace callbacks "
+                f"{part['trace_only'] - base:.3f}, recording {part['native_record'] - part['trace_only']:.3f}, "
+                f"engine {part['native_nostacks'] - part['native_record']:.3f}, stacks "
+                f"{part['native'] - part['native_nostacks']:.3f}.",
+            ]
+        if part["python"] is not None and part["dispatch_floor"] is not None and part["python_nostacks"] is not None:
+            lines.append(
+                f"The Python path's {part['python'] - base:.3f} ms: dispatch floor {part['dispatch_floor'] - base:.3f}, "
+                f"stacks {part['python'] - part['python_nostacks']:.3f}, the rest "
+                f"{part['python_nostacks'] - part['dispatch_floor']:.3f}."
+            )
+        lines.append("")
+    (out / "detector_overhead_native.md").write_text("\n".join(lines))
+    return lines
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default="reports/gpu")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--workloads", default=",".join(WORKLOADS))
+    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--width", type=int, default=2048)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--fsdp2-layers", type=int, default=4)
+    p.add_argument("--fsdp2-width", type=int, default=1024)
+    p.add_argument("--fsdp2-batch", type=int, default=8)
+    p.add_argument("--fsdp2-seq", type=int, default=256)
+    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--iters", type=int, default=200)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--timeout", type=float, default=300)
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--workload", choices=WORKLOADS, help=argparse.SUPPRESS)
+    p.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
+    p.add_argument("--json", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        Path(args.json).write_text(json.dumps(child(args)))
+        return 0
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    modes = [m for m in MODES if m in args.modes.split(",") and not (args.device == "cpu" and m == "sanitizer")]
+    rows: list[dict] = []
+    for repeat in range(args.repeats):
+        for workload in args.workloads.split(","):
+            for mode in modes:  # interleaved: drift in clocks or load affects every mode alike
+                path = out / f".native-{workload}-{mode}-{repeat}.json"
+                failure = run_child(args, workload, mode, path)
+                if failure is None:
+                    rows.append({**json.loads(path.read_text()), "repeat": repeat})
+                    path.unlink()
+                else:
+                    rows.append(
+                        {"workload": workload, "mode": mode, "repeat": repeat, "ms_per_step": None, "errors": [failure]}
+                    )
+                r = rows[-1]
+                print(
+                    f"repeat {repeat} {workload:6} {mode:16} {r.get('ms_per_step')} ms/step reports={r.get('reports')} "
+                    f"path={r.get('path')} ops={r.get('ops')} {r.get('errors') or ''}",
+                    flush=True,
+                )
+        lines = write_outputs(out, rows, args)  # a run cut short keeps its tables
+    print("\n".join(lines))
+    return 0 if all(r.get("ms_per_step") for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
