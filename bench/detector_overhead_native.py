@@ -12,13 +12,12 @@ one-rank process group. Each (workload, mode, repeat) runs in a fresh process, m
 within a repeat, --warmup steps then --iters timed ones (CUDA synchronized around them).
 
 Modes: `plain` (no tool), `native`, `python`, `sanitizer`, and the parts that say where the time
-goes: `trace_only` (the CUDA trace callbacks into racecheck's handlers, no operator recorded),
-`native_record` (that plus the native log recording every operator with its stack and being
-drained, its records dropped), `native_nostacks` (the native path without stacks),
+goes: `native_record` (the native log records every operator and CUDA trace event with its stack
+and is drained, its records dropped), `native_nostacks` (the native path without stacks),
 `dispatch_floor` (an empty TorchDispatchMode: the Python path's floor) and `python_nostacks`.
-The split, per workload: trace callbacks = trace_only - plain; native recording = native_record -
-trace_only; stacks = native - native_nostacks; engine (shadow updates) = native_nostacks -
-native_record.
+The split, per workload: recording = native_record - plain; applying the records (the tracker's
+bookkeeping and the engine's shadow updates) = native - native_record; of all that, stacks =
+native - native_nostacks.
 
 Writes DIR/detector_overhead_native.csv (workload, mode, ms_median, slowdown over plain),
 DIR/detector_overhead_native_runs.csv (every run) and DIR/detector_overhead_native.md.
@@ -43,7 +42,6 @@ MODES = (
     "native",
     "python",
     "sanitizer",
-    "trace_only",
     "native_record",
     "native_nostacks",
     "dispatch_floor",
@@ -127,15 +125,8 @@ def _tool(mode: str, cpu: bool):
     path = "python" if mode.startswith("python") else "native"
     kwargs = {"device_type": "cpu", "current_stream": lambda: 0, "stream_handle": lambda s: 0} if cpu else {}
     tracker = TorchRaceTracker(stacks_on=not mode.endswith("nostacks"), path=path, **kwargs)
-    feed = tracker._feed
-    if mode == "trace_only":  # the log never starts: no operator is recorded
-
-        def started():
-            feed.active = True
-
-        feed.start = started
-    elif mode == "native_record":  # recorded and drained, then dropped
-        feed._apply = lambda records, items: None
+    if mode == "native_record":  # recorded and drained, then dropped
+        tracker._feed._apply = lambda records, items: None
     return tracker, tracker
 
 
@@ -274,17 +265,18 @@ def write_outputs(out: Path, rows: list[dict], args) -> list[str]:
             if m is not None:
                 lines.append(f"| {mode} | {m:.3f} | {m / base:.2f}x | {', '.join(f'{t:.2f}' for t in runs)} |")
         part = {mode: med.get((workload, mode)) for mode in MODES}
-        if all(part[m] is not None for m in ("trace_only", "native_record", "native_nostacks", "native")):
+        if all(part[m] is not None for m in ("native_record", "native_nostacks", "native")):
             lines += [
                 "",
-                f"Where the native path's {part['native'] - base:.3f} ms per step go: trace callbacks "
-                f"{part['trace_only'] - base:.3f}, recording {part['native_record'] - part['trace_only']:.3f}, "
-                f"engine {part['native_nostacks'] - part['native_record']:.3f}, stacks "
+                f"Where the native path's {part['native'] - base:.3f} ms per step go: recording "
+                f"{part['native_record'] - base:.3f}, applying the records "
+                f"{part['native'] - part['native_record']:.3f}; stacks (in both) "
                 f"{part['native'] - part['native_nostacks']:.3f}.",
             ]
         if part["python"] is not None and part["dispatch_floor"] is not None and part["python_nostacks"] is not None:
             lines.append(
-                f"The Python path's {part['python'] - base:.3f} ms: dispatch floor {part['dispatch_floor'] - base:.3f}, "
+                f"The Python path's {part['python'] - base:.3f} ms: dispatch floor "
+                f"{part['dispatch_floor'] - base:.3f}, "
                 f"stacks {part['python'] - part['python_nostacks']:.3f}, the rest "
                 f"{part['python_nostacks'] - part['dispatch_floor']:.3f}."
             )

@@ -52,7 +52,7 @@ compare() {
 bench() {
   python3 bench/detector_overhead_native.py --out "$N" --repeats "${NATIVE_REPEATS:-3}" \
     --iters "${NATIVE_ITERS:-200}" --workloads "${NATIVE_WORKLOADS:-mlp,fsdp2}" \
-    --modes "${NATIVE_MODES:-plain,native,python,sanitizer,trace_only,native_record,native_nostacks,dispatch_floor,python_nostacks}" \
+    --modes "${NATIVE_MODES:-plain,native,python,sanitizer,native_record,native_nostacks,dispatch_floor,python_nostacks}" \
     >"$N/bench.log" 2>&1
 }
 

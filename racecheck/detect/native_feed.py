@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 # op_log.cpp's record types
 OP, COLLECTIVE_BEGIN, COLLECTIVE_END, STREAM_RECORDED, HOST_FREED = range(5)
+ALLOCATED, FREED, EVENT_RECORDED, EVENT_WAITED, EVENT_DELETED, DEVICE_SYNCED, STREAM_SYNCED, EVENT_SYNCED = range(5, 13)
 NO_STREAM = -(2**63)  # the record's stream is the tracker's current stream
 
 
@@ -59,9 +60,11 @@ class NativeFeed:
         from racecheck.detect.dispatch import native_plan
 
         tracker = self.tracker
-        self.log.start(native_plan, tracker.device_type == "cuda", tracker.stacks_on)
-        self.log.watch_host(tracker.device_type == "cuda")
+        cuda = tracker.device_type == "cuda"
         self.active = True
+        # On CUDA the log takes CUDA's trace events too (op_log.cpp), in place of Python's callbacks.
+        self.log.start(native_plan, self.drain, cuda, tracker.stacks_on, cuda)
+        self.log.watch_host(cuda)
 
     def stop(self) -> None:
         self.drain()
@@ -94,16 +97,12 @@ class NativeFeed:
         return handle
 
     def drain(self) -> None:
-        log = self.log
-        log.suspend()  # the tracker's own calls (is_pinned, storages) are not the program's
-        try:
-            records, items, names = log.drain(len(self.plans))
-            for name, overload in names:
-                self.plans.append(self._plan(name, overload))
-            if records:
-                self._apply(records, items)
-        finally:
-            log.resume()
+        """Apply the log's records (the tracker itself calls no operator meanwhile)."""
+        records, items, names = self.log.drain(len(self.plans))
+        for name, overload in names:
+            self.plans.append(self._plan(name, overload))
+        if records:
+            self._apply(records, items)
 
     def _apply(self, records: list, items: list) -> None:
         tracker = self.tracker
@@ -132,6 +131,22 @@ class NativeFeed:
                 elif kind == STREAM_RECORDED:
                     if count:
                         tracker._native_record_stream(items[first][0], self._stream(extra, device))
+                elif kind == ALLOCATED:
+                    tracker._native_allocated(extra, self._stream(stream_id, device))
+                elif kind == FREED:
+                    tracker._native_freed(extra, self._stack(stack_id))
+                elif kind == EVENT_RECORDED:
+                    tracker._on_event_record(extra, stream_id)
+                elif kind == EVENT_WAITED:
+                    tracker._on_event_wait(extra, stream_id)
+                elif kind == EVENT_DELETED:
+                    tracker.engine.forget_event(extra)
+                elif kind == DEVICE_SYNCED:
+                    tracker._on_host_sync("device")
+                elif kind == STREAM_SYNCED:
+                    tracker._on_host_sync("stream", stream_id)
+                elif kind == EVENT_SYNCED:
+                    tracker._on_host_sync("event", extra)
                 elif kind == HOST_FREED:
                     tracker._host_freed(extra)
             except Exception as exc:  # never break the program under test
@@ -217,6 +232,20 @@ class NativeTrackerOps:
         if plan.blocks_host:  # .item(): the host waited for the stream
             engine.host_sync_stream(key)
         self.ops += 1
+
+    def _native_allocated(self, ptr: int, stream: int | None) -> None:
+        """The caching allocator handed out the block at `ptr` for `stream` (torch_hooks.py's
+        allocation callback, from the log)."""
+        stream = self._current() if stream is None else stream
+        if stream not in self._domains:
+            self._key(stream)  # type: ignore[attr-defined]
+        if ptr in self.engine.live:  # the block is free again, so that record missed its free
+            self.engine.retire(ptr)
+        self._pending[ptr] = [stream, None, None]
+
+    def _native_freed(self, ptr: int, stack) -> None:
+        if self._pending.pop(ptr, None) is None:  # else: no op ever touched it
+            self.engine.free(ptr, stack=stack)
 
     def _watch(self, ptr: int) -> None:
         feed = self._feed  # type: ignore[attr-defined]

@@ -16,10 +16,16 @@
 //   nothing and its callees are recorded in its place;
 // - the calls a recorded operator makes from inside its kernel (temporaries, the local tensors of
 //   a tensor subclass, ProcessGroupNCCL's internal copies) are its own and are not recorded;
-// - calls made while the tracker itself runs (Python, between suspend() and resume()) neither.
+// - calls made while the tracker itself runs (its planner, its drain called from here) neither.
 //
 // Python stacks: an identifier per distinct chain of (code object, bytecode offset), interned
 // here; Python turns one into frames only for an access that ends up in a report.
+//
+// On CUDA the log also takes CUDA's trace events (allocations, frees, event record and wait, and
+// stream, event and device synchronizations: what torch.cuda._gpu_trace's callbacks report to
+// Python) through an interpreter of its own installed as c10's GPU trace for the time it records,
+// so none of them enters Python either. Python drains the log when it holds DRAIN_AT records,
+// when a report is asked for and when recording stops.
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -29,6 +35,8 @@
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <ATen/record_function.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/core/impl/GPUTrace.h>
+#include <c10/core/impl/PyInterpreter.h>
 #include <c10/util/intrusive_ptr.h>
 
 #include <atomic>
@@ -47,7 +55,24 @@ enum Kind : int8_t { UNPLANNED = -1, PLAIN = 0, SKIP = 1, TRANSPARENT = 2, COLLE
 // Access codes of an item.
 enum Access : int8_t { READ = 0, WRITE = 1, RESOLVE = 2 };  // RESOLVE: a return that sizes a fresh block
 // Record types.
-enum Type : int8_t { OP = 0, COLLECTIVE_BEGIN = 1, COLLECTIVE_END = 2, STREAM_RECORDED = 3, HOST_FREED = 4 };
+enum Type : int8_t {
+  OP = 0,
+  COLLECTIVE_BEGIN = 1,
+  COLLECTIVE_END = 2,
+  STREAM_RECORDED = 3,
+  HOST_FREED = 4,
+  // CUDA's trace events; `extra` is the address or event, `stream` a cudaStream_t (ALLOCATED:
+  // the c10 id of the stream current at the allocation)
+  ALLOCATED = 5,
+  FREED = 6,
+  EVENT_RECORDED = 7,
+  EVENT_WAITED = 8,
+  EVENT_DELETED = 9,
+  DEVICE_SYNCED = 10,
+  STREAM_SYNCED = 11,
+  EVENT_SYNCED = 12,
+};
+constexpr size_t DRAIN_AT = 4096;  // records that make the log call Python's drain
 
 constexpr int64_t NO_STREAM = INT64_MIN;  // no CUDA tensor, or the CPU tracker: Python's current stream
 constexpr int MAX_WALK = 96;              // frames walked at most (stacks.py's MAX_WALK)
@@ -100,6 +125,8 @@ std::atomic<bool> watching{false};
 bool cuda_mode = false;  // streams from CUDA's current stream (else Python's)
 bool with_stacks = true;
 PyObject* planner = nullptr;  // Python: (name, overload) -> plan tuple
+PyObject* drainer = nullptr;  // Python: drain the log (called at DRAIN_AT records)
+bool draining = false;        // under mu: a drain call is on its way
 std::string planner_error;
 at::CallbackHandle handle = 0;
 thread_local int inside = 0;  // > 0: within a recorded operator or the tracker itself
@@ -308,6 +335,139 @@ void append(int8_t type, const Pending& p, int64_t extra) {
   records.push_back(r);
 }
 
+void append_event(int8_t type, int64_t stream, int32_t device_index, int64_t frame, int64_t extra) {
+  std::lock_guard<std::mutex> g(mu);
+  records.push_back(Record{type, -1, stream, device_index, frame, 0, 0, extra});
+}
+
+// At an operator's end (never inside the allocator, which may hold its lock while it reports):
+// a full log is handed to Python.
+void drain_if_full() {
+  {
+    std::lock_guard<std::mutex> g(mu);
+    if (records.size() < DRAIN_AT || draining || drainer == nullptr) return;
+    draining = true;
+  }
+  inside++;
+  PyGILState_STATE gil = PyGILState_Ensure();
+  PyObject* got = PyObject_CallNoArgs(drainer);
+  if (got == nullptr) PyErr_Clear();  // the drain records its own errors
+  Py_XDECREF(got);
+  PyGILState_Release(gil);
+  inside--;
+  std::lock_guard<std::mutex> g(mu);
+  draining = false;
+}
+
+int64_t current_stream(int32_t* device_index) {
+  const c10::impl::DeviceGuardImplInterface* cuda = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+  c10::Device device = cuda->getDevice();
+  *device_index = device.index();
+  return cuda->getStream(device).id();
+}
+
+// -- CUDA's trace events -------------------------------------------------------------------------
+// The interpreter c10 calls for them (c10/core/impl/GPUTrace.h) while the log records on CUDA.
+// Only its trace_gpu_* methods are ever called through the GPU trace; the others exist because
+// the interface declares them, and are never reached.
+[[noreturn]] void unreachable(const char* what) {
+  TORCH_INTERNAL_ASSERT(false, "racecheck's GPU trace interpreter does not implement ", what);
+}
+
+struct TraceVTable final : c10::impl::PyInterpreterVTable {
+  std::string name() const override { return "racecheck op log (GPU trace)"; }
+  void incref(PyObject*) const override { unreachable("incref"); }
+  void decref(PyObject*) const override { unreachable("decref"); }
+  bool try_incref(const c10::impl::PyObjectSlot&) const override { unreachable("try_incref"); }
+  size_t refcnt(PyObject*) const override { unreachable("refcnt"); }
+  c10::intrusive_ptr<c10::TensorImpl> detach(const c10::TensorImpl*) const override { unreachable("detach"); }
+  void dispatch(const c10::OperatorHandle&, torch::jit::Stack*) const override { unreachable("dispatch"); }
+  void reportErrorCallback(PyObject*, c10::DispatchKey) const override { unreachable("reportErrorCallback"); }
+  void python_op_registration_trampoline(const c10::OperatorHandle&, c10::DispatchKey, c10::DispatchKeySet,
+                                         torch::jit::Stack*, bool, bool) const override {
+    unreachable("python_op_registration_trampoline");
+  }
+  void throw_abstract_impl_not_imported_error(std::string, const char*, const char*) const override {
+    unreachable("throw_abstract_impl_not_imported_error");
+  }
+  void python_dispatcher(const c10::OperatorHandle&, c10::DispatchKeySet, torch::jit::Stack*) const override {
+    unreachable("python_dispatcher");
+  }
+  bool is_contiguous(const c10::TensorImpl*, at::MemoryFormat) const override { unreachable("is_contiguous"); }
+  c10::SymBool sym_is_contiguous(const c10::TensorImpl*, at::MemoryFormat) const override {
+    unreachable("sym_is_contiguous");
+  }
+  bool is_strides_like(const c10::TensorImpl*, at::MemoryFormat) const override { unreachable("is_strides_like"); }
+  bool is_non_overlapping_and_dense(const c10::TensorImpl*) const override { unreachable("is_non_overlapping"); }
+  c10::Device device(const c10::TensorImpl*) const override { unreachable("device"); }
+  int64_t dim(const c10::TensorImpl*) const override { unreachable("dim"); }
+  c10::IntArrayRef strides(const c10::TensorImpl*) const override { unreachable("strides"); }
+  c10::IntArrayRef sizes(const c10::TensorImpl*) const override { unreachable("sizes"); }
+  c10::SymIntArrayRef sym_sizes(const c10::TensorImpl*) const override { unreachable("sym_sizes"); }
+  c10::Layout layout(const c10::TensorImpl*) const override { unreachable("layout"); }
+  int64_t numel(const c10::TensorImpl*) const override { unreachable("numel"); }
+  c10::SymInt sym_numel(const c10::TensorImpl*) const override { unreachable("sym_numel"); }
+  c10::SymIntArrayRef sym_strides(const c10::TensorImpl*) const override { unreachable("sym_strides"); }
+  c10::SymInt sym_storage_offset(const c10::TensorImpl*) const override { unreachable("sym_storage_offset"); }
+  void reset_backward_hooks(const c10::TensorImpl*) const override { unreachable("reset_backward_hooks"); }
+
+  void trace_gpu_event_creation(c10::DeviceType, uintptr_t) const override {}
+  void trace_gpu_stream_creation(c10::DeviceType, uintptr_t) const override {}
+  void trace_gpu_event_deletion(c10::DeviceType type, uintptr_t event) const override {
+    if (type == c10::DeviceType::CUDA) append_event(EVENT_DELETED, NO_STREAM, -1, -1, static_cast<int64_t>(event));
+  }
+  void trace_gpu_event_record(c10::DeviceType type, uintptr_t event, uintptr_t stream) const override {
+    if (type == c10::DeviceType::CUDA)
+      append_event(EVENT_RECORDED, static_cast<int64_t>(stream), -1, -1, static_cast<int64_t>(event));
+  }
+  void trace_gpu_event_wait(c10::DeviceType type, uintptr_t event, uintptr_t stream) const override {
+    if (type == c10::DeviceType::CUDA)
+      append_event(EVENT_WAITED, static_cast<int64_t>(stream), -1, -1, static_cast<int64_t>(event));
+  }
+  void trace_gpu_memory_allocation(c10::DeviceType type, uintptr_t ptr) const override {
+    if (type != c10::DeviceType::CUDA) return;
+    int32_t device_index = -1;
+    int64_t stream = current_stream(&device_index);  // the allocation is for the current stream
+    append_event(ALLOCATED, stream, device_index, -1, static_cast<int64_t>(ptr));
+  }
+  void trace_gpu_memory_deallocation(c10::DeviceType type, uintptr_t ptr) const override;
+  void trace_gpu_device_synchronization(c10::DeviceType type) const override {
+    if (type == c10::DeviceType::CUDA) append_event(DEVICE_SYNCED, NO_STREAM, -1, -1, 0);
+  }
+  void trace_gpu_stream_synchronization(c10::DeviceType type, uintptr_t stream) const override {
+    if (type == c10::DeviceType::CUDA) append_event(STREAM_SYNCED, static_cast<int64_t>(stream), -1, -1, 0);
+  }
+  void trace_gpu_event_synchronization(c10::DeviceType type, uintptr_t event) const override {
+    if (type == c10::DeviceType::CUDA) append_event(EVENT_SYNCED, NO_STREAM, -1, -1, static_cast<int64_t>(event));
+  }
+};
+
+TraceVTable trace_vtable;
+c10::impl::PyInterpreter trace_interpreter(&trace_vtable);
+const c10::impl::PyInterpreter* saved_trace = nullptr;  // c10's GPU trace before start()
+bool saved_have = false;
+bool tracing = false;
+
+
+void TraceVTable::trace_gpu_memory_deallocation(c10::DeviceType type, uintptr_t ptr) const {
+  if (type == c10::DeviceType::CUDA) append_event(FREED, NO_STREAM, -1, stack_id(), static_cast<int64_t>(ptr));
+}
+
+void trace_on() {  // c10's GPU trace reports to this log until trace_off()
+  saved_have = c10::impl::GPUTrace::haveState;
+  saved_trace = c10::impl::GPUTrace::gpuTraceState.load();
+  c10::impl::GPUTrace::gpuTraceState.store(&trace_interpreter);
+  c10::impl::GPUTrace::haveState = true;
+  tracing = true;
+}
+
+void trace_off() {
+  if (!tracing) return;
+  c10::impl::GPUTrace::gpuTraceState.store(saved_trace);
+  c10::impl::GPUTrace::haveState = saved_have;
+  tracing = false;
+}
+
 // -- the observer --------------------------------------------------------------------------------
 struct Context : at::ObserverContext {
   int8_t mode = 0;  // 0: nothing to do at the end; 1: leave a recorded call; 2: record it, then leave
@@ -366,19 +526,22 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* raw) {
   if (plan.returns >= 0)
     for (const c10::IValue& v : fn.outputs()) add_value(p, v, plan.returns);
   append(OP, p, p.non_blocking);
+  drain_if_full();
 }
 
 // -- Python API ----------------------------------------------------------------------------------
 PyObject* py_start(PyObject*, PyObject* args) {
-  PyObject* plan_fn;
-  int cuda, stacks;
-  if (!PyArg_ParseTuple(args, "Opp", &plan_fn, &cuda, &stacks)) return nullptr;
+  PyObject *plan_fn, *drain_fn;
+  int cuda, stacks, trace;
+  if (!PyArg_ParseTuple(args, "OOppp", &plan_fn, &drain_fn, &cuda, &stacks, &trace)) return nullptr;
   if (active.load()) {
     PyErr_SetString(PyExc_RuntimeError, "the native op log is already recording");
     return nullptr;
   }
   Py_INCREF(plan_fn);
   Py_XSETREF(planner, plan_fn);
+  Py_INCREF(drain_fn);
+  Py_XSETREF(drainer, drain_fn);
   cuda_mode = cuda != 0;
   with_stacks = stacks != 0;
   {
@@ -393,21 +556,13 @@ PyObject* py_start(PyObject*, PyObject* args) {
                                      .needsOutputs(true)
                                      .scopes({at::RecordScope::FUNCTION}));
   active.store(true);
+  if (trace) trace_on();
   Py_RETURN_NONE;
 }
 
 PyObject* py_stop(PyObject*, PyObject*) {
+  trace_off();
   if (active.exchange(false)) at::removeCallback(handle);
-  Py_RETURN_NONE;
-}
-
-// suspend()/resume(): the tracker's own calls on this thread are not the program's.
-PyObject* py_suspend(PyObject*, PyObject*) {
-  inside++;
-  Py_RETURN_NONE;
-}
-PyObject* py_resume(PyObject*, PyObject*) {
-  inside--;
   Py_RETURN_NONE;
 }
 
@@ -486,10 +641,9 @@ PyObject* py_planner_error(PyObject*, PyObject*) {
 }
 
 PyMethodDef methods[] = {
-    {"start", py_start, METH_VARARGS, "start(planner, cuda, stacks): record every operator from now on"},
+    {"start", py_start, METH_VARARGS,
+     "start(planner, drainer, cuda, stacks, trace): record every operator (and, with trace, CUDA's trace events)"},
     {"stop", py_stop, METH_NOARGS, "stop recording"},
-    {"suspend", py_suspend, METH_NOARGS, "the calling thread's operators are the tracker's own until resume()"},
-    {"resume", py_resume, METH_NOARGS, "undo one suspend()"},
     {"drain", py_drain, METH_VARARGS, "drain(known_ops) -> (records, items, new op names)"},
     {"watch", py_watch, METH_VARARGS, "watch(storage_ptr) -> whether that host storage's death will be logged"},
     {"watch_host", py_watch_host, METH_VARARGS, "watch_host(on): keep weak references to host storages seen"},

@@ -121,8 +121,9 @@ class TorchRaceTracker(NativeTrackerOps):
             if self._current is None:
                 self._current = cuda_current_stream_fn()
             self.name_stream(torch.cuda.default_stream().cuda_stream, "default")
-            torch._C._activate_gpu_trace()
-            set_trace_handler(self.handler, attached=True)
+            if self._feed is None:  # the native log takes CUDA's trace events itself
+                torch._C._activate_gpu_trace()
+                set_trace_handler(self.handler, attached=True)
         if self._feed is not None:
             self._feed.start()
         else:
@@ -136,7 +137,7 @@ class TorchRaceTracker(NativeTrackerOps):
         if self._mode is not None:
             self._mode.__exit__(*exc)
             self._mode = None
-        if self.device_type == "cuda":
+        if self.device_type == "cuda" and self._feed is None:
             set_trace_handler(self.handler, attached=False)
 
     def flush(self) -> None:
