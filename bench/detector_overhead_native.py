@@ -186,8 +186,9 @@ def child(args) -> dict:
 
 def run_child(args, workload: str, mode: str, path: Path) -> str | None:
     cmd = [sys.executable, __file__, "--child", "--workload", workload, "--mode", mode, "--json", str(path)]
-    for name in ("device", "layers", "width", "batch", "warmup", "iters", "fsdp2_layers", "fsdp2_width"):
+    for name in ("device", "layers", "width", "batch", "warmup", "fsdp2_layers", "fsdp2_width"):
         cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    cmd += ["--iters", str(args.fsdp2_iters if workload == "fsdp2" else args.iters)]
     cmd += ["--fsdp2-batch", str(args.fsdp2_batch), "--fsdp2-seq", str(args.fsdp2_seq)]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
@@ -241,7 +242,8 @@ def write_outputs(out: Path, rows: list[dict], args) -> list[str]:
         "# Detector overhead: the native and the Python recording path",
         "",
         f"Device: {meta.get('device', '?')}; torch {meta.get('torch', '?')}. {args.warmup} warm-up and "
-        f"{args.iters} timed steps per run, median of {args.repeats} runs (fresh processes, modes interleaved).",
+        f"{args.iters} timed steps per run ({args.fsdp2_iters} for fsdp2), median of {args.repeats} runs "
+        "(fresh processes, modes interleaved).",
         "",
     ]
     for workload in WORKLOADS:
@@ -300,6 +302,7 @@ def main() -> int:
     p.add_argument("--fsdp2-seq", type=int, default=256)
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--iters", type=int, default=200)
+    p.add_argument("--fsdp2-iters", type=int, default=50, help="timed steps of the fsdp2 workload")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--timeout", type=float, default=300)
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)

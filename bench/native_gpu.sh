@@ -3,9 +3,9 @@
 # beside its Python path, results under $OUT/native:
 #   build    compile the native log against the machine's torch (build.log: compiler, time)
 #   tests    the tracker's CUDA tests and its CPU-driven tests, once per path (tests_<path>.log)
-#   compare  bench/sanitizer_compare.py once per path, and the diff of the race's two reports
+#   compare  bench/sanitizer_compare.py once per path (COMPARE_PATHS), the diff of the race's reports
 #   bench    bench/detector_overhead_native.py (NATIVE_WORKLOADS, NATIVE_MODES, NATIVE_REPEATS,
-#            NATIVE_ITERS): detector_overhead_native.{csv,md} and every run
+#            NATIVE_ITERS, NATIVE_FSDP2_ITERS): detector_overhead_native.{csv,md} and every run
 #   bash bench/native_gpu.sh [PART ...]   (default: every part, in this order)
 # ninja, which torch.utils.cpp_extension needs, travels in .whl/ with the other wheels
 # (bench/gpu_check.sh's header).
@@ -42,16 +42,18 @@ tests() {
 
 compare() {
   local p
-  for p in native python; do
+  for p in ${COMPARE_PATHS:-native python}; do
     RACECHECK_DETECT_PATH=$p python3 bench/sanitizer_compare.py --out "$N/compare_$p" >"$N/compare_$p.log" 2>&1
   done
-  diff "$N/compare_python/racecheck_report_race.txt" "$N/compare_native/racecheck_report_race.txt" >"$N/compare_diff.txt" 2>&1
-  echo "diff exit $?" >>"$N/compare_diff.txt"
+  if [ -d "$N/compare_python" ]; then
+    diff "$N/compare_python/racecheck_report_race.txt" "$N/compare_native/racecheck_report_race.txt" >"$N/compare_diff.txt" 2>&1
+    echo "diff exit $?" >>"$N/compare_diff.txt"
+  fi
 }
 
 bench() {
   python3 bench/detector_overhead_native.py --out "$N" --repeats "${NATIVE_REPEATS:-3}" \
-    --iters "${NATIVE_ITERS:-200}" --workloads "${NATIVE_WORKLOADS:-mlp,fsdp2}" \
+    --iters "${NATIVE_ITERS:-200}" --fsdp2-iters "${NATIVE_FSDP2_ITERS:-50}" --workloads "${NATIVE_WORKLOADS:-mlp,fsdp2}" \
     --modes "${NATIVE_MODES:-plain,native,python,sanitizer,native_record,native_nostacks,dispatch_floor,python_nostacks}" \
     >"$N/bench.log" 2>&1
 }

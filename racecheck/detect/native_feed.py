@@ -61,15 +61,16 @@ class NativeFeed:
 
         tracker = self.tracker
         cuda = tracker.device_type == "cuda"
-        self.active = True
         # On CUDA the log takes CUDA's trace events too (op_log.cpp), in place of Python's callbacks.
-        self.log.start(native_plan, self.drain, cuda, tracker.stacks_on, cuda)
+        self.log.start(native_plan, self.drain, cuda, tracker.stacks_on, cuda)  # one tracker at a time
+        self.active = True
         self.log.watch_host(cuda)
 
     def stop(self) -> None:
-        self.drain()
-        self.log.stop()
-        self.active = False
+        if self.active:
+            self.drain()
+            self.log.stop()
+            self.active = False
 
     def _plan(self, name: str, overload: str) -> OpPlan | None:
         try:
@@ -98,6 +99,8 @@ class NativeFeed:
 
     def drain(self) -> None:
         """Apply the log's records (the tracker itself calls no operator meanwhile)."""
+        if not self.active:  # the log is another tracker's, or nobody's
+            return
         records, items, names = self.log.drain(len(self.plans))
         for name, overload in names:
             self.plans.append(self._plan(name, overload))
@@ -174,12 +177,12 @@ class NativeTrackerOps:
         """The feed when this tracker runs the native path (see TorchRaceTracker's `path`)."""
         from racecheck.detect import op_log
 
+        if custom_host:  # a Python predicate over tensors: only the Python path can ask it
+            if path == "native":
+                raise ValueError("host_memory needs the Python path (path='python')")
+            return None
         choice = path or op_log.wanted()
         if choice == "python":
-            return None
-        if custom_host:  # a Python predicate over tensors: only the Python path can ask it
-            if choice == "native":
-                raise ValueError("host_memory needs the Python path (path='python')")
             return None
         if choice == "native":
             return NativeFeed(op_log.load_required(), self)  # type: ignore[arg-type]

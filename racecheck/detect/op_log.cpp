@@ -525,6 +525,9 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* raw) {
   const Plan& plan = p.op->plan;
   if (plan.returns >= 0)
     for (const c10::IValue& v : fn.outputs()) add_value(p, v, plan.returns);
+  // A factory (zeros, empty) has no CUDA input: its stream is the one current on its outputs'
+  // device, which the call did not change.
+  if (p.stream == NO_STREAM) set_stream(p);
   append(OP, p, p.non_blocking);
   drain_if_full();
 }

@@ -125,7 +125,7 @@ class TorchRaceTracker(NativeTrackerOps):
                 torch._C._activate_gpu_trace()
                 set_trace_handler(self.handler, attached=True)
         if self._feed is not None:
-            self._feed.start()
+            self._feed.start()  # raises while another tracker records natively in this process
         else:
             self._mode = TrackerMode(self)
             self._mode.__enter__()
