@@ -7,6 +7,10 @@ bench/sanitizer_compare.py.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -388,3 +392,54 @@ def test_blocking_copies_and_item_synchronize_the_host(host_tracker, cur):
     cur.current = DEFAULT
     host.fill_(value)
     assert tracker.reports() == []
+
+
+# -- the two recording paths ------------------------------------------------------------------------
+def _reports_of(path: str, scenario) -> str:
+    cur = Streams()
+    t = make_tracker(cur, path)
+    t.name_stream(DEFAULT, "default")
+    t.name_stream(RS, "reduce_scatter")
+    scenario(t, cur)
+    assert t.errors == []
+    return t.render()
+
+
+@pytest.mark.parametrize(
+    "scenario",
+    [
+        lambda t, cur: (t.__enter__(), motivating(t, cur, fix=None), t.__exit__(None, None, None)),
+        lambda t, cur: _training_loop(t, cur, steps=2, side_read="none"),
+    ],
+    ids=["motivating", "training-loop-side-read"],
+)
+def test_both_paths_give_the_same_reports(scenario):
+    """The native log and the dispatch mode feed the engine the same accesses: the reports are the
+    same text, stacks included."""
+    python, native = (_reports_of(path, scenario) for path in ("python", "native"))  # one call site
+    assert "race" in python.lower()
+    assert native == python
+
+
+def test_without_a_compiler_the_tracker_takes_the_python_path(tmp_path):
+    """Where op_log.cpp cannot be built, a CUDA tracker runs the Python path (and says why in one
+    line); asking for the native path fails with that line."""
+    code = (
+        "from racecheck.detect import op_log\n"
+        "from racecheck.detect.torch_tracker import TorchRaceTracker\n"
+        "t = TorchRaceTracker(device_type='cuda')\n"
+        "print(t.path)\n"
+        "print(len(op_log.why_not().splitlines()), op_log.why_not()[:60])\n"
+        "try:\n"
+        "    TorchRaceTracker(device_type='cpu', current_stream=lambda: 0, path='native')\n"
+        "except op_log.NativeUnavailable as exc:\n"
+        "    print('refused', len(str(exc).splitlines()))\n"
+    )
+    env = {**os.environ, "CXX": str(tmp_path / "no-compiler"), "RACECHECK_NATIVE_CACHE": str(tmp_path / "cache")}
+    env.pop("RACECHECK_DETECT_PATH", None)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    assert lines[0] == "python"
+    assert lines[1].startswith("1 building op_log.cpp failed")
+    assert lines[2] == "refused 1"
