@@ -55,6 +55,7 @@ class NativeFeed:
         self._streams: dict[tuple[int, int], int] = {}  # (stream id, device) -> stream handle
         self.records = 0
         self.active = False
+        self._failures_at_start = 0
 
     def start(self) -> None:
         from racecheck.detect.dispatch import native_plan
@@ -64,6 +65,7 @@ class NativeFeed:
         # On CUDA the log takes CUDA's trace events too (op_log.cpp), in place of Python's callbacks.
         self.log.start(native_plan, self.drain, cuda, tracker.stacks_on, cuda)  # one tracker at a time
         self.active = True
+        self._failures_at_start = self.log.failures()[0]
         self.log.watch_host(cuda)
 
     def stop(self) -> None:
@@ -71,6 +73,11 @@ class NativeFeed:
             self.drain()
             self.log.stop()
             self.active = False
+            count, reason = self.log.failures()
+            if count > self._failures_at_start:  # calls the log could not read: say so
+                self.tracker.errors.append(
+                    f"native log: {count - self._failures_at_start} operator call(s) not recorded ({reason})"
+                )
 
     def _plan(self, name: str, overload: str) -> OpPlan | None:
         try:

@@ -131,6 +131,15 @@ std::string planner_error;
 at::CallbackHandle handle = 0;
 thread_local int inside = 0;  // > 0: within a recorded operator or the tracker itself
 
+// Whether Python can no longer be entered (a tracker left recording at interpreter exit).
+bool python_gone() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return !Py_IsInitialized() || Py_IsFinalizing();
+#else
+  return !Py_IsInitialized() || _Py_IsFinalizing();
+#endif
+}
+
 // -- planning ------------------------------------------------------------------------------------
 OpName* find_locked(const char* name, const char* overload) {
   auto it = op_ids.find(name);
@@ -153,6 +162,7 @@ OpName* op_of(const at::RecordFunction& fn) {
   entry->overload = overload ? overload : "";
   Plan& plan = entry->plan;
   plan.kind = TRANSPARENT;  // a name Python cannot plan: record nothing, hide nothing
+  if (python_gone()) return nullptr;
   inside++;  // what the planner runs is the tracker's own
   PyGILState_STATE gil = PyGILState_Ensure();
   if (planner != nullptr) {
@@ -201,7 +211,7 @@ OpName* op_of(const at::RecordFunction& fn) {
 // The calling thread's Python stack as an interned id (-1: no Python frame, e.g. autograd's
 // device threads). The thread may have released the GIL around the operator: take it back.
 int64_t stack_id() {
-  if (!with_stacks || PyGILState_GetThisThreadState() == nullptr) return -1;
+  if (!with_stacks || python_gone() || PyGILState_GetThisThreadState() == nullptr) return -1;
   PyGILState_STATE gil = PyGILState_Ensure();
   std::pair<PyCodeObject*, int> chain[MAX_WALK];
   int n = 0;
@@ -343,6 +353,7 @@ void append_event(int8_t type, int64_t stream, int32_t device_index, int64_t fra
 // At an operator's end (never inside the allocator, which may hold its lock while it reports):
 // a full log is handed to Python.
 void drain_if_full() {
+  if (python_gone()) return;
   {
     std::lock_guard<std::mutex> g(mu);
     if (records.size() < DRAIN_AT || draining || drainer == nullptr) return;
@@ -474,19 +485,47 @@ struct Context : at::ObserverContext {
   Pending pending;
 };
 
+// A call the log could not record (a tensor it could not read): counted, the last reason kept,
+// and reported by Python as a tracker error; never raised into the program.
+std::atomic<uint64_t> failures{0};
+std::string last_failure;  // under mu
+
+void failed(const char* what) {
+  failures++;
+  std::lock_guard<std::mutex> g(mu);
+  last_failure = what;
+}
+
+void start_call(const at::RecordFunction& fn, const OpName& name, Context& ctx);
+void end_call(const at::RecordFunction& fn, Context& ctx);
+
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   if (!active.load(std::memory_order_relaxed)) return nullptr;
   if (inside > 0) {  // a callee of a recorded operator, or the tracker's own call
     return nullptr;
   }
   const OpName* op = op_of(fn);
+  if (op == nullptr) return nullptr;  // the interpreter is shutting down
   const Plan& plan = op->plan;  // fixed once planned
   if (plan.kind == TRANSPARENT) return nullptr;
   auto ctx = std::make_unique<Context>();
-  inside++;
+  inside++;  // from here on the end callback, which gets ctx whatever happens, undoes it
   ctx->mode = 1;
   if (plan.kind == SKIP) return ctx;
-  Pending& p = ctx->pending;
+  try {
+    start_call(fn, *op, *ctx);
+  } catch (const std::exception& exc) {
+    failed(exc.what());
+    ctx->mode = 1;  // this call goes unrecorded, and says so
+  }
+  return ctx;
+}
+
+void start_call(const at::RecordFunction& fn, const OpName& name, Context& ctx) {
+  const OpName* op = &name;
+  const Plan& plan = op->plan;
+  Context* c = &ctx;
+  Pending& p = c->pending;
   p.op = op;
   p.kind = plan.kind;
   auto inputs = fn.inputs();
@@ -500,7 +539,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     int64_t sid = NO_STREAM;
     if (inputs.size() > 1 && inputs[1].isStream()) sid = inputs[1].toStream().id();
     append(STREAM_RECORDED, p, sid);
-    return ctx;
+    return;
   }
   set_stream(p);
   p.frame = stack_id();
@@ -508,8 +547,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     append(COLLECTIVE_BEGIN, p, 0);
     p.items.clear();
   }
-  ctx->mode = 2;
-  return ctx;
+  c->mode = 2;
 }
 
 void on_end(const at::RecordFunction& fn, at::ObserverContext* raw) {
@@ -517,6 +555,15 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* raw) {
   if (ctx == nullptr || ctx->mode == 0) return;
   inside--;
   if (ctx->mode != 2) return;
+  try {
+    end_call(fn, *ctx);
+  } catch (const std::exception& exc) {
+    failed(exc.what());
+  }
+}
+
+void end_call(const at::RecordFunction& fn, Context& ctx_ref) {
+  Context* ctx = &ctx_ref;
   Pending& p = ctx->pending;
   if (p.kind == COLLECTIVE) {
     append(COLLECTIVE_END, p, 0);
@@ -638,6 +685,11 @@ PyObject* py_frames(PyObject*, PyObject* args) {
   return out;
 }
 
+PyObject* py_failures(PyObject*, PyObject*) {
+  std::lock_guard<std::mutex> g(mu);
+  return Py_BuildValue("(Ks)", static_cast<unsigned long long>(failures.load()), last_failure.c_str());
+}
+
 PyObject* py_planner_error(PyObject*, PyObject*) {
   std::lock_guard<std::mutex> g(mu);
   return PyUnicode_FromString(planner_error.c_str());
@@ -652,6 +704,7 @@ PyMethodDef methods[] = {
     {"watch_host", py_watch_host, METH_VARARGS, "watch_host(on): keep weak references to host storages seen"},
     {"frames", py_frames, METH_VARARGS, "frames(stack_id) -> ((code, lasti), ...), innermost first"},
     {"planner_error", py_planner_error, METH_NOARGS, "the last error the Python planner raised"},
+    {"failures", py_failures, METH_NOARGS, "(calls not recorded, the last reason) since the module loaded"},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef module = {PyModuleDef_HEAD_INIT, "_op_log", "racecheck's native operator log", -1, methods};
