@@ -2,13 +2,15 @@
 program issued its work.
 
 The log holds what the TorchDispatchMode of the Python path would have seen (operators, with the
-byte ranges their plans read and write), without a Python frame per operator. `NativeFeed.drain`
-turns each record into the tracker call the Python path makes for it: an operator's accesses
-(`TorchRaceTracker._native_op`), a collective's begin and end (the in-flight collective that the
-trace callbacks during it charge, see torch_tracker.py), a record_stream, the death of a host
-buffer the tracker follows. The tracker drains before it handles any CUDA trace callback, event,
-stream switch or report, so an allocation, free or synchronization is applied after exactly the
-operators issued before it.
+byte ranges their plans read and write) and, on CUDA, what CUDA's trace callbacks would have told
+Python (allocations, frees, event record and wait, synchronizations), in the order the program
+issued them, without a Python frame per operator or event. `NativeFeed.drain` turns each record
+into the tracker call the Python path makes for it: an operator's accesses
+(`NativeTrackerOps._native_op`), a collective's begin and end (the in-flight collective that the
+events during it charge, see torch_tracker.py), a record_stream, an allocation or free, an event
+or synchronization, the death of a host buffer the tracker follows. The log calls the drain when
+it is full; the tracker drains for a report, at its exit, and, where Python drives the events (a
+CPU tracker: tests, patch mode's recording twin), before each event and stream switch.
 
 Stacks stay compact: a record carries the id of its Python stack in the log's table; `LogStack`
 resolves it to user frames only when a report is formatted.
@@ -47,6 +49,8 @@ class LogStack(LazyStack):
 
 
 class NativeFeed:
+    """One tracker's use of the native log: starts and stops it and applies what it drains."""
+
     def __init__(self, log, tracker: TorchRaceTracker) -> None:
         self.log = log
         self.tracker = tracker
