@@ -48,13 +48,22 @@ def test_a_crash_and_a_hang_leave_the_tests_after_them_to_the_next_session(tmp_p
     assert len(list((tmp_path / "out" / "logs").iterdir())) == 3
 
 
+# Both ranks meet in test_b before rank 1 exits, as ranks kept in step by their collectives would:
+# test_a is over on both, whichever rank ran ahead (the ranks share no process group here).
 RANK_EXIT = """
 import os
+import pathlib
+import time
 
 def test_a_ok():
     pass
 
 def test_b_rank_exit():
+    met = pathlib.Path(__file__).with_name("met_in_b")
+    met.mkdir(exist_ok=True)
+    (met / os.environ["RANK"]).touch()
+    while len(list(met.iterdir())) < int(os.environ["WORLD_SIZE"]):
+        time.sleep(0.01)
     if os.environ["RANK"] == "1":
         os._exit(7)
 
