@@ -5,7 +5,8 @@
 - the systematic schedule finds a real race of the CPU emulation within k trials (k the hand-off
   points trial 0 recorded), and never fails the arm that synchronizes;
 - a multi-rank session and its ranks die with the runner, even when the runner is SIGKILLed;
-- a multi-rank session whose rank failed at setup ends within the fail-fast bound (FAILFAST_S).
+- a multi-rank session whose rank failed at setup ends within the fail-fast bound (FAILFAST_S),
+  the error is its arm's record, and the rest of the plan runs in a fresh session.
 """
 
 from __future__ import annotations
@@ -234,7 +235,7 @@ def world():
     if os.environ["RANK"] == "1":
         with open(os.environ["FAILED_AT"], "w") as f:
             f.write(repr(time.time()))
-        raise RuntimeError("rank 1 could not set up")
+        raise RuntimeError("rank 1 could not set up")  # RAISED
     dist.init_process_group("gloo")
     yield
     dist.destroy_process_group()
@@ -243,23 +244,34 @@ def world():
 def test_barrier(world):
     dist.barrier()
 """
+RAISED = 1 + RANK_FAILS_AT_SETUP.split("\n").index(next(ln for ln in RANK_FAILS_AT_SETUP.split("\n") if "RAISED" in ln))
 FAILFAST_MARGIN_S = 5.0  # the kill's grace (3 s), the poll, writing the run folder
 
 
 @pytest.mark.slow
-def test_a_rank_failing_at_setup_ends_its_session_within_the_fail_fast_bound(tmp_path, monkeypatch):
+def test_a_rank_failing_at_setup_ends_its_session_within_the_fail_fast_bound_and_is_the_error(tmp_path, monkeypatch):
+    """Two arms, so two sessions: the first is killed as a broken world and the rest of the plan
+    runs in a fresh one, where rank 1 fails again; each arm records rank 1's error."""
     # The bound is FAILFAST_S, whatever its value: half a second stands for the default's five.
     monkeypatch.setattr(session, "FAILFAST_S", 0.5)
     failed_at = tmp_path / "failed_at"
     monkeypatch.setenv("FAILED_AT", str(failed_at))
     root = write_suite(
-        tmp_path / "p", arms={"only": {}}, tests={"test_world.py": RANK_FAILS_AT_SETUP}, suite="world_size = 2"
+        tmp_path / "p",
+        arms={"a": {"env": {"ARM": "a"}}, "b": {"env": {"ARM": "b"}}},
+        tests={"test_world.py": RANK_FAILS_AT_SETUP},
+        suite="world_size = 2",
     )
-    res = racecheck("run", "--trials", 1, "--out", tmp_path / "out", "-q", cwd=root)
+    res = racecheck("run", "--arms", "a,b", "--trials", 1, "--out", tmp_path / "out", "-q", cwd=root)
     ended = time.time()
     assert res.code == 0, res
-    (record,) = read_log(tmp_path / "out" / "trials.jsonl")
-    assert record.outcome == "error" and record.message.startswith("rank 1: rank 1 could not set up")
+    got = list(read_log(tmp_path / "out" / "trials.jsonl"))
+    assert sorted(r.arm for r in got) == ["a", "b"]
+    for r in got:
+        assert r.outcome == "error" and r.message.startswith("rank 1: rank 1 could not set up"), r
+        assert r.signature == f"RuntimeError at test_world.py:{RAISED} in world", r
+    assert "of these 1 errored" in res.out
+    # The last session, from its rank's failure to the end of the run.
     elapsed = ended - float(failed_at.read_text())
     assert session.FAILFAST_S <= elapsed < session.FAILFAST_S + FAILFAST_MARGIN_S, (
         f"the session ended {elapsed:.1f} s after the failure"

@@ -1,7 +1,7 @@
-"""The front door under ordinary mishaps: a rank that fails at setup, two runs on one folder, an
-unwritable folder, invalid TOML, torn and foreign log lines, shards that are not one experiment,
-test ids matplotlib would read as mathtext, and a console that is no terminal. Each case checks
-its exit code and its one-line message."""
+"""The front door under ordinary mishaps: two runs on one folder, an unwritable folder, invalid
+TOML, torn and foreign log lines, shards that are not one experiment, test ids matplotlib would
+read as mathtext, and a console that is no terminal. Each case checks its exit code and its
+one-line message. (A rank that fails at setup: test_readme_promises.py.)"""
 
 from __future__ import annotations
 
@@ -14,60 +14,14 @@ from run_kit import SEEDED_TEST, racecheck, records, summary_counts, write_suite
 
 from racecheck.cli import run_checks
 from racecheck.exitcodes import InputError
-from racecheck.runner import session
 
 pytestmark = pytest.mark.usefixtures("fast_sessions")
-
-
-# Rank 1 raises in a session fixture before it joins the process group: rank 0 waits in the
-# rendezvous for a peer that never comes (the process group's own timeout is 30 minutes).
-RANK_FAILS_AT_SETUP = """
-import os
-import pytest
-import torch
-import torch.distributed as dist
-
-@pytest.fixture(scope="session")
-def world():
-    if os.environ["RANK"] == "1":
-        raise RuntimeError("rank 1 could not set up")
-    dist.init_process_group("gloo")
-    yield
-    dist.destroy_process_group()
-
-def test_sum(world):
-    t = torch.ones(2)
-    dist.all_reduce(t)
-    assert t[0] == 2
-"""
 
 
 def _one_line(text: str) -> str:
     lines = [ln for ln in text.splitlines() if ln.strip()]
     assert len(lines) == 1, text
     return lines[0]
-
-
-@pytest.mark.slow
-def test_a_rank_failing_at_setup_ends_its_session_and_is_the_recorded_error(tmp_path, monkeypatch):
-    # Rank 0 waits in the rendezvous for good: how long the runner gives it before it takes the
-    # world to be broken changes nothing here, so half a second stands for the default's five.
-    monkeypatch.setattr(session, "FAILFAST_S", 0.5)
-    root = write_suite(
-        tmp_path / "p",
-        arms={"a": {"env": {"ARM": "a"}}, "b": {"env": {"ARM": "b"}}},
-        tests={"test_world.py": RANK_FAILS_AT_SETUP},
-        suite="world_size = 2",
-    )
-    res = racecheck("run", "--arms", "a,b", "--trials", 1, "--out", tmp_path / "out", "-q", cwd=root)
-    assert res.code == 0, res
-    got = records(tmp_path / "out")
-    assert sorted(r.arm for r in got) == ["a", "b"]
-    for r in got:
-        assert r.outcome == "error"
-        assert r.signature == "RuntimeError at test_world.py:10 in world"
-        assert r.message.startswith("rank 1: rank 1 could not set up")
-    assert "of these 1 errored" in res.out
 
 
 def test_two_runs_started_together_on_one_folder_one_runs_the_other_exits_3(tmp_path):
