@@ -9,11 +9,12 @@ import random
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import psutil
 import pytest
-from run_kit import free_port, racecheck, records, summary_counts, write_suite
+from run_kit import Result, free_port, racecheck, records, summary_counts, write_suite
 
 from racecheck.runner import node_writer
 
@@ -89,12 +90,19 @@ def kill_node(proc: subprocess.Popen) -> None:
             pass
 
 
-def run_nodes(root, args_for, *, limit: float = LIMIT_S) -> list[tuple[int, str, str]]:
-    """Run one node per entry of args_for at once; (exit code, stdout, stderr) of each."""
-    procs = [start_node(root, args) for args in args_for]
+def finish_node(proc: subprocess.Popen, *, limit: float = LIMIT_S) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of a node once it has ended (killed after `limit` seconds)."""
+    out, err = proc.communicate(timeout=limit)
+    return proc.returncode, out, err
+
+
+def nodes_with_node_0_here(root, node_0: list, others: list[list]) -> tuple[Result, list[tuple[int, str, str]]]:
+    """Node 0's `racecheck run` in this process and every other node's in a process of its own,
+    all at once: node 0's Result and (exit code, stdout, stderr) of each other node."""
+    procs = [start_node(root, args) for args in others]
     try:
-        outs = [p.communicate(timeout=limit) for p in procs]
-        return [(p.returncode, *o) for p, o in zip(procs, outs, strict=True)]
+        res = racecheck("run", *node_0, cwd=root)
+        return res, [finish_node(p) for p in procs]
     finally:
         for p in procs:
             if p.poll() is None:
@@ -126,14 +134,16 @@ def expected(trials, seed: int) -> dict:
 def test_two_nodes_give_the_counts_of_one_node_running_both_ranks(project, tmp_path):
     port = free_port()
     common = ["--trials", 3, "--seed", 4, "-q"]
-    # The two nodes, and beside them one node running both ranks (the reference).
-    done = run_nodes(
+    # Node 0 runs in this process (a racecheck run as any other; torch is loaded here already),
+    # node 1 in one of its own, and beside them one node running both ranks (the reference).
+    writer, done = nodes_with_node_0_here(
         project,
-        [common + ["--out", tmp_path / "nodes"] + node_args(port, rank) for rank in (0, 1)]
-        + [common + ["--out", tmp_path / "one"]],
+        common + ["--out", tmp_path / "nodes"] + node_args(port, 0),
+        [common + ["--out", tmp_path / "nodes"] + node_args(port, 1), common + ["--out", tmp_path / "one"]],
     )
-    assert [d[0] for d in done] == [0, 0, 0], done
-    assert "ran its part of 1 session(s) of node 0's run" in done[1][1]
+    assert writer.code == 0, writer
+    assert [d[0] for d in done] == [0, 0], done
+    assert "ran its part of 1 session(s) of node 0's run" in done[0][1]
     assert summary_counts(tmp_path / "nodes") == summary_counts(tmp_path / "one") == expected(range(3), 4)
     # Node 0 wrote the one log, with both ranks' failures in it.
     failing = {r.message for r in records(tmp_path / "nodes") if r.outcome == "failed"}
@@ -159,23 +169,36 @@ def test_a_killed_node_ends_its_trial_as_crash_the_other_reports_it_and_resume_f
     port = free_port()
     out = tmp_path / "out"
     common = ["--trials", 12, "--seed", 4, "--out", out, "-q"]
-    writer = start_node(project, common + node_args(port, 0))
+    # Node 1 is killed once node 0 (the writer, running in this process) has logged four records.
     follower = start_node(project, common + node_args(port, 1))
-    try:
+    killed, writer_done = threading.Event(), threading.Event()
+
+    def kill_after_four_records() -> None:
         deadline = time.monotonic() + LIMIT_S
-        while not (out / "trials.jsonl").exists() or len((out / "trials.jsonl").read_text().splitlines()) < 4:
-            assert time.monotonic() < deadline and writer.poll() is None, writer.communicate()
+        log = out / "trials.jsonl"
+        while not writer_done.is_set() and time.monotonic() < deadline:
+            if log.exists() and len(log.read_text().splitlines()) >= 4:
+                kill_node(follower)
+                killed.set()
+                return
             time.sleep(0.05)
-        kill_node(follower)
-        _, err = writer.communicate(timeout=LIMIT_S)
+
+    watcher = threading.Thread(target=kill_after_four_records, daemon=True)
+    watcher.start()
+    try:
+        writer = racecheck("run", *common, *node_args(port, 0), cwd=project)
     finally:
-        for p in (writer, follower):
-            if p.poll() is None:
-                kill_node(p)
-    assert writer.returncode == 3, err
+        writer_done.set()
+        watcher.join()
+        if follower.poll() is None:
+            kill_node(follower)
+        follower.communicate()
+    assert killed.is_set(), f"the writer ended before four records: {writer}"
+    assert writer.code == 3, writer
     assert (
-        "node 1 stopped responding" in err and f"continue with this on every node: racecheck run --resume {out}" in err
-    )
+        "node 1 stopped responding" in writer.err
+        and f"continue with this on every node: racecheck run --resume {out}" in writer.err
+    ), writer
     recs = records(out)
     bad = [r for r in recs if r.outcome in ("crash", "error")]
     # The trial in flight is blamed, naming the node; every trial before it is whole.
@@ -188,8 +211,10 @@ def test_a_killed_node_ends_its_trial_as_crash_the_other_reports_it_and_resume_f
     # Nothing is killed from here on, so the tests need not be slowed down any longer.
     monkeypatch.setenv("STEP_S", "0")
     port = free_port()
-    done = run_nodes(project, [["--resume", out, "-q"] + node_args(port, rank) for rank in (0, 1)])
-    assert [d[0] for d in done] == [0, 0], done
+    writer, done = nodes_with_node_0_here(
+        project, ["--resume", out, "-q"] + node_args(port, 0), [["--resume", out, "-q"] + node_args(port, 1)]
+    )
+    assert writer.code == 0 and [d[0] for d in done] == [0], (writer, done)
     blamed = {(r.trial, r.arm) for r in bad}
     done_blocks = [json.loads(line) for line in (out / "completed.jsonl").read_text().splitlines()]
     assert sorted((d["trial"], d["arm"]) for d in done_blocks) == sorted((t, a) for t in range(12) for a in RATES)
