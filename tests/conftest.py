@@ -7,12 +7,66 @@
   known rates;
 - `not_an_xdist_worker` (every test): under `pytest -n`, the pytest processes a test starts
   itself (pytester, a session of its own) do not inherit the worker's identity.
+
+The whole suite (`pytest` with no paths and no -n) runs in one process per core where
+pytest-xdist is installed, a module to a process (--dist loadfile: a module's shared worlds
+start once), the modules that start the most process worlds first (LONGEST_FIRST), so that no
+process is left with a long one at the end. `-n 0` runs it in one process; paths given run in one
+process unless -n is given too. This is the conftest's default, not an addopts of pyproject's, so
+that the sessions racecheck starts in this checkout (the catalogue's) never inherit it, and a
+machine without pytest-xdist (the GPU machine) runs the suite as before.
 """
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from run_kit import SEEDED_TEST, write_suite
+
+from racecheck.runner.launch import MARK_VAR
+
+WORKERS = os.cpu_count() or 1
+# Modules by the time they take, longest first (tests/ only; any module not named runs after these).
+LONGEST_FIRST = (
+    "test_catalogue_promise.py",
+    "test_nodes.py",
+    "test_readme_promises.py",
+    "test_fsdp_parity.py",
+    "test_cli.py",
+    "test_runner.py",
+    "test_project_patch.py",
+    "test_early_ends.py",
+    "test_run_folder.py",
+    "test_recipes.py",
+    "test_detect_native.py",
+    "test_detect.py",
+    "test_runner_resume.py",
+    "test_own_suite.py",
+    "test_soundness.py",
+)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    # Not in a worker, nor where there is no xdist, nor in a session that racecheck started (on
+    # this suite: its runner decides how that session's processes are laid out).
+    if hasattr(config, "workerinput") or not config.pluginmanager.hasplugin("xdist") or MARK_VAR in os.environ:
+        return
+    option = config.option
+    whole_suite = config.args_source is not pytest.Config.ArgsSource.ARGS
+    if option.numprocesses is None and whole_suite and not (option.usepdb or option.collectonly):
+        option.numprocesses = WORKERS
+    if option.numprocesses and option.dist == "no":  # -n without --dist: a module to a process
+        option.dist = "loadfile"
+        option.loadscopereorder = False  # in LONGEST_FIRST's order, not by the modules' sizes
+
+
+def pytest_collection_modifyitems(config, items):
+    if not hasattr(config, "workerinput"):  # only a worker's collection is what is distributed
+        return
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
 
 @pytest.fixture
