@@ -443,3 +443,21 @@ def test_without_a_compiler_the_tracker_takes_the_python_path(tmp_path):
     assert lines[0] == "python"
     assert lines[1].startswith("1 building op_log.cpp failed")
     assert lines[2] == "refused 1"
+
+
+def test_the_native_path_leaves_callees_unobserved_only_while_it_records(cur):
+    """While the native log records, a recorded operator's callees run without RecordFunction (the
+    profiler beside it sees mse_loss but not the mean inside it); once the tracker stops, the
+    thread observes them again."""
+    from torch.profiler import ProfilerActivity, profile
+
+    x, y = torch.randn(8, 8), torch.randn(8, 8)
+    with profile(activities=[ProfilerActivity.CPU]) as during:
+        with make_tracker(cur, "native"):
+            torch.nn.functional.mse_loss(x, y)
+    with profile(activities=[ProfilerActivity.CPU]) as after:
+        torch.nn.functional.mse_loss(x, y)
+    seen_during = [e.name for e in during.events()]
+    seen_after = [e.name for e in after.events()]
+    assert "aten::mse_loss" in seen_during and "aten::mean" not in seen_during
+    assert "aten::mse_loss" in seen_after and "aten::mean" in seen_after

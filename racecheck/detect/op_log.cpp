@@ -15,7 +15,8 @@
 // - an operator whose CompositeImplicitAutograd kernel decomposes it ("transparent") records
 //   nothing and its callees are recorded in its place;
 // - the calls a recorded operator makes from inside its kernel (temporaries, the local tensors of
-//   a tensor subclass, ProcessGroupNCCL's internal copies) are its own and are not recorded;
+//   a tensor subclass, ProcessGroupNCCL's internal copies) are its own: RecordFunction is off on
+//   the thread while it runs, so they are not even observed ([Note: callees unobserved]);
 // - calls made while the tracker itself runs (its planner, its drain called from here) neither.
 //
 // Python stacks: an identifier per distinct chain of (code object, bytecode offset), interned
@@ -44,6 +45,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -164,6 +166,7 @@ OpName* op_of(const at::RecordFunction& fn) {
   plan.kind = TRANSPARENT;  // a name Python cannot plan: record nothing, hide nothing
   if (python_gone()) return nullptr;
   inside++;  // what the planner runs is the tracker's own
+  std::optional<at::RecordFunctionGuard> unobserved(std::in_place, false);
   PyGILState_STATE gil = PyGILState_Ensure();
   if (planner != nullptr) {
     PyObject* got = PyObject_CallFunction(planner, "ss", entry->name.c_str(), entry->overload.c_str());
@@ -197,6 +200,7 @@ OpName* op_of(const at::RecordFunction& fn) {
     }
   }
   PyGILState_Release(gil);
+  unobserved.reset();
   inside--;
   std::lock_guard<std::mutex> g(mu);
   if (OpName* op = find_locked(name, overload)) return op;  // planned meanwhile by another thread
@@ -360,6 +364,7 @@ void drain_if_full() {
     draining = true;
   }
   inside++;
+  at::RecordFunctionGuard unobserved(false);  // the drain's own calls ([Note: callees unobserved])
   PyGILState_STATE gil = PyGILState_Ensure();
   PyObject* got = PyObject_CallNoArgs(drainer);
   if (got == nullptr) PyErr_Clear();  // the drain records its own errors
@@ -482,8 +487,27 @@ void trace_off() {
 // -- the observer --------------------------------------------------------------------------------
 struct Context : at::ObserverContext {
   int8_t mode = 0;  // 0: nothing to do at the end; 1: leave a recorded call; 2: record it, then leave
+  bool rf_was_on = true;  // RecordFunction on this thread before the call (restored at its end)
   Pending pending;
 };
+
+// [Note: callees unobserved]
+// The calls a recorded (or skipped) operator makes from inside its kernel are not recorded, and
+// they need not be observed at all: while it runs, RecordFunction is off on its thread, so its
+// callees take the dispatcher's fast path (no RecordFunction, no boxed inputs and outputs). This
+// call's own end callback still runs: it was chosen when the call started. The thread's previous
+// setting comes back at that end. Work a callee hands to another thread (autograd's engine copies
+// the caller's thread-local state) is unobserved too, as it is the recorded operator's own.
+void enter_call(Context& ctx) {
+  inside++;
+  ctx.rf_was_on = at::isRecordFunctionEnabled();
+  if (ctx.rf_was_on) at::enableRecordFunction(false);
+}
+
+void leave_call(const Context& ctx) {
+  inside--;
+  if (ctx.rf_was_on) at::enableRecordFunction(true);
+}
 
 // A call the log could not record (a tensor it could not read): counted, the last reason kept,
 // and reported by Python as a tracker error; never raised into the program.
@@ -509,7 +533,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   const Plan& plan = op->plan;  // fixed once planned
   if (plan.kind == TRANSPARENT) return nullptr;
   auto ctx = std::make_unique<Context>();
-  inside++;  // from here on the end callback, which gets ctx whatever happens, undoes it
+  enter_call(*ctx);  // from here on the end callback, which gets ctx whatever happens, undoes it
   ctx->mode = 1;
   if (plan.kind == SKIP) return ctx;
   try {
@@ -553,7 +577,7 @@ void start_call(const at::RecordFunction& fn, const OpName& name, Context& ctx) 
 void on_end(const at::RecordFunction& fn, at::ObserverContext* raw) {
   auto* ctx = static_cast<Context*>(raw);
   if (ctx == nullptr || ctx->mode == 0) return;
-  inside--;
+  leave_call(*ctx);
   if (ctx->mode != 2) return;
   try {
     end_call(fn, *ctx);
@@ -633,20 +657,33 @@ PyObject* py_drain(PyObject*, PyObject* args) {
     recent_host.clear();
     for (size_t i = static_cast<size_t>(known); i < ops.size(); i++) names.emplace_back(ops[i]->name, ops[i]->overload);
   }
+  // Tuples filled field by field (Py_BuildValue parses its format string for every record).
   PyObject* out_r = PyList_New(static_cast<Py_ssize_t>(rs.size()));
   for (size_t i = 0; i < rs.size(); i++) {
     const Record& r = rs[i];
-    PyList_SET_ITEM(out_r, i,
-                    Py_BuildValue("(iiLiLIIL)", r.type, r.op, static_cast<long long>(r.stream), r.device_index,
-                                  static_cast<long long>(r.frame), r.first, r.count, static_cast<long long>(r.extra)));
+    PyObject* t = PyTuple_New(8);
+    PyTuple_SET_ITEM(t, 0, PyLong_FromLong(r.type));
+    PyTuple_SET_ITEM(t, 1, PyLong_FromLong(r.op));
+    PyTuple_SET_ITEM(t, 2, PyLong_FromLongLong(r.stream));
+    PyTuple_SET_ITEM(t, 3, PyLong_FromLong(r.device_index));
+    PyTuple_SET_ITEM(t, 4, PyLong_FromLongLong(r.frame));
+    PyTuple_SET_ITEM(t, 5, PyLong_FromUnsignedLong(r.first));
+    PyTuple_SET_ITEM(t, 6, PyLong_FromUnsignedLong(r.count));
+    PyTuple_SET_ITEM(t, 7, PyLong_FromLongLong(r.extra));
+    PyList_SET_ITEM(out_r, i, t);
   }
   PyObject* out_i = PyList_New(static_cast<Py_ssize_t>(is.size()));
   for (size_t i = 0; i < is.size(); i++) {
     const Item& it = is[i];
-    PyList_SET_ITEM(out_i, i,
-                    Py_BuildValue("(KKKKiii)", static_cast<unsigned long long>(it.ptr),
-                                  static_cast<unsigned long long>(it.nbytes), static_cast<unsigned long long>(it.sptr),
-                                  static_cast<unsigned long long>(it.snbytes), it.access, it.device, it.pinned));
+    PyObject* t = PyTuple_New(7);
+    PyTuple_SET_ITEM(t, 0, PyLong_FromUnsignedLongLong(it.ptr));
+    PyTuple_SET_ITEM(t, 1, PyLong_FromUnsignedLongLong(it.nbytes));
+    PyTuple_SET_ITEM(t, 2, PyLong_FromUnsignedLongLong(it.sptr));
+    PyTuple_SET_ITEM(t, 3, PyLong_FromUnsignedLongLong(it.snbytes));
+    PyTuple_SET_ITEM(t, 4, PyLong_FromLong(it.access));
+    PyTuple_SET_ITEM(t, 5, PyLong_FromLong(it.device));
+    PyTuple_SET_ITEM(t, 6, PyLong_FromLong(it.pinned));
+    PyList_SET_ITEM(out_i, i, t);
   }
   PyObject* out_n = PyList_New(static_cast<Py_ssize_t>(names.size()));
   for (size_t i = 0; i < names.size(); i++)
