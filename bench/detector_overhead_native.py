@@ -76,7 +76,7 @@ def _workload(args, dev):
             nn.functional.mse_loss(model(x), y).backward()
             opt.step()
 
-        return step, f"{args.layers}-layer {args.width}-wide MLP, batch {args.batch}, SGD with momentum"
+        return step, describe(args, "mlp")
     from torch.distributed.fsdp import fully_shard
 
     width = args.fsdp2_width
@@ -97,9 +97,15 @@ def _workload(args, dev):
         model(x).float().pow(2).mean().backward()
         opt.step()
 
-    return step, (
-        f"{args.fsdp2_layers}-layer width-{width} transformer, batch {args.fsdp2_batch} x {args.fsdp2_seq}, "
-        "FSDP2 (fully_shard per layer and root) on one rank, AdamW"
+    return step, describe(args, "fsdp2")
+
+
+def describe(args, workload: str) -> str:
+    if workload == "mlp":
+        return f"{args.layers}-layer {args.width}-wide MLP, batch {args.batch}, SGD with momentum"
+    return (
+        f"{args.fsdp2_layers}-layer width-{args.fsdp2_width} transformer, batch {args.fsdp2_batch} x "
+        f"{args.fsdp2_seq}, FSDP2 (fully_shard per layer and root) on one rank, AdamW"
     )
 
 
@@ -242,8 +248,9 @@ def write_outputs(out: Path, rows: list[dict], args) -> list[str]:
         "# Detector overhead: the native and the Python recording path",
         "",
         f"Device: {meta.get('device', '?')}; torch {meta.get('torch', '?')}. {args.warmup} warm-up and "
-        f"{args.iters} timed steps per run ({args.fsdp2_iters} for fsdp2), median of {args.repeats} runs "
-        "(fresh processes, modes interleaved).",
+        f"{args.iters} timed steps per run ({args.fsdp2_iters} for fsdp2), median of "
+        + (f"{args.repeats} runs" if not args.from_runs else "every run listed (from several calls)")
+        + " (fresh processes, modes interleaved within a call).",
         "",
     ]
     for workload in WORKLOADS:
@@ -267,7 +274,15 @@ def write_outputs(out: Path, rows: list[dict], args) -> list[str]:
             if m is not None:
                 lines.append(f"| {mode} | {m:.3f} | {m / base:.2f}x | {', '.join(f'{t:.2f}' for t in runs)} |")
         part = {mode: med.get((workload, mode)) for mode in MODES}
-        if all(part[m] is not None for m in ("native_record", "native_nostacks", "native")):
+        parts_known = all(part[m] is not None for m in ("native_record", "native_nostacks", "native"))
+        if parts_known and min(part["native"] - part["native_record"], part["native"] - part["native_nostacks"]) < 0:
+            spread = [r["ms_per_step"] for r in rows if (r["workload"], r["mode"]) == (workload, "native")]
+            lines += [
+                "",
+                f"The native path's parts are within the runs' spread here (its runs span {min(spread):.2f} to "
+                f"{max(spread):.2f} ms): more repeats are needed to split them.",
+            ]
+        elif parts_known:
             lines += [
                 "",
                 f"Where the native path's {part['native'] - base:.3f} ms per step go: recording "
@@ -285,6 +300,23 @@ def write_outputs(out: Path, rows: list[dict], args) -> list[str]:
         lines.append("")
     (out / "detector_overhead_native.md").write_text("\n".join(lines))
     return lines
+
+
+def _read_runs(args) -> list[dict]:
+    rows = []
+    for path in args.from_runs:
+        with open(path, newline="") as fh:
+            for r in csv.DictReader(fh):
+                rows.append(
+                    {
+                        **r,
+                        "repeat": int(r["repeat"]),
+                        "ms_per_step": float(r["ms_per_step"]) if r["ms_per_step"] else None,
+                        "errors": [e for e in r["errors"].split(" | ") if e],
+                        "what": describe(args, r["workload"]),
+                    }
+                )
+    return rows
 
 
 def main() -> int:
@@ -305,6 +337,13 @@ def main() -> int:
     p.add_argument("--fsdp2-iters", type=int, default=50, help="timed steps of the fsdp2 workload")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--timeout", type=float, default=300)
+    p.add_argument(
+        "--from-runs",
+        nargs="+",
+        type=Path,
+        metavar="RUNS_CSV",
+        help="rebuild the tables from earlier runs' detector_overhead_native_runs.csv (one per workload, say)",
+    )
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--workload", choices=WORKLOADS, help=argparse.SUPPRESS)
     p.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
@@ -315,6 +354,9 @@ def main() -> int:
         return 0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.from_runs:
+        print("\n".join(write_outputs(out, _read_runs(args), args)))
+        return 0
     modes = [m for m in MODES if m in args.modes.split(",") and not (args.device == "cpu" and m == "sanitizer")]
     rows: list[dict] = []
     for repeat in range(args.repeats):
