@@ -266,3 +266,11 @@ def native_plan(name: str, overload: str) -> tuple:
     else:  # a return may be the first sight of a fresh block, which sizes it ([Note: pending allocations])
         returns = NATIVE_RESOLVE
     return (NATIVE_KINDS[plan.kind], inputs, returns, positions.get("non_blocking", -1))
+
+
+def non_blocking(plan, args: tuple, kwargs: dict) -> bool:
+    """Whether a copy was asked to return before the stream did it (copy_'s third argument,
+    _to_copy's keyword)."""
+    if "non_blocking" in kwargs:
+        return bool(kwargs["non_blocking"])
+    return plan.name.startswith("aten.copy_") and len(args) > 2 and bool(args[2])

@@ -41,21 +41,13 @@ from collections.abc import Callable
 import torch
 
 from racecheck.detect import stacks
-from racecheck.detect.dispatch import byte_range, returned_tensors, set_trace_handler
+from racecheck.detect.dispatch import byte_range, non_blocking, returned_tensors, set_trace_handler
 from racecheck.detect.engine import HappensBefore
 from racecheck.detect.native_feed import NativeTrackerOps
 from racecheck.detect.report import RaceReport, render
 from racecheck.detect.torch_hooks import TrackerMode, cuda_current_stream_fn, cuda_stream_handle, make_handler
 
 _HOST = "host operations"  # the engine key of the host's own work on tracked host memory
-
-
-def _non_blocking(plan, args: tuple, kwargs: dict) -> bool:
-    """Whether a copy was asked to return before the stream did it (copy_'s third argument,
-    _to_copy's keyword)."""
-    if "non_blocking" in kwargs:
-        return bool(kwargs["non_blocking"])
-    return plan.name.startswith("aten.copy_") and len(args) > 2 and bool(args[2])
 
 
 class _InFlight:
@@ -258,7 +250,7 @@ class TorchRaceTracker(NativeTrackerOps):
                 if nbytes:
                     items.append((ptr, nbytes, is_write, alloc))
         if touches_host or fresh_host:
-            self._host_op(plan, items, fresh_host, stream, stack, _non_blocking(plan, args, kwargs))
+            self._host_op(plan, items, fresh_host, stream, stack, non_blocking(plan, args, kwargs))
             return
         if not items:
             return
