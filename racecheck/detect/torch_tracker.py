@@ -39,6 +39,7 @@ import weakref
 from collections.abc import Callable
 
 import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from racecheck.detect import stacks
 from racecheck.detect.dispatch import byte_range, non_blocking, returned_tensors, set_trace_handler
@@ -235,8 +236,8 @@ class TorchRaceTracker(NativeTrackerOps):
                     alloc = self._resolve(t, stack)
                 nbytes = t.nbytes if t.is_contiguous() else byte_range(t)[1]
                 if alloc is None:
-                    if not nbytes:
-                        continue
+                    if not nbytes or is_traceable_wrapper_subclass(t):  # no memory of its own (a DTensor)
+                        continue  # (op_log.cpp skips it too: its local tensors are the callees' business)
                     if self._is_host(t):
                         alloc = engine.allocation_at(ptr)
                         if alloc is None:
