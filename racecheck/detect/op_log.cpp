@@ -43,6 +43,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -640,6 +641,14 @@ PyObject* py_stop(PyObject*, PyObject*) {
   Py_RETURN_NONE;
 }
 
+// A tuple of new references, stolen.
+PyObject* tuple_of(std::initializer_list<PyObject*> fields) {
+  PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(fields.size()));
+  Py_ssize_t i = 0;
+  for (PyObject* f : fields) PyTuple_SET_ITEM(t, i++, f);
+  return t;
+}
+
 // drain() -> (records, items, new op names from `known` on): records are tuples
 // (type, op, stream, device_index, frame, first, count, extra); items (ptr, nbytes, sptr, snbytes,
 // access, device, pinned), indexed by `first`.
@@ -661,29 +670,19 @@ PyObject* py_drain(PyObject*, PyObject* args) {
   PyObject* out_r = PyList_New(static_cast<Py_ssize_t>(rs.size()));
   for (size_t i = 0; i < rs.size(); i++) {
     const Record& r = rs[i];
-    PyObject* t = PyTuple_New(8);
-    PyTuple_SET_ITEM(t, 0, PyLong_FromLong(r.type));
-    PyTuple_SET_ITEM(t, 1, PyLong_FromLong(r.op));
-    PyTuple_SET_ITEM(t, 2, PyLong_FromLongLong(r.stream));
-    PyTuple_SET_ITEM(t, 3, PyLong_FromLong(r.device_index));
-    PyTuple_SET_ITEM(t, 4, PyLong_FromLongLong(r.frame));
-    PyTuple_SET_ITEM(t, 5, PyLong_FromUnsignedLong(r.first));
-    PyTuple_SET_ITEM(t, 6, PyLong_FromUnsignedLong(r.count));
-    PyTuple_SET_ITEM(t, 7, PyLong_FromLongLong(r.extra));
-    PyList_SET_ITEM(out_r, i, t);
+    PyList_SET_ITEM(out_r, i,
+                    tuple_of({PyLong_FromLong(r.type), PyLong_FromLong(r.op), PyLong_FromLongLong(r.stream),
+                              PyLong_FromLong(r.device_index), PyLong_FromLongLong(r.frame),
+                              PyLong_FromUnsignedLong(r.first), PyLong_FromUnsignedLong(r.count),
+                              PyLong_FromLongLong(r.extra)}));
   }
   PyObject* out_i = PyList_New(static_cast<Py_ssize_t>(is.size()));
   for (size_t i = 0; i < is.size(); i++) {
     const Item& it = is[i];
-    PyObject* t = PyTuple_New(7);
-    PyTuple_SET_ITEM(t, 0, PyLong_FromUnsignedLongLong(it.ptr));
-    PyTuple_SET_ITEM(t, 1, PyLong_FromUnsignedLongLong(it.nbytes));
-    PyTuple_SET_ITEM(t, 2, PyLong_FromUnsignedLongLong(it.sptr));
-    PyTuple_SET_ITEM(t, 3, PyLong_FromUnsignedLongLong(it.snbytes));
-    PyTuple_SET_ITEM(t, 4, PyLong_FromLong(it.access));
-    PyTuple_SET_ITEM(t, 5, PyLong_FromLong(it.device));
-    PyTuple_SET_ITEM(t, 6, PyLong_FromLong(it.pinned));
-    PyList_SET_ITEM(out_i, i, t);
+    PyList_SET_ITEM(out_i, i,
+                    tuple_of({PyLong_FromUnsignedLongLong(it.ptr), PyLong_FromUnsignedLongLong(it.nbytes),
+                              PyLong_FromUnsignedLongLong(it.sptr), PyLong_FromUnsignedLongLong(it.snbytes),
+                              PyLong_FromLong(it.access), PyLong_FromLong(it.device), PyLong_FromLong(it.pinned)}));
   }
   PyObject* out_n = PyList_New(static_cast<Py_ssize_t>(names.size()));
   for (size_t i = 0; i < names.size(); i++)
