@@ -3,6 +3,7 @@ built from: which one runs, and that both give the same reports on the same rand
 
 from __future__ import annotations
 
+import functools
 import importlib.machinery
 import json
 import os
@@ -111,9 +112,15 @@ def summaries(seeds: int) -> list:
     return out
 
 
+# The traces both engines run: each engine's interpreter starts once for the module's tests.
+SEEDS = 400
+
+
+@functools.cache
 def _run(seeds: int, *, pure: bool) -> tuple[str, list, list[str]]:
     """In a fresh interpreter: which engine runs, the summaries of `seeds` traces, and the files
-    the engine's modules were loaded from."""
+    the engine's modules were loaded from (one interpreter per engine and count, kept for the
+    module's other tests)."""
     env = {k: v for k, v in os.environ.items() if k != "RACECHECK_PURE_PYTHON"}
     if pure:
         env["RACECHECK_PURE_PYTHON"] = "1"
@@ -155,9 +162,9 @@ def _is_extension(path: str) -> bool:
 
 
 def test_pure_python_engine_can_be_forced():
-    kind, result, files = _run(1, pure=True)
+    kind, result, files = _run(SEEDS, pure=True)
     assert kind == "python"
-    assert len(result) == 1
+    assert len(result) == SEEDS
     assert all(f.endswith(".py") for f in files), files
 
 
@@ -168,14 +175,14 @@ def test_compiled_engine_is_the_one_in_use_where_setup_can_compile_it():
     missing = [name for name in native._MODULES if not native._compiled(name)]
     assert not missing, f"mypyc and a C compiler are here, yet {missing} were not compiled: reinstall racecheck"
     assert native._built_from_these_sources(), "compiled engine is stale or partial: reinstall racecheck"
-    kind, _, files = _run(1, pure=False)
+    kind, _, files = _run(SEEDS, pure=False)
     assert kind == "compiled"
     assert all(_is_extension(f) for f in files), files
 
 
 def test_compiled_and_pure_engines_report_the_same_races():
-    pure_kind, pure, _ = _run(400, pure=True)
-    kind, default, files = _run(400, pure=False)
+    pure_kind, pure, _ = _run(SEEDS, pure=True)
+    kind, default, files = _run(SEEDS, pure=False)
     assert pure_kind == "python"
     if _why_setup_compiles_nothing() is None:  # else both runs are the Python engine's
         assert kind == "compiled" and all(_is_extension(f) for f in files), files
