@@ -13,6 +13,7 @@ import sys
 
 import pytest
 import torch
+from run_kit import free_port
 
 from racecheck.detect import RaceKind
 from racecheck.detect.cpu_trace import AllocatorTrace
@@ -464,16 +465,11 @@ def test_the_native_path_leaves_callees_unobserved_only_while_it_records(cur):
 
 
 FSDP2_STEP = """
-import os, socket, sys
 import torch, torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import fully_shard
 from racecheck.detect.torch_tracker import TorchRaceTracker
-with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
-dist.init_process_group("gloo", rank=0, world_size=1)
+dist.init_process_group("gloo", rank=0, world_size=1)  # the rendezvous from the environment
 torch.manual_seed(0)
 model = nn.Sequential(*[nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True) for _ in range(1)])
 for layer in model:
@@ -495,7 +491,8 @@ def test_an_fsdp2_step_with_dtensor_parameters_is_tracked_without_errors_on_both
     """FSDP2's parameters are DTensors (wrapper subclasses with no memory of their own): both paths
     pass over them, as they pass over any tensor without bytes, instead of failing on each
     optimizer operator; the step has no race."""
-    out = subprocess.run([sys.executable, "-c", FSDP2_STEP], capture_output=True, text=True, timeout=120)
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0", "WORLD_SIZE": "1"}
+    out = subprocess.run([sys.executable, "-c", FSDP2_STEP], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = [line.split(" ", 3) for line in out.stdout.splitlines()]
     assert [r[0] for r in rows] == ["python", "native"]

@@ -46,7 +46,6 @@
 #include <initializer_list>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -152,6 +151,41 @@ OpName* find_locked(const char* name, const char* overload) {
   return nullptr;
 }
 
+// Python's plan for a new overload (under the GIL): `entry`'s plan stays TRANSPARENT where the
+// planner fails, and the reason is kept for planner_error().
+void read_plan(OpName& entry) {
+  Plan& plan = entry.plan;
+  PyObject* got = PyObject_CallFunction(planner, "ss", entry.name.c_str(), entry.overload.c_str());
+  if (got == nullptr) {
+    PyObject *t, *v, *tb;
+    PyErr_Fetch(&t, &v, &tb);
+    PyObject* s = v ? PyObject_Str(v) : nullptr;
+    planner_error = entry.name + ": " + (s ? PyUnicode_AsUTF8(s) : "error");
+    Py_XDECREF(s);
+    Py_XDECREF(t);
+    Py_XDECREF(v);
+    Py_XDECREF(tb);
+  } else {
+    // (kind, ((position, access), ...), returns, non_blocking position)
+    int kind = 0, returns = -1, nb = -1;
+    PyObject* inputs = nullptr;
+    if (PyArg_ParseTuple(got, "iOii", &kind, &inputs, &returns, &nb)) {
+      plan.kind = static_cast<Kind>(kind);
+      plan.returns = static_cast<int8_t>(returns);
+      plan.non_blocking = nb;
+      Py_ssize_t n = PySequence_Size(inputs);
+      for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject* pair = PySequence_GetItem(inputs, i);
+        int pos = 0, acc = 0;
+        if (pair && PyArg_ParseTuple(pair, "ii", &pos, &acc)) plan.inputs.emplace_back(pos, acc);
+        Py_XDECREF(pair);
+      }
+    }
+    PyErr_Clear();
+    Py_DECREF(got);
+  }
+}
+
 // The overload behind `fn` (its name pointers identify it), planned by Python at first sight.
 OpName* op_of(const at::RecordFunction& fn) {
   const char* name = fn.name();
@@ -163,45 +197,15 @@ OpName* op_of(const at::RecordFunction& fn) {
   auto entry = std::make_unique<OpName>();
   entry->name = name ? name : "";
   entry->overload = overload ? overload : "";
-  Plan& plan = entry->plan;
-  plan.kind = TRANSPARENT;  // a name Python cannot plan: record nothing, hide nothing
+  entry->plan.kind = TRANSPARENT;  // a name Python cannot plan: record nothing, hide nothing
   if (python_gone()) return nullptr;
   inside++;  // what the planner runs is the tracker's own
-  std::optional<at::RecordFunctionGuard> unobserved(std::in_place, false);
-  PyGILState_STATE gil = PyGILState_Ensure();
-  if (planner != nullptr) {
-    PyObject* got = PyObject_CallFunction(planner, "ss", entry->name.c_str(), entry->overload.c_str());
-    if (got == nullptr) {
-      PyObject *t, *v, *tb;
-      PyErr_Fetch(&t, &v, &tb);
-      PyObject* s = v ? PyObject_Str(v) : nullptr;
-      planner_error = entry->name + ": " + (s ? PyUnicode_AsUTF8(s) : "error");
-      Py_XDECREF(s);
-      Py_XDECREF(t);
-      Py_XDECREF(v);
-      Py_XDECREF(tb);
-    } else {
-      // (kind, ((position, access), ...), returns, non_blocking position)
-      int kind = 0, returns = -1, nb = -1;
-      PyObject* inputs = nullptr;
-      if (PyArg_ParseTuple(got, "iOii", &kind, &inputs, &returns, &nb)) {
-        plan.kind = static_cast<Kind>(kind);
-        plan.returns = static_cast<int8_t>(returns);
-        plan.non_blocking = nb;
-        Py_ssize_t n = PySequence_Size(inputs);
-        for (Py_ssize_t i = 0; i < n; i++) {
-          PyObject* pair = PySequence_GetItem(inputs, i);
-          int pos = 0, acc = 0;
-          if (pair && PyArg_ParseTuple(pair, "ii", &pos, &acc)) plan.inputs.emplace_back(pos, acc);
-          Py_XDECREF(pair);
-        }
-      }
-      PyErr_Clear();
-      Py_DECREF(got);
-    }
+  {
+    at::RecordFunctionGuard unobserved(false);  // and unobserved ([Note: callees unobserved])
+    PyGILState_STATE gil = PyGILState_Ensure();
+    if (planner != nullptr) read_plan(*entry);
+    PyGILState_Release(gil);
   }
-  PyGILState_Release(gil);
-  unobserved.reset();
   inside--;
   std::lock_guard<std::mutex> g(mu);
   if (OpName* op = find_locked(name, overload)) return op;  // planned meanwhile by another thread
