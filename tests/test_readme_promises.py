@@ -118,7 +118,7 @@ def _ranks_of(runner: psutil.Process, world: int, limit: float = 120.0) -> list[
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
         family = runner.children(recursive=True)
-        ranks = [p for p in family if _environ(p).get("LOCAL_RANK") is not None and "pytest" in " ".join(_cmd(p))]
+        ranks = [p for p in family if _environ(p).get("LOCAL_RANK") is not None and "pytest" in _cmd(p)]
         if len(ranks) >= world:
             return family
         assert runner.is_running(), "the run ended before its ranks started"

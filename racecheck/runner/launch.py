@@ -1,9 +1,11 @@
 """Starting one pytest session for the trial runner, and stopping it for good.
 
 A multi-rank suite is launched with torchrun (`python -m torch.distributed.run`), a one-rank suite
-with plain pytest in the environment torchrun would give its one worker (`torchrun --standalone
+without it in the environment torchrun would give its one worker (`torchrun --standalone
 --nproc-per-node 1`: ranks, sizes, a master address and a free port), so that a suite's own
-`dist.init_process_group()` works with its defaults in both cases.
+`dist.init_process_group()` works with its defaults in both cases. torchrun's agent and each
+rank run through quick_exit.py, which ends the process without unloading torch once the module
+has returned.
 
 Stopping a session kills all it started: its process tree (torchrun starts its workers in sessions
 of their own, so a process-group kill alone misses them), its process group (children whose
@@ -31,6 +33,7 @@ import psutil
 from racecheck.runner.lifeline import child_dies_with_us
 
 MARK_VAR = "RACECHECK_SESSION_MARK"
+QUICK_EXIT = "racecheck.runner.quick_exit"  # `-m MODULE`, then an exit without the interpreter's teardown
 _marks: dict[int, str] = {}  # a running session's pid -> the mark in its processes' environment
 
 
@@ -50,9 +53,10 @@ class SessionSpec:
 def command(spec: SessionSpec) -> list[str]:
     if spec.world_size > 1 or spec.rendezvous:
         where = list(spec.rendezvous) or ["--standalone", "--nnodes", "1", "--nproc-per-node", str(spec.world_size)]
-        launcher = [sys.executable, "-m", "torch.distributed.run", *where, "--monitor-interval", "0.2", "-m", "pytest"]
+        torchrun = [sys.executable, "-m", QUICK_EXIT, "torch.distributed.run"]
+        launcher = [*torchrun, *where, "--monitor-interval", "0.2", "-m", QUICK_EXIT, "pytest"]
     else:
-        launcher = [sys.executable, "-m", "pytest"]
+        launcher = [sys.executable, "-m", QUICK_EXIT, "pytest"]
     return launcher + list(spec.pytest_args)
 
 
