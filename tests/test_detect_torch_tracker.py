@@ -464,6 +464,25 @@ def test_the_native_path_leaves_callees_unobserved_only_while_it_records(cur):
     assert "aten::mse_loss" in seen_after and "aten::mean" in seen_after
 
 
+def test_the_native_log_plans_operators_only_once(cur):
+    """Autograd's calls named by a string (`autograd::engine::evaluate_function: ...`, a new name
+    pointer every call) and a user's record_function scope are no operators: the log's table
+    holds the operators of the first step and no more after later steps."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    x = torch.randn(4, 8)
+    tracker = make_tracker(cur, "native")
+    sizes = []
+    with tracker:
+        for _ in range(3):
+            with torch.autograd.profiler.record_function("user scope"):
+                model(x).sum().backward()
+            tracker.flush()
+            sizes.append(len(tracker._feed.plans))
+    assert tracker.errors == []
+    assert sizes[0] == sizes[1] == sizes[2]
+    assert None not in tracker._feed.plans  # every entry an operator the planner knew
+
+
 FSDP2_STEP = """
 import torch, torch.distributed as dist
 from torch import nn

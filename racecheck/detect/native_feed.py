@@ -18,6 +18,8 @@ resolves it to user frames only when a report is formatted.
 
 from __future__ import annotations
 
+import struct
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from racecheck.detect.dispatch import NATIVE_RESOLVE, NATIVE_WRITE, OpPlan, overload_named, plan_for
@@ -30,6 +32,11 @@ if TYPE_CHECKING:
 OP, COLLECTIVE_BEGIN, COLLECTIVE_END, STREAM_RECORDED, HOST_FREED = range(5)
 ALLOCATED, FREED, EVENT_RECORDED, EVENT_WAITED, EVENT_DELETED, DEVICE_SYNCED, STREAM_SYNCED, EVENT_SYNCED = range(5, 13)
 NO_STREAM = -(2**63)  # the record's stream is the tracker's current stream
+# op_log.cpp's Record and Item, as drain() hands their arrays over (native byte order, C layout):
+# Record (type, op id, stream id, device index, stack id, first item, item count, extra) and
+# Item (address, bytes, storage start, storage bytes, access, device, pinned).
+RECORD = struct.Struct("=b3xiqi4xqIIq")
+ITEM = struct.Struct("=QQQQbbb5x")
 
 
 class LogStack(LazyStack):
@@ -118,11 +125,16 @@ class NativeFeed:
         if records:
             self._apply(records, items)
 
-    def _apply(self, records: list, items: list) -> None:
+    def _apply(self, records: bytes, items: bytes) -> None:
+        """Apply a drained batch: `records` and `items` are the bytes of the log's arrays (RECORD,
+        ITEM). A record's items are unpacked only while its tracker call runs, so a batch never
+        holds thousands of tuples at once (which would wake Python's cyclic collector)."""
         tracker = self.tracker
         plans = self.plans
-        self.records += len(records)
-        for kind, op, stream_id, device, stack_id, first, count, extra in records:
+        view = memoryview(items)
+        size = ITEM.size
+        self.records += len(records) // RECORD.size
+        for kind, op, stream_id, device, stack_id, first, count, extra in RECORD.iter_unpack(records):
             try:
                 if kind == OP:
                     plan = plans[op]
@@ -131,20 +143,22 @@ class NativeFeed:
                             plan,
                             self._stream(stream_id, device),
                             self._stack(stack_id),
-                            items[first : first + count],
+                            ITEM.iter_unpack(view[first * size : (first + count) * size]),
                             bool(extra),
                         )
                 elif kind == COLLECTIVE_BEGIN:
                     plan = plans[op]
-                    if plan is not None:
+                    if plan is not None:  # its items wait for the collective's end: kept as tuples
+                        its = list(ITEM.iter_unpack(view[first * size : (first + count) * size]))
                         tracker._native_collective_begin(
-                            plan, self._stream(stream_id, device), self._stack(stack_id), items[first : first + count]
+                            plan, self._stream(stream_id, device), self._stack(stack_id), its
                         )
                 elif kind == COLLECTIVE_END:
                     tracker._native_collective_end()
                 elif kind == STREAM_RECORDED:
                     if count:
-                        tracker._native_record_stream(items[first][0], self._stream(extra, device))
+                        ptr = ITEM.unpack_from(view, first * size)[0]
+                        tracker._native_record_stream(ptr, self._stream(extra, device))
                 elif kind == ALLOCATED:
                     tracker._native_allocated(extra, self._stream(stream_id, device))
                 elif kind == FREED:
@@ -202,7 +216,7 @@ class NativeTrackerOps:
         log = op_log.load_available()
         return None if log is None else NativeFeed(log, self)  # type: ignore[arg-type]
 
-    def _native_op(self, plan: OpPlan, stream: int | None, stack, its: list, non_blocking: bool) -> None:
+    def _native_op(self, plan: OpPlan, stream: int | None, stack, its: Iterable[tuple], non_blocking: bool) -> None:
         pending = self._pending
         engine = self.engine
         live_get = engine.live.get

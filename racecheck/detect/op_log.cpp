@@ -26,7 +26,8 @@
 // stream, event and device synchronizations: what torch.cuda._gpu_trace's callbacks report to
 // Python) through an interpreter of its own installed as c10's GPU trace for the time it records,
 // so none of them enters Python either. Python drains the log when it holds DRAIN_AT records,
-// when a report is asked for and when recording stops.
+// when a report is asked for and when recording stops; a drain hands it the bytes of the record
+// and item arrays, whose fixed layouts native_feed.py unpacks (see Item and Record).
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -41,9 +42,9 @@
 #include <c10/util/intrusive_ptr.h>
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -86,21 +87,51 @@ struct Plan {
   int non_blocking = -1;                       // position of a `non_blocking` argument, if any
 };
 
+// Items and records reach Python as the raw bytes of these arrays (py_drain), which native_feed.py
+// reads with struct formats of its own (ITEM, RECORD): the layouts are fixed, native byte order,
+// their padding spelled out as fields, and the static_asserts below pin them. Change one side,
+// change the other.
 struct Item {
   uint64_t ptr, nbytes, sptr, snbytes;
   int8_t access, device;  // device: 0 CPU, 1 CUDA, 2 other
   int8_t pinned;          // host memory only: page-locked
+  int8_t pad[5];          // (to the 8-byte alignment of the array's next item)
 };
+static_assert(sizeof(Item) == 40, "native_feed.ITEM is '=QQQQbbb5x'");
+static_assert(offsetof(Item, nbytes) == 8 && offsetof(Item, sptr) == 16 && offsetof(Item, snbytes) == 24 &&
+                  offsetof(Item, access) == 32 && offsetof(Item, device) == 33 && offsetof(Item, pinned) == 34,
+              "native_feed.ITEM is '=QQQQbbb5x'");
 
 struct Record {
   int8_t type;
+  int8_t pad0[3];
   int32_t op;
   int64_t stream;
   int32_t device_index;
+  int32_t pad1;
   int64_t frame;
   uint32_t first, count;  // its items
   int64_t extra;          // OP: non_blocking; STREAM_RECORDED: the stream id; HOST_FREED: the storage
 };
+static_assert(sizeof(Record) == 48, "native_feed.RECORD is '=b3xiqi4xqIIq'");
+static_assert(offsetof(Record, op) == 4 && offsetof(Record, stream) == 8 && offsetof(Record, device_index) == 16 &&
+                  offsetof(Record, frame) == 24 && offsetof(Record, first) == 32 && offsetof(Record, count) == 36 &&
+                  offsetof(Record, extra) == 40,
+              "native_feed.RECORD is '=b3xiqi4xqIIq'");
+
+Record make_record(int8_t type, int32_t op, int64_t stream, int32_t device_index, int64_t frame, uint32_t first,
+                   uint32_t count, int64_t extra) {
+  Record r{};  // the padding zeroed: the bytes Python gets are all defined
+  r.type = type;
+  r.op = op;
+  r.stream = stream;
+  r.device_index = device_index;
+  r.frame = frame;
+  r.first = first;
+  r.count = count;
+  r.extra = extra;
+  return r;
+}
 
 struct Frames {
   std::vector<std::pair<PyObject*, int>> chain;  // (code object, strong reference; bytecode offset)
@@ -114,6 +145,9 @@ struct OpName {
   std::string name, overload;
   Plan plan;
   int32_t id = 0;
+  // Seen calling other operators on its own thread ([Note: callees unobserved]); learnt while it
+  // runs, hence mutable on an otherwise fixed entry.
+  mutable std::atomic<bool> has_callees{false};
 };
 // schema name pointer -> (overload name pointer, op) of each overload seen; ops never move
 std::unordered_map<const char*, std::vector<std::pair<const char*, OpName*>>> op_ids;
@@ -186,10 +220,9 @@ void read_plan(OpName& entry) {
   }
 }
 
-// The overload behind `fn` (its name pointers identify it), planned by Python at first sight.
-OpName* op_of(const at::RecordFunction& fn) {
-  const char* name = fn.name();
-  const char* overload = fn.overload_name();
+// The overload named (name, overload) from the table, planned by Python at first sight (under the
+// GIL, with mu released meanwhile).
+OpName* op_of_locked(const char* name, const char* overload) {
   {
     std::lock_guard<std::mutex> g(mu);
     if (OpName* op = find_locked(name, overload)) return op;
@@ -213,6 +246,43 @@ OpName* op_of(const at::RecordFunction& fn) {
   OpName* op = entry.get();
   ops.push_back(std::move(entry));
   op_ids[name].emplace_back(overload, op);
+  return op;
+}
+
+// A thread's overloads seen lately, by their name pointers: what find_locked would answer, without
+// mu or a hash of the name on every call. Direct-mapped (a collision replaces the entry, and the
+// next call of the one replaced takes the locked path once); the OpName objects it points to never
+// move or die while the module is loaded, and a name pair keeps its OpName, so an entry is never
+// stale.
+struct CachedOp {
+  const char* name;
+  const char* overload;
+  OpName* op;
+};
+constexpr int OP_CACHE_BITS = 8;
+thread_local CachedOp op_cache[1 << OP_CACHE_BITS];  // zeroed: matches no call (a name is never null)
+
+CachedOp& cached_op(const char* name, const char* overload) {
+  // Fibonacci hashing of both pointers: their low bits are alignment, their high bits shared.
+  uint64_t h = reinterpret_cast<uint64_t>(name) ^ (reinterpret_cast<uint64_t>(overload) << 1);
+  return op_cache[(h * 0x9E3779B97F4A7C15ull) >> (64 - OP_CACHE_BITS)];
+}
+
+// A RecordFunction named by a string, not by an operator's schema (autograd's
+// "autograd::engine::evaluate_function: ...", a collective's "nccl:all_reduce"): no operator,
+// hence nothing to record. Its name lives in the RecordFunction itself, a new pointer every call,
+// so it must not reach the table, which would grow by one entry, and ask the planner, each call.
+const OpName unnamed_call{"", "", Plan{TRANSPARENT}};
+
+// The overload behind `fn` (its name pointers identify it), planned by Python at first sight.
+const OpName* op_of(const at::RecordFunction& fn) {
+  const char* name = fn.name();
+  const char* overload = fn.overload_name();
+  CachedOp& slot = cached_op(name, overload);
+  if (slot.name == name && slot.overload == overload) return slot.op;
+  if (!fn.operator_name().has_value()) return &unnamed_call;  // rare: a miss of an operator's call
+  OpName* op = op_of_locked(name, overload);
+  if (op != nullptr) slot = CachedOp{name, overload, op};
   return op;
 }
 
@@ -268,6 +338,16 @@ struct Pending {  // one call between its start and end callbacks
   int64_t frame = -1;
   int64_t non_blocking = 0;
   std::vector<Item> items;
+
+  void reset(const OpName* call_op) {  // for a new call: `items` keeps its capacity
+    op = call_op;
+    kind = call_op->plan.kind;
+    stream = NO_STREAM;
+    device_index = -1;
+    frame = -1;
+    non_blocking = 0;
+    items.clear();
+  }
 };
 
 void add_tensor(Pending& p, const at::Tensor& t, int8_t access) {
@@ -337,7 +417,7 @@ void set_stream(Pending& p) {
 void host_frees_locked() {
   for (auto it = watched_host.begin(); it != watched_host.end();) {
     if (it->second.expired()) {
-      records.push_back(Record{HOST_FREED, -1, NO_STREAM, -1, -1, 0, 0, static_cast<int64_t>(it->first)});
+      records.push_back(make_record(HOST_FREED, -1, NO_STREAM, -1, -1, 0, 0, static_cast<int64_t>(it->first)));
       it = watched_host.erase(it);
     } else {
       ++it;
@@ -348,15 +428,14 @@ void host_frees_locked() {
 void append(int8_t type, const Pending& p, int64_t extra) {
   std::lock_guard<std::mutex> g(mu);
   if (!watched_host.empty()) host_frees_locked();
-  Record r{type, p.op->id, p.stream, p.device_index, p.frame, static_cast<uint32_t>(items.size()),
-           static_cast<uint32_t>(p.items.size()), extra};
+  records.push_back(make_record(type, p.op->id, p.stream, p.device_index, p.frame, static_cast<uint32_t>(items.size()),
+                                static_cast<uint32_t>(p.items.size()), extra));
   items.insert(items.end(), p.items.begin(), p.items.end());
-  records.push_back(r);
 }
 
 void append_event(int8_t type, int64_t stream, int32_t device_index, int64_t frame, int64_t extra) {
   std::lock_guard<std::mutex> g(mu);
-  records.push_back(Record{type, -1, stream, device_index, frame, 0, 0, extra});
+  records.push_back(make_record(type, -1, stream, device_index, frame, 0, 0, extra));
 }
 
 // At an operator's end (never inside the allocator, which may hold its lock while it reports):
@@ -490,28 +569,64 @@ void trace_off() {
 }
 
 // -- the observer --------------------------------------------------------------------------------
-struct Context : at::ObserverContext {
-  int8_t mode = 0;  // 0: nothing to do at the end; 1: leave a recorded call; 2: record it, then leave
-  bool rf_was_on = true;  // RecordFunction on this thread before the call (restored at its end)
+// [Note: one call at a time]
+// A thread records one call at a time: from a recorded (or skipped) call's start to its end,
+// `inside` is > 0 on its thread, so every call nested in it (what its kernel calls, where
+// RecordFunction still runs) returns from on_start at once. The call being recorded therefore
+// lives in a thread-local `Call` rather than in an ObserverContext allocated per call, and its
+// items vector keeps its capacity from call to call. on_start returns no context; RecordFunction
+// runs the end callback all the same, with a null context (record_function.cpp: the end callbacks
+// run for every callback whose start ran), and on_end tells its own call from every other by the
+// RecordFunction's address, which is fixed while the call runs (a RecordFunction is neither
+// copied nor moved) and differs from that of any call nested in it, alive meanwhile.
+struct Call {
+  const at::RecordFunction* fn = nullptr;  // the call this thread records; null: none
+  bool record = false;                     // false: only leave it at its end (skipped, or unreadable)
+  bool rf_off = false;                     // it turned RecordFunction off on this thread (its end turns it on)
   Pending pending;
 };
+thread_local Call call;
 
 // [Note: callees unobserved]
-// The calls a recorded (or skipped) operator makes from inside its kernel are not recorded, and
-// they need not be observed at all: while it runs, RecordFunction is off on its thread, so its
-// callees take the dispatcher's fast path (no RecordFunction, no boxed inputs and outputs). This
-// call's own end callback still runs: it was chosen when the call started. The thread's previous
-// setting comes back at that end. Work a callee hands to another thread (autograd's engine copies
-// the caller's thread-local state) is unobserved too, as it is the recorded operator's own.
-void enter_call(Context& ctx) {
+// The calls a recorded (or skipped) operator makes from inside its kernel are not recorded: they
+// see `inside` > 0 ([Note: one call at a time]). Whether they are observed at all is a matter of
+// cost: a callee observed pays for a RecordFunction and its boxed inputs and outputs, while turning
+// RecordFunction off for the call and on again (at::enableRecordFunction) rebuilds RecordFunction's
+// thread-local callback cache twice, which costs more than the rest of recording a tiny operator.
+// So a call turns it off on its thread, its callees then taking the dispatcher's fast path, only
+// - where its operator has been seen calling others on this thread (`has_callees`, set by the
+//   first callee to reach on_start while a call of it ran with RecordFunction on);
+// - for a collective, which may hand work to other threads: those copy the caller's thread-local
+//   state, so RecordFunction is off there too, and that work, the collective's own, goes unobserved
+//   instead of recorded as the other thread's;
+// - while another observer listens on this thread (a thread-local callback: torch.profiler's), so
+//   that it sees the operator and none of its callees, as a TorchDispatchMode would.
+// This call's own end callback runs either way: it was chosen when the call started; the thread's
+// setting comes back at that end. No verdict depends on the choice, as a callee on the call's
+// thread is never recorded either way. What it changes, next to turning RecordFunction off for
+// every call: an operator's calls run with it on until the first of its callees has been seen, so
+// an observer registered globally by someone else sees the callees of those first calls; and
+// should an operator with no callees on its own thread hand work to another thread that calls
+// operators (c10d's collectives, which do, are covered above), that work would be observed there,
+// and recorded as that thread's own.
+void enter_call(Call& c, const OpName& op) {
   inside++;
-  ctx.rf_was_on = at::isRecordFunctionEnabled();
-  if (ctx.rf_was_on) at::enableRecordFunction(false);
+  c.rf_off = (op.plan.kind == COLLECTIVE || op.has_callees.load(std::memory_order_relaxed) ||
+              at::hasThreadLocalCallbacks()) &&
+             at::isRecordFunctionEnabled();
+  if (c.rf_off) at::enableRecordFunction(false);
 }
 
-void leave_call(const Context& ctx) {
+void leave_call(const Call& c) {
   inside--;
-  if (ctx.rf_was_on) at::enableRecordFunction(true);
+  if (c.rf_off) at::enableRecordFunction(true);
+}
+
+// A callee of the call this thread records reached on_start: RecordFunction stayed on for the call.
+void saw_callee() {
+  const OpName* op = call.pending.op;
+  if (call.fn != nullptr && !op->has_callees.load(std::memory_order_relaxed))
+    op->has_callees.store(true, std::memory_order_relaxed);
 }
 
 // A call the log could not record (a tensor it could not read): counted, the last reason kept,
@@ -525,38 +640,37 @@ void failed(const char* what) {
   last_failure = what;
 }
 
-void start_call(const at::RecordFunction& fn, const OpName& name, Context& ctx);
-void end_call(const at::RecordFunction& fn, Context& ctx);
+void start_call(const at::RecordFunction& fn, Call& c);
+void end_call(const at::RecordFunction& fn, Call& c);
 
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   if (!active.load(std::memory_order_relaxed)) return nullptr;
   if (inside > 0) {  // a callee of a recorded operator, or the tracker's own call
+    saw_callee();
     return nullptr;
   }
   const OpName* op = op_of(fn);
   if (op == nullptr) return nullptr;  // the interpreter is shutting down
   const Plan& plan = op->plan;  // fixed once planned
   if (plan.kind == TRANSPARENT) return nullptr;
-  auto ctx = std::make_unique<Context>();
-  enter_call(*ctx);  // from here on the end callback, which gets ctx whatever happens, undoes it
-  ctx->mode = 1;
-  if (plan.kind == SKIP) return ctx;
+  Call& c = call;
+  c.fn = &fn;
+  c.record = false;
+  c.pending.reset(op);
+  enter_call(c, *op);  // from here on the end callback, which runs whatever happens, undoes it
+  if (plan.kind == SKIP) return nullptr;
   try {
-    start_call(fn, *op, *ctx);
+    start_call(fn, c);
   } catch (const std::exception& exc) {
     failed(exc.what());
-    ctx->mode = 1;  // this call goes unrecorded, and says so
+    c.record = false;  // this call goes unrecorded, and says so
   }
-  return ctx;
+  return nullptr;
 }
 
-void start_call(const at::RecordFunction& fn, const OpName& name, Context& ctx) {
-  const OpName* op = &name;
-  const Plan& plan = op->plan;
-  Context* c = &ctx;
-  Pending& p = c->pending;
-  p.op = op;
-  p.kind = plan.kind;
+void start_call(const at::RecordFunction& fn, Call& c) {
+  Pending& p = c.pending;
+  const Plan& plan = p.op->plan;
   auto inputs = fn.inputs();
   for (const auto& [pos, access] : plan.inputs)
     if (pos < static_cast<int>(inputs.size())) add_value(p, inputs[pos], access);
@@ -576,24 +690,24 @@ void start_call(const at::RecordFunction& fn, const OpName& name, Context& ctx) 
     append(COLLECTIVE_BEGIN, p, 0);
     p.items.clear();
   }
-  c->mode = 2;
+  c.record = true;
 }
 
-void on_end(const at::RecordFunction& fn, at::ObserverContext* raw) {
-  auto* ctx = static_cast<Context*>(raw);
-  if (ctx == nullptr || ctx->mode == 0) return;
-  leave_call(*ctx);
-  if (ctx->mode != 2) return;
+void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
+  Call& c = call;
+  if (c.fn != &fn) return;  // a call this thread does not record ([Note: one call at a time])
+  c.fn = nullptr;
+  leave_call(c);
+  if (!c.record) return;
   try {
-    end_call(fn, *ctx);
+    end_call(fn, c);
   } catch (const std::exception& exc) {
     failed(exc.what());
   }
 }
 
-void end_call(const at::RecordFunction& fn, Context& ctx_ref) {
-  Context* ctx = &ctx_ref;
-  Pending& p = ctx->pending;
+void end_call(const at::RecordFunction& fn, Call& c) {
+  Pending& p = c.pending;
   if (p.kind == COLLECTIVE) {
     append(COLLECTIVE_END, p, 0);
     return;
@@ -645,17 +759,10 @@ PyObject* py_stop(PyObject*, PyObject*) {
   Py_RETURN_NONE;
 }
 
-// A tuple of new references, stolen.
-PyObject* tuple_of(std::initializer_list<PyObject*> fields) {
-  PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(fields.size()));
-  Py_ssize_t i = 0;
-  for (PyObject* f : fields) PyTuple_SET_ITEM(t, i++, f);
-  return t;
-}
-
-// drain() -> (records, items, new op names from `known` on): records are tuples
-// (type, op, stream, device_index, frame, first, count, extra); items (ptr, nbytes, sptr, snbytes,
-// access, device, pinned), indexed by `first`.
+// drain(known) -> (records, items, new op names from `known` on): records and items are the bytes
+// of the log's Record and Item arrays (native_feed.py's RECORD and ITEM read them); a record's
+// items are items[first:first + count]. Bytes rather than tuples: a batch is thousands of records,
+// and as many tuples would cost an allocation each and wake Python's cyclic collector.
 PyObject* py_drain(PyObject*, PyObject* args) {
   Py_ssize_t known = 0;
   if (!PyArg_ParseTuple(args, "n", &known)) return nullptr;
@@ -663,6 +770,8 @@ PyObject* py_drain(PyObject*, PyObject* args) {
   std::vector<Item> is;
   std::vector<std::pair<std::string, std::string>> names;
   {
+    // Taken over by a swap, so threads that record wait for no copy (the log's arrays grow again
+    // from empty: a few reallocations a batch).
     std::lock_guard<std::mutex> g(mu);
     if (!watched_host.empty()) host_frees_locked();
     rs.swap(records);
@@ -670,25 +779,17 @@ PyObject* py_drain(PyObject*, PyObject* args) {
     recent_host.clear();
     for (size_t i = static_cast<size_t>(known); i < ops.size(); i++) names.emplace_back(ops[i]->name, ops[i]->overload);
   }
-  // Tuples filled field by field (Py_BuildValue parses its format string for every record).
-  PyObject* out_r = PyList_New(static_cast<Py_ssize_t>(rs.size()));
-  for (size_t i = 0; i < rs.size(); i++) {
-    const Record& r = rs[i];
-    PyList_SET_ITEM(out_r, i,
-                    tuple_of({PyLong_FromLong(r.type), PyLong_FromLong(r.op), PyLong_FromLongLong(r.stream),
-                              PyLong_FromLong(r.device_index), PyLong_FromLongLong(r.frame),
-                              PyLong_FromUnsignedLong(r.first), PyLong_FromUnsignedLong(r.count),
-                              PyLong_FromLongLong(r.extra)}));
-  }
-  PyObject* out_i = PyList_New(static_cast<Py_ssize_t>(is.size()));
-  for (size_t i = 0; i < is.size(); i++) {
-    const Item& it = is[i];
-    PyList_SET_ITEM(out_i, i,
-                    tuple_of({PyLong_FromUnsignedLongLong(it.ptr), PyLong_FromUnsignedLongLong(it.nbytes),
-                              PyLong_FromUnsignedLongLong(it.sptr), PyLong_FromUnsignedLongLong(it.snbytes),
-                              PyLong_FromLong(it.access), PyLong_FromLong(it.device), PyLong_FromLong(it.pinned)}));
-  }
+  PyObject* out_r = PyBytes_FromStringAndSize(reinterpret_cast<const char*>(rs.data()),
+                                              static_cast<Py_ssize_t>(rs.size() * sizeof(Record)));
+  PyObject* out_i = PyBytes_FromStringAndSize(reinterpret_cast<const char*>(is.data()),
+                                              static_cast<Py_ssize_t>(is.size() * sizeof(Item)));
   PyObject* out_n = PyList_New(static_cast<Py_ssize_t>(names.size()));
+  if (out_r == nullptr || out_i == nullptr || out_n == nullptr) {  // out of memory: the batch is lost, and says so
+    Py_XDECREF(out_r);
+    Py_XDECREF(out_i);
+    Py_XDECREF(out_n);
+    return nullptr;
+  }
   for (size_t i = 0; i < names.size(); i++)
     PyList_SET_ITEM(out_n, i, Py_BuildValue("(ss)", names[i].first.c_str(), names[i].second.c_str()));
   return Py_BuildValue("(NNN)", out_r, out_i, out_n);
@@ -739,7 +840,9 @@ PyMethodDef methods[] = {
     {"start", py_start, METH_VARARGS,
      "start(planner, drainer, cuda, stacks, trace): record every operator (and, with trace, CUDA's trace events)"},
     {"stop", py_stop, METH_NOARGS, "stop recording"},
-    {"drain", py_drain, METH_VARARGS, "drain(known_ops) -> (records, items, new op names)"},
+    {"drain", py_drain, METH_VARARGS,
+     "drain(known_ops) -> (records, items, new op names): records and items the bytes of the log's Record and Item "
+     "arrays (native_feed.py's RECORD and ITEM), a record's items items[first:first + count]"},
     {"watch", py_watch, METH_VARARGS, "watch(storage_ptr) -> whether that host storage's death will be logged"},
     {"watch_host", py_watch_host, METH_VARARGS, "watch_host(on): keep weak references to host storages seen"},
     {"frames", py_frames, METH_VARARGS, "frames(stack_id) -> ((code, lasti), ...), innermost first"},
