@@ -84,7 +84,11 @@ def test_resume_refuses_a_changed_suite_unless_asked_and_names_its_options_as_sp
 
 def test_the_resume_hints_quote_the_folder_for_the_shell(project, tmp_path):
     out = tmp_path / "it's $(touch gotcha)"
-    res = racecheck("run", "--trials", 2, "--stop-when", "never:clean>=1", "--out", out, "-q", cwd=project)
+    # One session per block, so the rules are judged before trial 1 starts (in one session the
+    # ranks can finish both trials before the runner reads trial 0's outcome).
+    res = racecheck(
+        "run", "--trials", 2, "--stop-when", "never:clean>=1", "--isolation", "process", "--out", out, "-q", cwd=project
+    )
     assert res.code == 0, res
     hint = next(line for line in res.out.splitlines() if line.startswith("stopped early"))
     assert shlex.split(hint.split("continue with: ", 1)[1]) == ["racecheck", "run", "--resume", str(out)], hint
