@@ -48,6 +48,9 @@ MODES = (
     "python_nostacks",
 )
 WORKLOADS = ("mlp", "fsdp2")
+# Measured inside a native run, per timed step: the log's callbacks (record; of them, taking the
+# GIL back and walking the stack), and Python's drains of the log (applying its records).
+PARTS = ("record_us", "gil_us", "walk_us", "drain_us", "stacks_per_step", "frames_per_stack")
 
 
 def _free_port() -> int:
@@ -133,7 +136,37 @@ def _tool(mode: str, cpu: bool):
     tracker = TorchRaceTracker(stacks_on=not mode.endswith("nostacks"), path=path, **kwargs)
     if mode == "native_record":  # recorded and drained, then dropped
         tracker._feed._apply = lambda records, items: None
+    if tracker._feed is not None:  # the log calls the feed's `drain` attribute: time it
+        drain = tracker._feed.drain
+
+        def timed_drain():
+            t0 = time.perf_counter_ns()
+            drain()
+            tracker.drain_ns += time.perf_counter_ns() - t0
+
+        tracker.drain_ns = 0
+        tracker._feed.drain = timed_drain
     return tracker, tracker
+
+
+def _costs(tracker) -> dict | None:
+    """The native log's cost counters (op_log.cpp's costs()) and the drains' time so far."""
+    if tracker is None or tracker._feed is None:
+        return None
+    return {**tracker._feed.log.costs(), "drain": (0, tracker.drain_ns)}
+
+
+def _per_step(before: dict | None, after: dict | None, steps: int) -> dict:
+    """Microseconds per step in each part of the native path between two _costs readings."""
+    if before is None or after is None:
+        return {}
+    out = {
+        f"{part}_us": (after[part][1] - before[part][1]) / steps / 1e3 for part in ("record", "gil", "walk", "drain")
+    }
+    stacks = after["walk"][0] - before["walk"][0]
+    out["stacks_per_step"] = stacks / steps
+    out["frames_per_stack"] = (after["frames"] - before["frames"]) / stacks if stacks else 0.0
+    return out
 
 
 def child(args) -> dict:
@@ -157,11 +190,25 @@ def child(args) -> dict:
     for _ in range(args.warmup):
         step()
     sync()
+    before = _costs(tracker)
+    profile = None
+    if args.profile:  # Python's profiler over the timed steps (its own cost makes the time incomparable)
+        import cProfile
+
+        profile = cProfile.Profile()
+        profile.enable()
     t0 = time.perf_counter()
     for _ in range(args.iters):
         step()
     sync()
     ms = (time.perf_counter() - t0) / args.iters * 1e3
+    if profile is not None:
+        import pstats
+
+        profile.disable()
+        with open(Path(args.profile) / f"profile-{args.workload}-{args.mode}.txt", "w") as fh:
+            pstats.Stats(profile, stream=fh).sort_stats("tottime").print_stats(40)
+    parts = _per_step(before, _costs(tracker), args.iters)
     result = {
         "workload": args.workload,
         "mode": args.mode,
@@ -169,6 +216,7 @@ def child(args) -> dict:
         "what": what,
         "torch": torch.__version__,
         "device": "cpu" if cpu else torch.cuda.get_device_name(0),
+        **parts,
     }
     if ctx is not None:
         ctx.__exit__(None, None, None)
@@ -196,6 +244,8 @@ def run_child(args, workload: str, mode: str, path: Path) -> str | None:
         cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     cmd += ["--iters", str(args.fsdp2_iters if workload == "fsdp2" else args.iters)]
     cmd += ["--fsdp2-batch", str(args.fsdp2_batch), "--fsdp2-seq", str(args.fsdp2_seq)]
+    if args.profile:
+        cmd += ["--profile", str(args.profile)]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
     except subprocess.TimeoutExpired:
@@ -228,6 +278,7 @@ def write_outputs(out: Path, rows: list[dict], args) -> list[str]:
             "errors",
             "torch",
             "device",
+            *PARTS,
         ]
         w = csv.DictWriter(fh, fieldnames=fields, extrasaction="ignore")
         w.writeheader()
@@ -290,6 +341,16 @@ def write_outputs(out: Path, rows: list[dict], args) -> list[str]:
                 f"{part['native'] - part['native_record']:.3f}; stacks (in both) "
                 f"{part['native'] - part['native_nostacks']:.3f}.",
             ]
+        inside = [r for r in rows if (r["workload"], r["mode"]) == (workload, "native") and r.get("record_us")]
+        if inside:
+            mid = {k: statistics.median(float(r[k]) for r in inside) for k in PARTS}
+            lines += [
+                "",
+                f"Measured inside the native runs (medians, per step): the log's callbacks "
+                f"{mid['record_us'] / 1e3:.3f} ms, of which taking the GIL back {mid['gil_us'] / 1e3:.3f} and "
+                f"walking {mid['stacks_per_step']:.0f} stacks of {mid['frames_per_stack']:.0f} frames "
+                f"{mid['walk_us'] / 1e3:.3f}; applying the records (the drains) {mid['drain_us'] / 1e3:.3f} ms.",
+            ]
         if part["python"] is not None and part["dispatch_floor"] is not None and part["python_nostacks"] is not None:
             lines.append(
                 f"The Python path's {part['python'] - base:.3f} ms: dispatch floor "
@@ -343,6 +404,12 @@ def main() -> int:
         type=Path,
         metavar="RUNS_CSV",
         help="rebuild the tables from earlier runs' detector_overhead_native_runs.csv (one per workload, say)",
+    )
+    p.add_argument(
+        "--profile",
+        metavar="DIR",
+        help="profile the timed steps of every run with cProfile into DIR/profile-WORKLOAD-MODE.txt "
+        "(where the Python side's time goes; the profiler's own cost makes those runs' times incomparable)",
     )
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--workload", choices=WORKLOADS, help=argparse.SUPPRESS)

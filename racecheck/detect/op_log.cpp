@@ -42,6 +42,7 @@
 #include <c10/util/intrusive_ptr.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -160,6 +161,24 @@ std::atomic<bool> active{false};
 std::atomic<bool> watching{false};
 bool cuda_mode = false;  // streams from CUDA's current stream (else Python's)
 bool with_stacks = true;
+// Where recording's time goes (costs()): the clock is read a few times per call, tens of
+// nanoseconds against the microseconds a call costs, so the counts stay on.
+struct Cost {
+  std::atomic<uint64_t> calls{0}, ns{0};
+  void add(uint64_t since) {
+    calls.fetch_add(1, std::memory_order_relaxed);
+    ns.fetch_add(now_ns() - since, std::memory_order_relaxed);
+  }
+  static uint64_t now_ns() {
+    return static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+            .count());
+  }
+};
+Cost record_cost;  // an operator's start and end callbacks, less the drains they call
+Cost gil_cost;     // taking the GIL back to read the stack
+Cost walk_cost;    // walking and interning the stack
+std::atomic<uint64_t> frames_walked{0};
 PyObject* planner = nullptr;  // Python: (name, overload) -> plan tuple
 PyObject* drainer = nullptr;  // Python: drain the log (called at DRAIN_AT records)
 bool draining = false;        // under mu: a drain call is on its way
@@ -291,7 +310,10 @@ const OpName* op_of(const at::RecordFunction& fn) {
 // device threads). The thread may have released the GIL around the operator: take it back.
 int64_t stack_id() {
   if (!with_stacks || python_gone() || PyGILState_GetThisThreadState() == nullptr) return -1;
+  uint64_t t0 = Cost::now_ns();
   PyGILState_STATE gil = PyGILState_Ensure();
+  uint64_t t1 = Cost::now_ns();
+  gil_cost.add(t0);
   std::pair<PyCodeObject*, int> chain[MAX_WALK];
   int n = 0;
   uint64_t h = 1469598103934665603ull;
@@ -325,6 +347,8 @@ int64_t stack_id() {
     }
   }
   for (int i = 0; i < n; i++) Py_DECREF(chain[i].first);
+  frames_walked.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
+  walk_cost.add(t1);
   PyGILState_Release(gil);
   return id;
 }
@@ -583,6 +607,7 @@ struct Call {
   const at::RecordFunction* fn = nullptr;  // the call this thread records; null: none
   bool record = false;                     // false: only leave it at its end (skipped, or unreadable)
   bool rf_off = false;                     // it turned RecordFunction off on this thread (its end turns it on)
+  uint64_t cost_ns = 0;                    // its start callback's time (record_cost)
   Pending pending;
 };
 thread_local Call call;
@@ -659,12 +684,14 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   c.pending.reset(op);
   enter_call(c, *op);  // from here on the end callback, which runs whatever happens, undoes it
   if (plan.kind == SKIP) return nullptr;
+  uint64_t t0 = Cost::now_ns();
   try {
     start_call(fn, c);
   } catch (const std::exception& exc) {
     failed(exc.what());
     c.record = false;  // this call goes unrecorded, and says so
   }
+  c.cost_ns = Cost::now_ns() - t0;
   return nullptr;
 }
 
@@ -699,11 +726,14 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   c.fn = nullptr;
   leave_call(c);
   if (!c.record) return;
+  uint64_t t0 = Cost::now_ns();
   try {
     end_call(fn, c);
   } catch (const std::exception& exc) {
     failed(exc.what());
   }
+  record_cost.add(t0 - c.cost_ns);  // the start's time too
+  drain_if_full();
 }
 
 void end_call(const at::RecordFunction& fn, Call& c) {
@@ -719,7 +749,6 @@ void end_call(const at::RecordFunction& fn, Call& c) {
   // device, which the call did not change.
   if (p.stream == NO_STREAM) set_stream(p);
   append(OP, p, p.non_blocking);
-  drain_if_full();
 }
 
 // -- Python API ----------------------------------------------------------------------------------
@@ -831,6 +860,12 @@ PyObject* py_failures(PyObject*, PyObject*) {
   return Py_BuildValue("(Ks)", static_cast<unsigned long long>(failures.load()), last_failure.c_str());
 }
 
+PyObject* py_costs(PyObject*, PyObject*) {
+  auto pair = [](const Cost& c) { return Py_BuildValue("(KK)", static_cast<unsigned long long>(c.calls.load()), static_cast<unsigned long long>(c.ns.load())); };
+  return Py_BuildValue("{sNsNsNsK}", "record", pair(record_cost), "gil", pair(gil_cost), "walk", pair(walk_cost),
+                       "frames", static_cast<unsigned long long>(frames_walked.load()));
+}
+
 PyObject* py_planner_error(PyObject*, PyObject*) {
   std::lock_guard<std::mutex> g(mu);
   return PyUnicode_FromString(planner_error.c_str());
@@ -846,6 +881,9 @@ PyMethodDef methods[] = {
     {"watch", py_watch, METH_VARARGS, "watch(storage_ptr) -> whether that host storage's death will be logged"},
     {"watch_host", py_watch_host, METH_VARARGS, "watch_host(on): keep weak references to host storages seen"},
     {"frames", py_frames, METH_VARARGS, "frames(stack_id) -> ((code, lasti), ...), innermost first"},
+    {"costs", py_costs, METH_NOARGS,
+     "{'record': (calls, ns), 'gil': (stacks read, ns), 'walk': (stacks read, ns), 'frames': walked} since the "
+     "module loaded: recorded operators' callbacks (less drains), and within them taking the GIL and walking stacks"},
     {"planner_error", py_planner_error, METH_NOARGS, "the last error the Python planner raised"},
     {"failures", py_failures, METH_NOARGS, "(calls not recorded, the last reason) since the module loaded"},
     {nullptr, nullptr, 0, nullptr}};
