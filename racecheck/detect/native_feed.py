@@ -128,47 +128,71 @@ class NativeFeed:
     def _apply(self, records: bytes, items: bytes) -> None:
         """Apply a drained batch: `records` and `items` are the bytes of the log's arrays (RECORD,
         ITEM). A record's items are unpacked only while its tracker call runs, so a batch never
-        holds thousands of tuples at once (which would wake Python's cyclic collector)."""
+        holds thousands of tuples at once (which would wake Python's cyclic collector).
+
+        The three kinds that make up nearly every batch (an operator, an allocation, a free) are
+        applied here in line, with the stream and stack tables read in place: a Python call per
+        record costs as much as the work it does. An allocation is pending until an operator
+        first touches its block and so tells its size ([Note: pending allocations],
+        torch_tracker.py); a free of a block no operator touched drops it unseen."""
         tracker = self.tracker
         plans = self.plans
+        stacks = self._stacks
+        streams = self._streams
+        native_op = tracker._native_op
+        pending = tracker._pending
+        domains = tracker._domains
+        engine = tracker.engine
+        live = engine.live
+        unpack_items = ITEM.iter_unpack
         view = memoryview(items)
         size = ITEM.size
         self.records += len(records) // RECORD.size
         for kind, op, stream_id, device, stack_id, first, count, extra in RECORD.iter_unpack(records):
             try:
+                if kind <= COLLECTIVE_BEGIN or kind == ALLOCATED:
+                    if stream_id == NO_STREAM:
+                        stream = None
+                    else:
+                        stream = streams.get((stream_id, device))
+                        if stream is None:
+                            stream = self._stream(stream_id, device)
                 if kind == OP:
                     plan = plans[op]
                     if plan is not None:
-                        tracker._native_op(
-                            plan,
-                            self._stream(stream_id, device),
-                            self._stack(stack_id),
-                            ITEM.iter_unpack(view[first * size : (first + count) * size]),
-                            bool(extra),
+                        stack = stacks[stack_id] if stack_id in stacks else self._stack(stack_id)
+                        native_op(
+                            plan, stream, stack, unpack_items(view[first * size : (first + count) * size]), extra != 0
                         )
+                elif kind == ALLOCATED:  # the caching allocator handed out the block at `extra`
+                    if stream is None:
+                        stream = tracker._current()
+                    if stream not in domains:
+                        tracker._key(stream)
+                    if extra in live:  # the block is free again, so that record missed its free
+                        engine.retire(extra)
+                    pending[extra] = [stream, None, None]
+                elif kind == FREED:
+                    if pending.pop(extra, None) is None:  # else: no op ever touched it
+                        stack = stacks[stack_id] if stack_id in stacks else self._stack(stack_id)
+                        engine.free(extra, stack=stack)
                 elif kind == COLLECTIVE_BEGIN:
                     plan = plans[op]
                     if plan is not None:  # its items wait for the collective's end: kept as tuples
-                        its = list(ITEM.iter_unpack(view[first * size : (first + count) * size]))
-                        tracker._native_collective_begin(
-                            plan, self._stream(stream_id, device), self._stack(stack_id), its
-                        )
+                        its = list(unpack_items(view[first * size : (first + count) * size]))
+                        tracker._native_collective_begin(plan, stream, self._stack(stack_id), its)
                 elif kind == COLLECTIVE_END:
                     tracker._native_collective_end()
                 elif kind == STREAM_RECORDED:
                     if count:
                         ptr = ITEM.unpack_from(view, first * size)[0]
                         tracker._native_record_stream(ptr, self._stream(extra, device))
-                elif kind == ALLOCATED:
-                    tracker._native_allocated(extra, self._stream(stream_id, device))
-                elif kind == FREED:
-                    tracker._native_freed(extra, self._stack(stack_id))
                 elif kind == EVENT_RECORDED:
                     tracker._on_event_record(extra, stream_id)
                 elif kind == EVENT_WAITED:
                     tracker._on_event_wait(extra, stream_id)
                 elif kind == EVENT_DELETED:
-                    tracker.engine.forget_event(extra)
+                    engine.forget_event(extra)
                 elif kind == DEVICE_SYNCED:
                     tracker._on_host_sync("device")
                 elif kind == STREAM_SYNCED:
@@ -226,9 +250,11 @@ class NativeTrackerOps:
         touches_host = False
         cuda = self.device_type == "cuda"
         for ptr, nbytes, start, size, access, device, pinned in its:
-            if access == NATIVE_RESOLVE:  # a return that only sizes a fresh block
-                if pending and start in pending:
-                    self._resolve_block(start, size, stack)  # type: ignore[attr-defined]
+            if access == NATIVE_RESOLVE:  # a return that only sizes a fresh block: _resolve_block in line
+                found = pending.pop(start, None) if pending else None
+                if found is not None:
+                    s, clock, alloc_stack = found
+                    engine.allocate(s, start, size, stack=stack if alloc_stack is None else alloc_stack, clock=clock)
                 continue
             alloc = live_get(ptr)
             if alloc is None and pending and ptr in pending:
@@ -260,20 +286,6 @@ class NativeTrackerOps:
         if plan.blocks_host:  # .item(): the host waited for the stream
             engine.host_sync_stream(key)
         self.ops += 1
-
-    def _native_allocated(self, ptr: int, stream: int | None) -> None:
-        """The caching allocator handed out the block at `ptr` for `stream` (torch_hooks.py's
-        allocation callback, from the log)."""
-        stream = self._current() if stream is None else stream
-        if stream not in self._domains:
-            self._key(stream)  # type: ignore[attr-defined]
-        if ptr in self.engine.live:  # the block is free again, so that record missed its free
-            self.engine.retire(ptr)
-        self._pending[ptr] = [stream, None, None]
-
-    def _native_freed(self, ptr: int, stack) -> None:
-        if self._pending.pop(ptr, None) is None:  # else: no op ever touched it
-            self.engine.free(ptr, stack=stack)
 
     def _watch(self, ptr: int) -> None:
         feed = self._feed  # type: ignore[attr-defined]
