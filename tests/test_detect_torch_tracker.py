@@ -10,10 +10,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
-from run_kit import free_port
+from run_kit import free_port, racecheck
 
 from racecheck.detect import RaceKind
 from racecheck.detect.cpu_trace import AllocatorTrace
@@ -444,6 +445,21 @@ def test_without_a_compiler_the_tracker_takes_the_python_path(tmp_path):
     assert lines[0] == "python"
     assert lines[1].startswith("1 building op_log.cpp failed")
     assert lines[2] == "refused 1"
+
+
+def test_build_native_compiles_ahead_of_time_or_says_in_one_line_why_not(tmp_path, monkeypatch):
+    """`racecheck build-native` prints where the log is (the file the tracker then loads), and
+    exits 3 with one line where no compiler can build it."""
+    from racecheck.detect import op_log
+
+    res = racecheck("build-native", cwd=tmp_path)
+    assert res.code == 0 and Path(res.out.strip()) == op_log.build(), res
+    monkeypatch.setenv("CXX", str(tmp_path / "no-compiler"))
+    monkeypatch.setenv("RACECHECK_NATIVE_CACHE", str(tmp_path / "cache"))
+    res = racecheck("build-native", cwd=tmp_path)
+    assert res.code == 3 and res.err.count("\n") == 1 and "Traceback" not in res.err, res
+    assert res.err.startswith("racecheck: infrastructure error: building op_log.cpp failed"), res
+    assert res.err.rstrip().endswith("the tracker runs its Python path here"), res
 
 
 def test_the_native_path_leaves_callees_unobserved_only_while_it_records(cur):

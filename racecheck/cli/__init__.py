@@ -1,7 +1,7 @@
 """The `racecheck` command line: a click group whose commands are thin shells over the library.
 
-The commands live in run.py (`run`) and commands.py (`report`, `gate`, `plan`, `merge`, `list`);
-`main` maps racecheck's own errors to the documented exit codes (exitcodes.py). Heavy imports
+The commands live in run.py (`run`) and commands.py (`report`, `gate`, `plan`, `merge`, `list`,
+`build-native`); `main` maps racecheck's own errors to the documented exit codes (exitcodes.py). Heavy imports
 (torch, pandas, scipy) happen inside the commands, so that `racecheck --help` is instant.
 """
 
@@ -53,5 +53,5 @@ def _main() -> None:
     sys.exit(rc if isinstance(rc, int) else ExitCode.OK)
 
 
-for _command in (run_command, *COMMANDS):  # run, report, gate, plan, merge, list
+for _command in (run_command, *COMMANDS):  # run, report, gate, plan, merge, list, build-native
     cli.add_command(_command)

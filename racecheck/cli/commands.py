@@ -1,11 +1,13 @@
-"""The `report`, `gate`, `plan`, `merge` and `list` commands: thin click shells over the results
-(tally, report, gate, stats), the run folder's merge and the suites.
+"""The `report`, `gate`, `plan`, `merge`, `list` and `build-native` commands: thin click shells
+over the results (tally, report, gate, stats), the run folder's merge, the suites and the
+tracker's native log.
 
 Registered on the `racecheck` group by cli/__init__.py. pandas, scipy and matplotlib are imported inside the
 command functions only, so `racecheck --help` stays instant. User mistakes (a missing OUT, a log
 without records, a rate outside [0, 1], an unknown arm) become click.BadParameter/UsageError: one
 line, exit 2. `gate` exits through `ctx.exit` with the code of its decision (exitcodes.py); `merge`
-exits 3 while another racecheck process holds its --out, and 130 when interrupted.
+exits 3 while another racecheck process holds its --out, and 130 when interrupted; `build-native`
+exits 3 where the native log cannot be built.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from pathlib import Path
 
 import click
 
-from racecheck.exitcodes import ExitCode
+from racecheck.exitcodes import ExitCode, InfrastructureError
 from racecheck.results.rows import Format
 
 
@@ -268,7 +270,6 @@ def merge_command(inputs, out_dir):
 
     INPUTS are folders or quoted glob patterns ('shards/*'); a split must be whole (every shard
     of 1/N ... N/N once)."""
-    from racecheck.exitcodes import InfrastructureError
     from racecheck.runner import interrupts
     from racecheck.runner.merge import MergeError, expand_inputs, merge
     from racecheck.runner.state import FolderInUse
@@ -355,4 +356,19 @@ def summarize_run(out_dir: Path, *, footer: str | None = None) -> bool:
     return True
 
 
-COMMANDS = (report_command, gate_command, plan_command, merge_command, list_command)
+@click.command("build-native")
+def build_native_command():
+    """Compile the PyTorch tracker's native recording path (op_log.cpp) against this torch now,
+    rather than at its first use (an image built for a cluster, a machine that runs offline);
+    prints where it is. Exit 3, in one line, where it cannot be built: the tracker then runs its
+    Python path, with the same reports."""
+    from racecheck.detect import op_log
+
+    try:
+        path = op_log.build()
+    except op_log.NativeUnavailable as exc:
+        raise InfrastructureError(f"{exc}; the tracker runs its Python path here") from None
+    click.echo(path)
+
+
+COMMANDS = (report_command, gate_command, plan_command, merge_command, list_command, build_native_command)

@@ -3,8 +3,9 @@
 The extension is compiled against the torch it runs with (a C++ extension must match torch's
 headers and ABI), so it is built where torch is installed: once per torch version, Python version
 and source, with torch.utils.cpp_extension, into a cache directory ($RACECHECK_NATIVE_CACHE, by
-default ~/.cache/racecheck/native); `racecheck native build` builds it ahead of time and the trial
-runner builds it before it starts ranks under --detect. Without a C++ compiler (or ninja, which
+default ~/.cache/racecheck/native): by the first process that needs it (processes that need it at
+the same time wait for that one, torch.utils.cpp_extension's lock), or ahead of time by
+`racecheck build-native`. Without a C++ compiler (or ninja, which
 torch.utils.cpp_extension needs) the build fails once, says why in one line, and the tracker runs
 its Python path, with the same reports.
 
@@ -73,8 +74,8 @@ def build(*, verbose: bool = False) -> Path:
         _ninja_on_path()
     if not cpp_extension.is_ninja_available():
         raise NativeUnavailable("ninja is not installed (torch.utils.cpp_extension needs it: pip install ninja)")
-    directory.mkdir(parents=True, exist_ok=True)
     try:
+        directory.mkdir(parents=True, exist_ok=True)
         cpp_extension.load(
             name=MODULE,
             sources=[str(SOURCE)],
