@@ -1,5 +1,6 @@
-"""Builds racecheck's happens-before engine (racecheck/detect/engine.py and the modules it is made of)
-into C extensions with mypyc, the compiler mypy ships, and records which sources they were built from.
+"""Builds racecheck's happens-before engine (racecheck/detect/engine.py and the modules it is made of,
+and feed_apply.py, the native recording path's loop over the engine) into C extensions with mypyc,
+the compiler mypy ships, and records which sources they were built from.
 
 The pure-Python modules stay the source of truth and the fallback: without mypyc, without a C
 compiler (the extensions are optional: a failed build is skipped), or with RACECHECK_PURE_PYTHON=1
@@ -20,6 +21,7 @@ NATIVE = [
     "racecheck/detect/allocations.py",
     "racecheck/detect/shadow.py",
     "racecheck/detect/engine.py",
+    "racecheck/detect/feed_apply.py",
 ]
 RECORD = "racecheck/detect/_native_build.py"  # generated next to the extensions, not in git
 

@@ -22,6 +22,8 @@ import functools
 
 import torch
 
+from racecheck.detect.feed_apply import READ, RESOLVE, WRITE
+
 _HANDLER_CALLBACKS = {  # torch.cuda._gpu_trace registry -> the EventHandler method it calls
     "EventCreationCallbacks": "_handle_event_creation",
     "EventDeletionCallbacks": "_handle_event_deletion",
@@ -220,10 +222,9 @@ def byte_range(t: torch.Tensor) -> tuple[int, int]:
 
 
 # -- the native recording path (op_log.cpp) ------------------------------------------------------
-# Its kinds and access codes (op_log.cpp's Kind and Access enums).
+# Its kinds (op_log.cpp's Kind enum); its access codes are feed_apply.py's (the Access enum).
 NATIVE_KINDS = {OpKind.PLAIN: 0, OpKind.SKIP: 1, OpKind.COLLECTIVE: 3, OpKind.RECORD_STREAM: 4}
 NATIVE_TRANSPARENT = 2
-NATIVE_READ, NATIVE_WRITE, NATIVE_RESOLVE = 0, 1, 2
 
 
 def overload_named(name: str, overload: str):
@@ -254,17 +255,15 @@ def native_plan(name: str, overload: str) -> tuple:
         return (NATIVE_TRANSPARENT, (), -1, -1)
     plan = plan_for(func)
     positions = {arg.name: i for i, arg in enumerate(func._schema.arguments)}
-    inputs = tuple(
-        (positions[arg_name], NATIVE_WRITE if is_write else NATIVE_READ) for _, arg_name, is_write, _ in plan.args
-    )
+    inputs = tuple((positions[arg_name], WRITE if is_write else READ) for _, arg_name, is_write, _ in plan.args)
     if plan.kind is OpKind.RECORD_STREAM:
-        inputs = ((0, NATIVE_READ),)  # which block: record_stream reads nothing
+        inputs = ((0, READ),)  # which block: record_stream reads nothing
     if plan.kind is not OpKind.PLAIN:
         returns = -1
     elif plan.writes_returns:
-        returns = NATIVE_WRITE
+        returns = WRITE
     else:  # a return may be the first sight of a fresh block, which sizes it ([Note: pending allocations])
-        returns = NATIVE_RESOLVE
+        returns = RESOLVE
     return (NATIVE_KINDS[plan.kind], inputs, returns, positions.get("non_blocking", -1))
 
 

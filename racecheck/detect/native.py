@@ -1,7 +1,8 @@
 """Which happens-before engine runs: the mypyc-compiled build of engine.py and the modules it is
-made of (clocks.py, allocations.py, shadow.py), or the pure-Python modules themselves.
+made of (clocks.py, allocations.py, shadow.py) with feed_apply.py (the native recording path's loop
+over the engine), or the pure-Python modules themselves.
 
-setup.py compiles the two modules when it can (on one H200 that cut racecheck's cost above the
+setup.py compiles them when it can (on one H200 that cut racecheck's cost above the
 dispatch floor from 3.34 to 1.80 ms per training step, reports/gpu/README.md) and records the
 SHA-256 of the sources it compiled. At import of racecheck.detect, before anything imports the
 engine, the compiled modules are kept only when that record matches the sources on disk;
@@ -23,8 +24,8 @@ import warnings
 from pathlib import Path
 
 _HERE = Path(__file__).resolve().parent
-# In import order (the engine imports the others); setup.py's NATIVE.
-_MODULES = ("clocks", "allocations", "shadow", "engine")
+# In import order (each imports only those before it); setup.py's NATIVE.
+_MODULES = ("clocks", "allocations", "shadow", "engine", "feed_apply")
 
 
 def _compiled(name: str) -> bool:

@@ -4,9 +4,9 @@ program issued its work.
 The log holds what the TorchDispatchMode of the Python path would have seen (operators, with the
 byte ranges their plans read and write) and, on CUDA, what CUDA's trace callbacks would have told
 Python (allocations, frees, event record and wait, synchronizations), in the order the program
-issued them, without a Python frame per operator or event. `NativeFeed.drain` turns each record
-into the tracker call the Python path makes for it: an operator's accesses
-(`NativeTrackerOps._native_op`), a collective's begin and end (the in-flight collective that the
+issued them, without a Python frame per operator or event. `NativeFeed.drain` hands each batch to
+feed_apply.py (compiled with the engine), which turns each record into what the Python path does
+for it: an operator's accesses, a collective's begin and end (the in-flight collective that the
 events during it charge, see torch_tracker.py), a record_stream, an allocation or free, an event
 or synchronization, the death of a host buffer the tracker follows. The log calls the drain when
 it is full; the tracker drains for a report, at its exit, and, where Python drives the events (a
@@ -18,25 +18,15 @@ resolves it to user frames only when a report is formatted.
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from racecheck.detect.dispatch import NATIVE_RESOLVE, NATIVE_WRITE, OpPlan, overload_named, plan_for
+from racecheck.detect.dispatch import OpPlan, overload_named, plan_for
+from racecheck.detect.feed_apply import NO_STREAM, RECORD, apply_batch, native_op
 from racecheck.detect.stacks import LazyStack, user_frames
 
 if TYPE_CHECKING:
     from racecheck.detect.torch_tracker import TorchRaceTracker
-
-# op_log.cpp's record types
-OP, COLLECTIVE_BEGIN, COLLECTIVE_END, STREAM_RECORDED, HOST_FREED = range(5)
-ALLOCATED, FREED, EVENT_RECORDED, EVENT_WAITED, EVENT_DELETED, DEVICE_SYNCED, STREAM_SYNCED, EVENT_SYNCED = range(5, 13)
-NO_STREAM = -(2**63)  # the record's stream is the tracker's current stream
-# op_log.cpp's Record and Item, as drain() hands their arrays over (native byte order, C layout):
-# Record (type, op id, stream id, device index, stack id, first item, item count, extra) and
-# Item (address, bytes, storage start, storage bytes, access, device, pinned).
-RECORD = struct.Struct("=b3xiqi4xqIIq")
-ITEM = struct.Struct("=QQQQbbb5x")
 
 
 class LogStack(LazyStack):
@@ -126,83 +116,9 @@ class NativeFeed:
             self._apply(records, items)
 
     def _apply(self, records: bytes, items: bytes) -> None:
-        """Apply a drained batch: `records` and `items` are the bytes of the log's arrays (RECORD,
-        ITEM). A record's items are unpacked only while its tracker call runs, so a batch never
-        holds thousands of tuples at once (which would wake Python's cyclic collector).
-
-        The three kinds that make up nearly every batch (an operator, an allocation, a free) are
-        applied here in line, with the stream and stack tables read in place: a Python call per
-        record costs as much as the work it does. An allocation is pending until an operator
-        first touches its block and so tells its size ([Note: pending allocations],
-        torch_tracker.py); a free of a block no operator touched drops it unseen."""
-        tracker = self.tracker
-        plans = self.plans
-        stacks = self._stacks
-        streams = self._streams
-        native_op = tracker._native_op
-        pending = tracker._pending
-        domains = tracker._domains
-        engine = tracker.engine
-        live = engine.live
-        unpack_items = ITEM.iter_unpack
-        view = memoryview(items)
-        size = ITEM.size
+        """Apply a drained batch (feed_apply.py, compiled with the engine)."""
         self.records += len(records) // RECORD.size
-        for kind, op, stream_id, device, stack_id, first, count, extra in RECORD.iter_unpack(records):
-            try:
-                if kind <= COLLECTIVE_BEGIN or kind == ALLOCATED:
-                    if stream_id == NO_STREAM:
-                        stream = None
-                    else:
-                        stream = streams.get((stream_id, device))
-                        if stream is None:
-                            stream = self._stream(stream_id, device)
-                if kind == OP:
-                    plan = plans[op]
-                    if plan is not None:
-                        stack = stacks[stack_id] if stack_id in stacks else self._stack(stack_id)
-                        native_op(
-                            plan, stream, stack, unpack_items(view[first * size : (first + count) * size]), extra != 0
-                        )
-                elif kind == ALLOCATED:  # the caching allocator handed out the block at `extra`
-                    if stream is None:
-                        stream = tracker._current()
-                    if stream not in domains:
-                        tracker._key(stream)
-                    if extra in live:  # the block is free again, so that record missed its free
-                        engine.retire(extra)
-                    pending[extra] = [stream, None, None]
-                elif kind == FREED:
-                    if pending.pop(extra, None) is None:  # else: no op ever touched it
-                        stack = stacks[stack_id] if stack_id in stacks else self._stack(stack_id)
-                        engine.free(extra, stack=stack)
-                elif kind == COLLECTIVE_BEGIN:
-                    plan = plans[op]
-                    if plan is not None:  # its items wait for the collective's end: kept as tuples
-                        its = list(unpack_items(view[first * size : (first + count) * size]))
-                        tracker._native_collective_begin(plan, stream, self._stack(stack_id), its)
-                elif kind == COLLECTIVE_END:
-                    tracker._native_collective_end()
-                elif kind == STREAM_RECORDED:
-                    if count:
-                        ptr = ITEM.unpack_from(view, first * size)[0]
-                        tracker._native_record_stream(ptr, self._stream(extra, device))
-                elif kind == EVENT_RECORDED:
-                    tracker._on_event_record(extra, stream_id)
-                elif kind == EVENT_WAITED:
-                    tracker._on_event_wait(extra, stream_id)
-                elif kind == EVENT_DELETED:
-                    engine.forget_event(extra)
-                elif kind == DEVICE_SYNCED:
-                    tracker._on_host_sync("device")
-                elif kind == STREAM_SYNCED:
-                    tracker._on_host_sync("stream", stream_id)
-                elif kind == EVENT_SYNCED:
-                    tracker._on_host_sync("event", extra)
-                elif kind == HOST_FREED:
-                    tracker._host_freed(extra)
-            except Exception as exc:  # never break the program under test
-                tracker.errors.append(f"{type(exc).__name__}: {exc}")
+        apply_batch(self, self.tracker, self.tracker.engine, records, items)
 
 
 class NativeTrackerOps:
@@ -241,51 +157,9 @@ class NativeTrackerOps:
         return None if log is None else NativeFeed(log, self)  # type: ignore[arg-type]
 
     def _native_op(self, plan: OpPlan, stream: int | None, stack, its: Iterable[tuple], non_blocking: bool) -> None:
-        pending = self._pending
-        engine = self.engine
-        live_get = engine.live.get
-        items = []
-        fresh_host = None
-        host = self._host
-        touches_host = False
-        cuda = self.device_type == "cuda"
-        for ptr, nbytes, start, size, access, device, pinned in its:
-            if access == NATIVE_RESOLVE:  # a return that only sizes a fresh block: _resolve_block in line
-                found = pending.pop(start, None) if pending else None
-                if found is not None:
-                    s, clock, alloc_stack = found
-                    engine.allocate(s, start, size, stack=stack if alloc_stack is None else alloc_stack, clock=clock)
-                continue
-            alloc = live_get(ptr)
-            if alloc is None and pending and ptr in pending:
-                alloc = self._resolve_block(start, size, stack)  # type: ignore[attr-defined]
-            if alloc is None:
-                if not nbytes:
-                    continue
-                if cuda and device != 1:  # host memory
-                    alloc = engine.allocation_at(ptr)
-                    if alloc is None:
-                        fresh_host = fresh_host or []
-                        fresh_host.append((ptr, nbytes, access == NATIVE_WRITE, bool(pinned), start, size, self._watch))
-                        continue
-                else:
-                    alloc = engine.allocation_at(ptr) or self._adopt_block(start, size, stack)  # type: ignore[attr-defined]
-            if alloc.stream is host:
-                touches_host = True
-            if nbytes:
-                items.append((ptr, nbytes, access == NATIVE_WRITE, alloc))
-        if touches_host or fresh_host:
-            self._host_op(plan, items, fresh_host, stream, stack, non_blocking)  # type: ignore[attr-defined]
-            return
-        if not items:
-            return
-        key = self._current() if stream is None else stream
-        if key not in self._domains:
-            self._key(key)  # type: ignore[attr-defined]
-        engine.access_many(key, items, plan.name, stack)
-        if plan.blocks_host:  # .item(): the host waited for the stream
-            engine.host_sync_stream(key)
-        self.ops += 1
+        """An operator's log items as the tracker's accesses (feed_apply.native_op); a collective
+        applies its items here once its end is known (TorchRaceTracker._charge)."""
+        native_op(self, self.engine, self.device_type == "cuda", plan, stream, stack, its, non_blocking)
 
     def _watch(self, ptr: int) -> None:
         feed = self._feed  # type: ignore[attr-defined]

@@ -1,0 +1,185 @@
+"""The native path's hot loop: a batch drained from op_log.cpp's log, applied record by record to
+the tracker and its happens-before engine (native_feed.py says how the records arrive).
+
+A training step makes hundreds to thousands of records (an operator, an allocation, a free, an
+event), and interpreted, the bookkeeping around each costs more than the engine's own work. So
+this module is compiled with the engine (setup.py's NATIVE, native.py's _MODULES): the loop runs as
+C, its calls into the engine are native calls, and the record's fields are unboxed ints. Without
+a compiler it runs as it stands, with the same effects.
+
+Per record it does what the Python path does per callback (torch_tracker.py): an operator's
+accesses (`native_op`, the Python path's TorchRaceTracker._op over log items instead of tensors),
+the pending allocation an allocation opens ([Note: pending allocations] there), the free of a
+block, and, through the tracker's methods, the rare kinds (collectives, record_stream, events,
+synchronizations, the death of a host buffer).
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any, Final
+
+from racecheck.detect.engine import HappensBefore
+
+# op_log.cpp's record types
+OP: Final = 0
+COLLECTIVE_BEGIN: Final = 1
+COLLECTIVE_END: Final = 2
+STREAM_RECORDED: Final = 3
+HOST_FREED: Final = 4
+ALLOCATED: Final = 5
+FREED: Final = 6
+EVENT_RECORDED: Final = 7
+EVENT_WAITED: Final = 8
+EVENT_DELETED: Final = 9
+DEVICE_SYNCED: Final = 10
+STREAM_SYNCED: Final = 11
+EVENT_SYNCED: Final = 12
+# op_log.cpp's access codes of an item (its Access enum); RESOLVE: a return that only sizes a fresh block
+READ: Final = 0
+WRITE: Final = 1
+RESOLVE: Final = 2
+CUDA_DEVICE: Final = 1  # an item's device: 0 CPU, 1 CUDA, 2 other
+NO_STREAM: Final = -(2**63)  # the record's stream is the tracker's current stream
+# op_log.cpp's Record and Item, as its drain hands their arrays over (native byte order, C layout):
+# Record (type, op id, stream id, device index, stack id, first item, item count, extra) and
+# Item (address, bytes, storage start, storage bytes, access, device, pinned).
+RECORD: Final = struct.Struct("=b3xiqi4xqIIq")
+ITEM: Final = struct.Struct("=QQQQbbb5x")
+
+
+def apply_batch(feed: Any, tracker: Any, engine: HappensBefore, records: bytes, items: bytes) -> None:
+    """Apply the records (the bytes of the log's Record array) whose items are `items`; `feed` is
+    the NativeFeed (its op plans, stack and stream tables). A record's items are unpacked only
+    while its operator is applied, so a batch never holds thousands of tuples at once (which would
+    wake Python's cyclic collector). An error is the tracker's to report, never the program's."""
+    plans: list = feed.plans
+    stacks: dict = feed._stacks
+    streams: dict = feed._streams
+    pending: dict = tracker._pending
+    domains = tracker._domains
+    live = engine.live
+    cuda = tracker.device_type == "cuda"
+    view = memoryview(items)
+    size: int = ITEM.size
+    kind: int
+    op: int
+    stream_id: int
+    device: int
+    stack_id: int
+    first: int
+    count: int
+    extra: int
+    for kind, op, stream_id, device, stack_id, first, count, extra in RECORD.iter_unpack(records):
+        try:
+            stream: Any = None
+            if (kind == OP or kind == COLLECTIVE_BEGIN or kind == ALLOCATED) and stream_id != NO_STREAM:
+                stream = streams.get((stream_id, device))
+                if stream is None:
+                    stream = feed._stream(stream_id, device)
+            if kind == OP:
+                plan = plans[op]
+                if plan is not None:
+                    stack = stacks[stack_id] if stack_id in stacks else feed._stack(stack_id)
+                    its = ITEM.iter_unpack(view[first * size : (first + count) * size])
+                    native_op(tracker, engine, cuda, plan, stream, stack, its, extra != 0)
+            elif kind == ALLOCATED:  # the caching allocator handed out the block at `extra`
+                if stream is None:
+                    stream = tracker._current()
+                if stream not in domains:
+                    tracker._key(stream)
+                if extra in live:  # the block is free again, so that record missed its free
+                    engine.retire(extra)
+                pending[extra] = [stream, None, None]  # until an operator tells its size
+            elif kind == FREED:
+                if pending.pop(extra, None) is None:  # else: no operator ever touched it
+                    stack = stacks[stack_id] if stack_id in stacks else feed._stack(stack_id)
+                    engine.free(extra, stack=stack)
+            elif kind == COLLECTIVE_BEGIN:
+                plan = plans[op]
+                if plan is not None:  # its items wait for the collective's end: kept as tuples
+                    its_list = list(ITEM.iter_unpack(view[first * size : (first + count) * size]))
+                    tracker._native_collective_begin(plan, stream, feed._stack(stack_id), its_list)
+            elif kind == COLLECTIVE_END:
+                tracker._native_collective_end()
+            elif kind == STREAM_RECORDED:
+                if count:
+                    ptr = ITEM.unpack_from(view, first * size)[0]
+                    tracker._native_record_stream(ptr, feed._stream(extra, device))
+            elif kind == EVENT_RECORDED:
+                tracker._on_event_record(extra, stream_id)
+            elif kind == EVENT_WAITED:
+                tracker._on_event_wait(extra, stream_id)
+            elif kind == EVENT_DELETED:
+                engine.forget_event(extra)
+            elif kind == DEVICE_SYNCED:
+                tracker._on_host_sync("device")
+            elif kind == STREAM_SYNCED:
+                tracker._on_host_sync("stream", stream_id)
+            elif kind == EVENT_SYNCED:
+                tracker._on_host_sync("event", extra)
+            elif kind == HOST_FREED:
+                tracker._host_freed(extra)
+        except Exception as exc:  # never break the program under test
+            tracker.errors.append(f"{type(exc).__name__}: {exc}")
+
+
+def native_op(
+    tracker: Any, engine: HappensBefore, cuda: bool, plan: Any, stream: Any, stack: object, its: Any, non_blocking: bool
+) -> None:
+    """One operator's items (`its`: Item tuples) as accesses on `stream` (None: the current one):
+    a fresh block's pending allocation resolved to its size, host memory handed to the tracker's
+    host bookkeeping, the rest checked by the engine in one call."""
+    pending: dict = tracker._pending
+    live = engine.live
+    items: list[tuple[int, int, bool, Any]] = []
+    fresh_host: list | None = None
+    host = tracker._host
+    touches_host = False
+    ptr: int
+    nbytes: int
+    start: int
+    size: int
+    access: int
+    device: int
+    pinned: int
+    for ptr, nbytes, start, size, access, device, pinned in its:
+        if access == RESOLVE:  # a return that only sizes a fresh block (tracker._resolve_block)
+            found = pending.pop(start, None) if pending else None
+            if found is not None:
+                s, clock, alloc_stack = found
+                engine.allocate(s, start, size, stack=stack if alloc_stack is None else alloc_stack, clock=clock)
+            continue
+        alloc = live.get(ptr)
+        if alloc is None and pending and ptr in pending:
+            alloc = tracker._resolve_block(start, size, stack)
+        if alloc is None:
+            if not nbytes:
+                continue
+            if cuda and device != CUDA_DEVICE:  # host memory
+                alloc = engine.allocation_at(ptr)
+                if alloc is None:
+                    if fresh_host is None:
+                        fresh_host = []
+                    fresh_host.append((ptr, nbytes, access == WRITE, pinned != 0, start, size, tracker._watch))
+                    continue
+            else:
+                alloc = engine.allocation_at(ptr)
+                if alloc is None:
+                    alloc = tracker._adopt_block(start, size, stack)
+        if alloc.stream is host:
+            touches_host = True
+        if nbytes:
+            items.append((ptr, nbytes, access == WRITE, alloc))
+    if touches_host or fresh_host:
+        tracker._host_op(plan, items, fresh_host, stream, stack, non_blocking)
+        return
+    if not items:
+        return
+    key = tracker._current() if stream is None else stream
+    if key not in tracker._domains:
+        tracker._key(key)
+    engine.access_many(key, items, plan.name, stack)
+    if plan.blocks_host:  # .item(): the host waited for the stream
+        engine.host_sync_stream(key)
+    tracker.ops += 1
