@@ -144,11 +144,9 @@ def native_op(
     device: int
     pinned: int
     for ptr, nbytes, start, size, access, device, pinned in its:
-        if access == RESOLVE:  # a return that only sizes a fresh block (tracker._resolve_block)
-            found = pending.pop(start, None) if pending else None
-            if found is not None:
-                s, clock, alloc_stack = found
-                engine.allocate(s, start, size, stack=stack if alloc_stack is None else alloc_stack, clock=clock)
+        if access == RESOLVE:  # a return that only sizes a fresh block
+            if pending and start in pending:
+                tracker._resolve_block(start, size, stack)
             continue
         alloc = live.get(ptr)
         if alloc is None and pending and ptr in pending:
