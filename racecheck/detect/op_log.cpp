@@ -165,10 +165,11 @@ bool with_stacks = true;
 // nanoseconds against the microseconds a call costs, so the counts stay on.
 struct Cost {
   std::atomic<uint64_t> calls{0}, ns{0};
-  void add(uint64_t since) {
+  void add_ns(uint64_t spent) {
     calls.fetch_add(1, std::memory_order_relaxed);
-    ns.fetch_add(now_ns() - since, std::memory_order_relaxed);
+    ns.fetch_add(spent, std::memory_order_relaxed);
   }
+  void add(uint64_t since) { add_ns(now_ns() - since); }
   static uint64_t now_ns() {
     return static_cast<uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
@@ -732,7 +733,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   } catch (const std::exception& exc) {
     failed(exc.what());
   }
-  record_cost.add(t0 - c.cost_ns);  // the start's time too
+  record_cost.add_ns(c.cost_ns + (Cost::now_ns() - t0));  // its start's time and its end's
   drain_if_full();
 }
 
@@ -861,7 +862,10 @@ PyObject* py_failures(PyObject*, PyObject*) {
 }
 
 PyObject* py_costs(PyObject*, PyObject*) {
-  auto pair = [](const Cost& c) { return Py_BuildValue("(KK)", static_cast<unsigned long long>(c.calls.load()), static_cast<unsigned long long>(c.ns.load())); };
+  auto pair = [](const Cost& c) {
+    return Py_BuildValue("(KK)", static_cast<unsigned long long>(c.calls.load()),
+                         static_cast<unsigned long long>(c.ns.load()));
+  };
   return Py_BuildValue("{sNsNsNsK}", "record", pair(record_cost), "gil", pair(gil_cost), "walk", pair(walk_cost),
                        "frames", static_cast<unsigned long long>(frames_walked.load()));
 }
