@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import itertools
+import math
 import threading
 import weakref
 from collections.abc import Callable
@@ -49,13 +50,12 @@ class Block:
     recorded: set = dataclasses.field(default_factory=set)  # streams from record_stream
     deferred_events: list = dataclasses.field(default_factory=list)
 
-    @property
-    def ptr(self) -> int:
-        return self.segment.ctypes.data
+    ptr: int = dataclasses.field(init=False)  # the segment's address: a segment never moves
+    size: int = dataclasses.field(init=False)
 
-    @property
-    def size(self) -> int:
-        return self.segment.nbytes
+    def __post_init__(self) -> None:
+        self.ptr = self.segment.ctypes.data
+        self.size = self.segment.nbytes
 
 
 @dataclasses.dataclass
@@ -82,9 +82,7 @@ class SimCachingAllocator:
 
     def allocate(self, shape: tuple[int, ...], dtype: torch.dtype, stream) -> tuple[torch.Tensor, Block]:
         """A tensor over a block of `stream`'s pool (or a new segment), and the block."""
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        numel = int(np.prod(shape)) if shape else 1
-        nbytes = numel * itemsize
+        nbytes = math.prod(shape) * dtype.itemsize
         rounded = block_size(nbytes)
         with self._lock:
             self._process_deferred()
