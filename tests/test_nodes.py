@@ -1,6 +1,7 @@
 """Worlds across nodes on one machine: two `racecheck run` processes as two nodes (one rank each,
-gloo, a localhost c10d rendezvous) give the counts of the two-rank world; a node that is
-killed, or never joins, ends the run cleanly instead of hanging."""
+gloo, a localhost c10d rendezvous) give the outcomes and counts of the two-rank world; a node
+that is killed ends its trial as a crash and both nodes resume the run to its end; a node that
+never joins, or runs another experiment, ends the run cleanly instead of hanging."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pytest
 from run_kit import Result, free_port, racecheck, records, summary_counts, write_suite
 
 from racecheck.runner import node_writer
+from racecheck.runner.record import Outcome
 
 # Each rank draws; the world fails a test when any rank's draw was unlucky (an all-reduce, so
 # both nodes must take part). test_rank_one fails on rank 1 alone: its outcome crosses the nodes.
@@ -119,52 +121,6 @@ def outcome_of(arm: str, trial: int, *, seed: int) -> dict:
     return fails
 
 
-def expected(trials, seed: int) -> dict:
-    """What WORLD_TEST must give over two ranks: {(arm, test or '*'): (failures, trials)}."""
-    out = {}
-    for arm in RATES:
-        per_trial = [outcome_of(arm, t, seed=seed) for t in trials]
-        fails = {test: [f[test] for f in per_trial] for test in per_trial[0]}
-        for test, per in fails.items():
-            out[(arm, test)] = (sum(per), len(trials))
-        out[(arm, "*")] = (sum(any(v[i] for v in fails.values()) for i in range(len(trials))), len(trials))
-    return out
-
-
-def test_two_nodes_give_the_counts_of_the_two_rank_world(project, tmp_path):
-    port = free_port()
-    common = ["--trials", 3, "--seed", 4, "-q"]
-    # Node 0 runs in this process (a racecheck run as any other; torch is loaded here already),
-    # node 1 in one of its own. The counts are what WORLD_TEST's two ranks draw (`expected`), the
-    # counts one node running both ranks gives (test_runner.py checks that merge of ranks).
-    writer, done = nodes_with_node_0_here(
-        project,
-        common + ["--out", tmp_path / "nodes"] + node_args(port, 0),
-        [common + ["--out", tmp_path / "nodes"] + node_args(port, 1)],
-    )
-    assert writer.code == 0, writer
-    assert [d[0] for d in done] == [0], done
-    assert "ran its part of 1 session(s) of node 0's run" in done[0][1]
-    assert summary_counts(tmp_path / "nodes") == expected(range(3), 4)
-    # Node 0 wrote the one log, with both ranks' failures in it.
-    failing = {r.message for r in records(tmp_path / "nodes") if r.outcome == "failed"}
-    assert failing == {"unlucky draw", "rank 1 disagrees"}
-    # Node 1 kept its own rank log and no trial log. c10d, not the node rank, decides which global
-    # rank node 1's process gets, so its log may be rank 0's or rank 1's; node 0 holds the same
-    # events under the same name, relayed, beside its own rank's log.
-    follower = tmp_path / "nodes" / "nodes" / "node-1"
-    assert not (follower / "trials.jsonl").exists()
-    (kept,) = (follower / "ranks").glob("*-rank-*.jsonl")
-    writer_logs = sorted(p.name for p in (tmp_path / "nodes" / "ranks").glob("*-rank-*.jsonl"))
-    assert len(writer_logs) == 2 and kept.name in writer_logs, writer_logs
-
-    def events(path):
-        return [json.loads(line) for line in path.read_text().splitlines()]
-
-    assert events(kept) and events(kept) == events(tmp_path / "nodes" / "ranks" / kept.name)
-    assert json.loads((follower / "run.json").read_text())["node"] == {"rank": 1, "nnodes": 2}
-
-
 def test_a_killed_node_ends_its_trial_as_crash_the_other_reports_it_and_resume_finishes(project, tmp_path, monkeypatch):
     monkeypatch.setenv("STEP_S", "0.2")
     port = free_port()
@@ -209,17 +165,26 @@ def test_a_killed_node_ends_its_trial_as_crash_the_other_reports_it_and_resume_f
     assert (out / "summary.csv").exists() and crashed < 11
     assert not [p for p in psutil.process_iter(["cmdline"]) if str(out) in " ".join(p.info["cmdline"] or [])]
     # Both nodes resume the run: the trials after the crash run; the crashed block stays crashed.
-    # Nothing is killed from here on, so the tests need not be slowed down any longer.
+    # Nothing is killed from here on, so the tests need not be slowed down any longer. Node 0
+    # runs in this process (a racecheck run as any other; torch is loaded here already), node 1
+    # in one of its own.
     monkeypatch.setenv("STEP_S", "0")
+    follower_dir = out / "nodes" / "node-1"
+    killed_logs = set((follower_dir / "ranks").glob("*-rank-*.jsonl"))
     port = free_port()
     writer, done = nodes_with_node_0_here(
         project, ["--resume", out, "-q"] + node_args(port, 0), [["--resume", out, "-q"] + node_args(port, 1)]
     )
     assert writer.code == 0 and [d[0] for d in done] == [0], (writer, done)
+    assert "ran its part of 1 session(s) of node 0's run" in done[0][1], done
     blamed = {(r.trial, r.arm) for r in bad}
     done_blocks = [json.loads(line) for line in (out / "completed.jsonl").read_text().splitlines()]
     assert sorted((d["trial"], d["arm"]) for d in done_blocks) == sorted((t, a) for t in range(12) for a in RATES)
-    outcomes = {(r.trial, r.arm, r.test.split("::")[-1]): r.outcome for r in records(out)}
+    # Every trial that ran whole is what WORLD_TEST's two ranks draw (`outcome_of`), the outcome
+    # one node running both ranks gives (test_runner.py checks that merge of ranks), both ranks'
+    # failures in node 0's one log; the summary counts them, the crashed block as a failure.
+    recs = records(out)
+    outcomes = {(r.trial, r.arm, r.test.split("::")[-1]): r.outcome for r in recs}
     assert {k: v for k, v in outcomes.items() if k[:2] not in blamed} == {
         (t, a, test): "failed" if fails else "passed"
         for t in range(12)
@@ -227,6 +192,24 @@ def test_a_killed_node_ends_its_trial_as_crash_the_other_reports_it_and_resume_f
         for test, fails in outcome_of(a, t, seed=4).items()
         if (t, a) not in blamed
     }
+    assert {r.message for r in recs if r.outcome == "failed"} == {"unlucky draw", "rank 1 disagrees"}
+    counts = {}
+    for (t, a, test), outcome in outcomes.items():
+        for key in ((a, test), (a, "*")):
+            counts.setdefault(key, {})[t] = counts.get(key, {}).get(t, False) or Outcome(outcome).is_failure
+    assert summary_counts(out) == {key: (sum(per.values()), len(per)) for key, per in counts.items()}
+    # Node 1 kept its own rank log of the resumed session and no trial log. c10d, not the node
+    # rank, decides which global rank node 1's process gets, so its log may be rank 0's or rank
+    # 1's; node 0 holds the same events under the same name, relayed, beside its own rank's log.
+    assert not (follower_dir / "trials.jsonl").exists()
+    (kept,) = set((follower_dir / "ranks").glob("*-rank-*.jsonl")) - killed_logs
+    assert (out / "ranks" / kept.name).exists(), sorted(p.name for p in (out / "ranks").iterdir())
+
+    def events(path):
+        return [json.loads(line) for line in path.read_text().splitlines()]
+
+    assert events(kept) and events(kept) == events(out / "ranks" / kept.name)
+    assert json.loads((follower_dir / "run.json").read_text())["node"] == {"rank": 1, "nnodes": 2}
 
 
 def test_a_node_that_never_joins_stops_the_run_within_the_join_timeout(project, tmp_path):
