@@ -146,11 +146,11 @@ def native_op(
     for ptr, nbytes, start, size, access, device, pinned in its:
         if access == RESOLVE:  # a return that only sizes a fresh block
             if pending and start in pending:
-                tracker._resolve_block(start, size, stack)
+                resolve_block(tracker, engine, start, size, stack)
             continue
         alloc = live.get(ptr)
         if alloc is None and pending and ptr in pending:
-            alloc = tracker._resolve_block(start, size, stack)
+            alloc = resolve_block(tracker, engine, start, size, stack)
         if alloc is None:
             if not nbytes:
                 continue
@@ -169,10 +169,10 @@ def native_op(
             touches_host = True
         if nbytes:
             items.append((ptr, nbytes, access == WRITE, alloc))
+    if not items:
+        return  # nothing on a stream: host memory that no stream touched stays untracked
     if touches_host or fresh_host:
         tracker._host_op(plan, items, fresh_host, stream, stack, non_blocking)
-        return
-    if not items:
         return
     key = tracker._current() if stream is None else stream
     if key not in tracker._domains:
@@ -181,3 +181,25 @@ def native_op(
     if plan.blocks_host:  # .item(): the host waited for the stream
         engine.host_sync_stream(key)
     tracker.ops += 1
+
+
+def resolve_block(tracker: Any, engine: HappensBefore, ptr: int, nbytes: int, stack: object) -> Any:
+    """The pending allocation at `ptr` as the engine's Allocation, now that an operator tells its
+    size, its reuse checked against the stream's clock at the allocation ([Note: pending
+    allocations] in torch_tracker.py); None when no allocation is pending there. Both paths call
+    it (TorchRaceTracker._resolve_block)."""
+    found = tracker._pending.pop(ptr, None)
+    if found is None:
+        return None
+    stream, clock, alloc_stack = found
+    if alloc_stack is None:
+        alloc_stack = stack if stack is not None else tracker._capture()
+    return engine.allocate(stream, ptr, nbytes, stack=alloc_stack, clock=clock)
+
+
+def freeze(pending: dict, engine: HappensBefore) -> None:
+    """Copy each pending allocation's stream clock that is not copied yet: the tracker is about to
+    apply a wait or a host synchronization, which may grow it (TorchRaceTracker._freeze)."""
+    for entry in pending.values():
+        if entry[1] is None:
+            entry[1] = engine.clock_now(entry[0])

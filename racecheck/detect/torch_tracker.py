@@ -44,6 +44,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from racecheck.detect import stacks
 from racecheck.detect.dispatch import byte_range, non_blocking, returned_tensors, set_trace_handler
 from racecheck.detect.engine import HappensBefore
+from racecheck.detect.feed_apply import freeze, resolve_block
 from racecheck.detect.native_feed import NativeTrackerOps
 from racecheck.detect.report import RaceReport, render
 from racecheck.detect.torch_hooks import TrackerMode, cuda_current_stream_fn, cuda_stream_handle, make_handler
@@ -178,9 +179,7 @@ class TorchRaceTracker(NativeTrackerOps):
     # synchronizations, so it is copied lazily: right before the tracker applies one (`_freeze`).
     # The callbacks themselves are the handler's _handle_memory_(de)allocation below.
     def _freeze(self) -> None:
-        for entry in self._pending.values():
-            if entry[1] is None:
-                entry[1] = self.engine.clock_now(entry[0])
+        freeze(self._pending, self.engine)
 
     def _on_event_record(self, event: int, stream: int) -> None:
         flight = self._inflight
@@ -250,10 +249,10 @@ class TorchRaceTracker(NativeTrackerOps):
                     touches_host = True
                 if nbytes:
                     items.append((ptr, nbytes, is_write, alloc))
+        if not items:
+            return  # nothing on a stream: host memory that no stream touched stays untracked
         if touches_host or fresh_host:
             self._host_op(plan, items, fresh_host, stream, stack, non_blocking(plan, args, kwargs))
-            return
-        if not items:
             return
         assert self._current is not None, "given to __init__, or set by __enter__ on CUDA"
         key = self._current() if stream is None else stream
@@ -340,13 +339,7 @@ class TorchRaceTracker(NativeTrackerOps):
         return self._resolve_block(storage.data_ptr(), storage.nbytes(), stack)
 
     def _resolve_block(self, ptr: int, nbytes: int, stack):
-        found = self._pending.pop(ptr, None)
-        if found is None:
-            return None
-        s, clock, alloc_stack = found
-        if alloc_stack is None:
-            alloc_stack = stack if stack is not None else self._capture()
-        return self.engine.allocate(s, ptr, nbytes, stack=alloc_stack, clock=clock)
+        return resolve_block(self, self.engine, ptr, nbytes, stack)
 
     def _adopt(self, t: torch.Tensor, stack=None):
         """A storage the tracker has no live allocation for: allocated while no op could tell its
