@@ -7,6 +7,8 @@
 #   bench    bench/detector_overhead_native.py (NATIVE_WORKLOADS, NATIVE_MODES, NATIVE_REPEATS,
 #            NATIVE_ITERS, NATIVE_FSDP2_ITERS): detector_overhead_native.{csv,md} and every run;
 #            NATIVE_PROFILE=1: each run under cProfile too (profile-WORKLOAD-MODE.txt; times incomparable)
+#   record   bench/native_replay.py record per workload: the drains of a run, to replay on any
+#            machine (WORKLOAD.dump, record.log)
 #   bash bench/native_gpu.sh [PART ...]   (default: every part, in this order)
 # ninja, which torch.utils.cpp_extension needs, travels in .whl/ with the other wheels
 # (bench/gpu_check.sh's header).
@@ -57,6 +59,13 @@ bench() {
     --iters "${NATIVE_ITERS:-200}" --fsdp2-iters "${NATIVE_FSDP2_ITERS:-50}" --workloads "${NATIVE_WORKLOADS:-mlp,fsdp2}" \
     --modes "${NATIVE_MODES:-plain,native,python,sanitizer,native_record,native_nostacks,dispatch_floor,python_nostacks}" \
     ${NATIVE_PROFILE:+--profile "$N"} >"$N/bench.log" 2>&1
+}
+
+record() {
+  local w NATIVE_WORKLOADS=${NATIVE_WORKLOADS:-mlp,fsdp2}
+  for w in ${NATIVE_WORKLOADS//,/ }; do
+    python3 bench/native_replay.py record --workload "$w" --out "$N/$w.dump" >>"$N/record.log" 2>&1 || return 1
+  done
 }
 
 rc=0
