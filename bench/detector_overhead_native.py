@@ -169,19 +169,37 @@ def _per_step(before: dict | None, after: dict | None, steps: int) -> dict:
     return out
 
 
+def init_world(workload: str, cpu: bool) -> None:
+    """The one-rank process group the fsdp2 workload runs in (gloo on the CPU, NCCL on CUDA)."""
+    if workload != "fsdp2":
+        return
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0", WORLD_SIZE="1")
+    if not cpu:
+        torch.cuda.set_device(0)
+    dist.init_process_group("gloo" if cpu else "nccl", rank=0, world_size=1)
+
+
+def add_workload_options(p: argparse.ArgumentParser) -> None:
+    """The workloads' sizes (_workload reads them), for this script and bench/native_replay.py."""
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--width", type=int, default=2048)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--fsdp2-layers", type=int, default=4)
+    p.add_argument("--fsdp2-width", type=int, default=1024)
+    p.add_argument("--fsdp2-batch", type=int, default=8)
+    p.add_argument("--fsdp2-seq", type=int, default=256)
+
+
 def child(args) -> dict:
     import torch
 
     sys.path.insert(0, str(REPO))
     cpu = args.device == "cpu"
     dev = torch.device("cpu") if cpu else torch.device("cuda", 0)
-    if args.workload == "fsdp2":
-        import torch.distributed as dist
-
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0", WORLD_SIZE="1")
-        if not cpu:
-            torch.cuda.set_device(0)
-        dist.init_process_group("gloo" if cpu else "nccl", rank=0, world_size=1)
+    init_world(args.workload, cpu)
     ctx, tracker = _tool(args.mode, cpu)
     if ctx is not None:
         ctx.__enter__()
@@ -386,13 +404,7 @@ def main() -> int:
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--workloads", default=",".join(WORKLOADS))
     p.add_argument("--modes", default=",".join(MODES))
-    p.add_argument("--layers", type=int, default=8)
-    p.add_argument("--width", type=int, default=2048)
-    p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--fsdp2-layers", type=int, default=4)
-    p.add_argument("--fsdp2-width", type=int, default=1024)
-    p.add_argument("--fsdp2-batch", type=int, default=8)
-    p.add_argument("--fsdp2-seq", type=int, default=256)
+    add_workload_options(p)
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--iters", type=int, default=200)
     p.add_argument("--fsdp2-iters", type=int, default=50, help="timed steps of the fsdp2 workload")

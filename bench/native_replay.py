@@ -29,27 +29,17 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
+import detector_overhead_native as bench  # noqa: E402
+
 from racecheck.detect.feed_apply import RECORD  # noqa: E402
 
 
 def record(args) -> int:
-    import detector_overhead_native as bench
     import torch
 
-    from racecheck.detect import TorchRaceTracker
-
     cpu = args.device == "cpu"
-    if args.workload == "fsdp2":
-        import os
-
-        import torch.distributed as dist
-
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(bench._free_port()), RANK="0", WORLD_SIZE="1")
-        if not cpu:
-            torch.cuda.set_device(0)
-        dist.init_process_group("gloo" if cpu else "nccl", rank=0, world_size=1)
-    on_cpu = {"device_type": "cpu", "current_stream": lambda: 0, "stream_handle": lambda s: 0} if cpu else {}
-    tracker = TorchRaceTracker(path="native", **on_cpu)
+    bench.init_world(args.workload, cpu)
+    tracker, _ = bench._tool("native", cpu)  # the benchmark's native tracker, as its runs use it
     feed = tracker._feed
     batches: list[tuple[bytes, bytes]] = []
     names: list[tuple[str, str]] = []
@@ -64,10 +54,9 @@ def record(args) -> int:
         return plan(name, overload)
 
     feed._apply, feed._plan = kept_apply, kept_plan
-    params = argparse.Namespace(**{**vars(bench_defaults()), **{k: v for k, v in vars(args).items() if v is not None}})
     sync = (lambda: None) if cpu else torch.cuda.synchronize
     with tracker:
-        step, what = bench._workload(params, torch.device("cpu") if cpu else torch.device("cuda", 0))
+        step, what = bench._workload(args, torch.device("cpu") if cpu else torch.device("cuda", 0))
         for _ in range(args.warmup + args.iters):
             step()
         sync()
@@ -88,13 +77,6 @@ def record(args) -> int:
     records = sum(len(r) for r, _ in batches) // RECORD.size
     print(f"{what}: {len(batches)} batches, {records} records, {dump['reports']} reports -> {args.out}")
     return 0
-
-
-def bench_defaults() -> argparse.Namespace:
-    """detector_overhead_native.py's workload sizes, as its command line defaults them."""
-    return argparse.Namespace(
-        workload="mlp", layers=8, width=2048, batch=64, fsdp2_layers=4, fsdp2_width=1024, fsdp2_batch=8, fsdp2_seq=256
-    )
 
 
 def replay_once(dump: dict) -> tuple[float, int, int]:
@@ -144,6 +126,7 @@ def main() -> int:
     r = sub.add_parser("record", help="record a workload's drains on a CUDA GPU")
     r.add_argument("--workload", choices=("mlp", "fsdp2"), default="mlp")
     r.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: a smoke run of this script")
+    bench.add_workload_options(r)
     r.add_argument("--warmup", type=int, default=5)
     r.add_argument("--iters", type=int, default=20)
     r.add_argument("--out", type=Path, required=True)
