@@ -9,7 +9,11 @@ Workloads: `mlp`, an MLP of --layers Linear(2048, 2048) + ReLU, batch 64, MSE, S
 (bench/detector_overhead.py's loop); `fsdp2`, a transformer (--fsdp2-layers encoder layers of
 width 1024) with torch.distributed.fsdp.fully_shard on every layer and the root, AdamW, on a
 one-rank process group. Each (workload, mode, repeat) runs in a fresh process, modes interleaved
-within a repeat, --warmup steps then --iters timed ones (CUDA synchronized around them).
+within a repeat, --warmup steps then --iters timed ones (CUDA synchronized around them). Before the
+measured repeats, --warmup-rounds rounds of every (workload, mode) run the same way and are kept in
+the runs CSV (repeat < 0) but left out of the medians: a machine just lent runs its first minutes
+slower (on the H200 machine, in one call of four rounds, the first round's runs took 1.5x (plain)
+to 2x (native) the time of the fourth's).
 
 Modes: `plain` (no tool), `native`, `python`, `sanitizer`, and the parts that say where the time
 goes: `native_record` (the native log records every operator and CUDA trace event with its stack
@@ -273,12 +277,16 @@ def run_child(args, workload: str, mode: str, path: Path) -> str | None:
     return None
 
 
+def measured(rows: list[dict]) -> list[dict]:
+    """The runs that count: those with a time, from the measured repeats (not the warm-up rounds)."""
+    return [r for r in rows if r.get("ms_per_step") and r["repeat"] >= 0]
+
+
 def medians(rows: list[dict]) -> dict[tuple[str, str], float]:
     out = {}
-    for key in {(r["workload"], r["mode"]) for r in rows if r.get("ms_per_step")}:
-        out[key] = statistics.median(
-            r["ms_per_step"] for r in rows if (r["workload"], r["mode"]) == key and r.get("ms_per_step")
-        )
+    runs = measured(rows)
+    for key in {(r["workload"], r["mode"]) for r in runs}:
+        out[key] = statistics.median(r["ms_per_step"] for r in runs if (r["workload"], r["mode"]) == key)
     return out
 
 
@@ -313,13 +321,15 @@ def write_outputs(out: Path, rows: list[dict], args) -> list[str]:
                 if m is not None:
                     w.writerow([workload, mode, f"{m:.3f}", f"{m / base:.2f}" if base else ""])
     meta = next((r for r in rows if r.get("device")), {})
+    warm = len({r["repeat"] for r in rows if r["repeat"] < 0})
     lines = [
         "# Detector overhead: the native and the Python recording path",
         "",
         f"Device: {meta.get('device', '?')}; torch {meta.get('torch', '?')}. {args.warmup} warm-up and "
         f"{args.iters} timed steps per run ({args.fsdp2_iters} for fsdp2), median of "
         + (f"{args.repeats} runs" if not args.from_runs else "every run listed (from several calls)")
-        + " (fresh processes, modes interleaved within a call).",
+        + " (fresh processes, modes interleaved within a call)"
+        + (f", after {warm} warm-up round(s) of every mode, left out (in the runs CSV, repeat < 0)." if warm else "."),
         "",
     ]
     for workload in WORKLOADS:
@@ -335,17 +345,13 @@ def write_outputs(out: Path, rows: list[dict], args) -> list[str]:
         ]
         for mode in MODES:
             m = med.get((workload, mode))
-            runs = sorted(
-                r["ms_per_step"]
-                for r in rows
-                if (r["workload"], r["mode"]) == (workload, mode) and r.get("ms_per_step")
-            )
+            runs = sorted(r["ms_per_step"] for r in measured(rows) if (r["workload"], r["mode"]) == (workload, mode))
             if m is not None:
                 lines.append(f"| {mode} | {m:.3f} | {m / base:.2f}x | {', '.join(f'{t:.2f}' for t in runs)} |")
         part = {mode: med.get((workload, mode)) for mode in MODES}
         parts_known = all(part[m] is not None for m in ("native_record", "native_nostacks", "native"))
         if parts_known and min(part["native"] - part["native_record"], part["native"] - part["native_nostacks"]) < 0:
-            spread = [r["ms_per_step"] for r in rows if (r["workload"], r["mode"]) == (workload, "native")]
+            spread = [r["ms_per_step"] for r in measured(rows) if (r["workload"], r["mode"]) == (workload, "native")]
             lines += [
                 "",
                 f"The native path's parts are within the runs' spread here (its runs span {min(spread):.2f} to "
@@ -359,7 +365,8 @@ def write_outputs(out: Path, rows: list[dict], args) -> list[str]:
                 f"{part['native'] - part['native_record']:.3f}; stacks (in both) "
                 f"{part['native'] - part['native_nostacks']:.3f}.",
             ]
-        inside = [r for r in rows if (r["workload"], r["mode"]) == (workload, "native") and r.get("record_us")]
+        native = [r for r in measured(rows) if (r["workload"], r["mode"]) == (workload, "native")]
+        inside = [r for r in native if r.get("record_us")]
         if inside:
             mid = {k: statistics.median(float(r[k]) for r in inside) for k in PARTS}
             lines += [
@@ -409,6 +416,7 @@ def main() -> int:
     p.add_argument("--iters", type=int, default=200)
     p.add_argument("--fsdp2-iters", type=int, default=50, help="timed steps of the fsdp2 workload")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--warmup-rounds", type=int, default=1, help="rounds of every mode run first and left out")
     p.add_argument("--timeout", type=float, default=300)
     p.add_argument(
         "--from-runs",
@@ -438,7 +446,8 @@ def main() -> int:
         return 0
     modes = [m for m in MODES if m in args.modes.split(",") and not (args.device == "cpu" and m == "sanitizer")]
     rows: list[dict] = []
-    for repeat in range(args.repeats):
+    lines: list[str] = []
+    for repeat in range(-args.warmup_rounds, args.repeats):
         for workload in args.workloads.split(","):
             for mode in modes:  # interleaved: drift in clocks or load affects every mode alike
                 path = out / f".native-{workload}-{mode}-{repeat}.json"
@@ -452,7 +461,8 @@ def main() -> int:
                     )
                 r = rows[-1]
                 print(
-                    f"repeat {repeat} {workload:6} {mode:16} {r.get('ms_per_step')} ms/step reports={r.get('reports')} "
+                    f"{'warm-up' if repeat < 0 else 'repeat'} {repeat} {workload:6} {mode:16} "
+                    f"{r.get('ms_per_step')} ms/step reports={r.get('reports')} "
                     f"path={r.get('path')} ops={r.get('ops')} {r.get('errors') or ''}",
                     flush=True,
                 )
