@@ -8,13 +8,14 @@
 - `not_an_xdist_worker` (every test): under `pytest -n`, the pytest processes a test starts
   itself (pytester, a session of its own) do not inherit the worker's identity.
 
-The whole suite (`pytest` with no paths and no -n) runs in one process per core where
-pytest-xdist is installed, a module to a process (--dist loadfile: a module's shared worlds
-start once), the modules that start the most process worlds first (LONGEST_FIRST), so that no
-process is left with a long one at the end. `-n 0` runs it in one process; paths given run in one
-process unless -n is given too. This is the conftest's default, not an addopts of pyproject's, so
-that the sessions racecheck starts in this checkout (the catalogue's) never inherit it, and a
-machine without pytest-xdist (the GPU machine) runs the suite as before.
+The whole suite (`pytest` with no paths and no -n) runs in one process per core and one more where
+pytest-xdist is installed (most tests also wait on the processes they start: sessions, torchrun
+agents, timeouts; the extra process keeps the cores busy meanwhile), a module to a process (--dist
+loadfile: a module's shared worlds start once), the modules that start the most process worlds first
+(LONGEST_FIRST), so that no process is left with a long one at the end. `-n 0` runs it in one
+process; paths given run in one process unless -n is given too. This is the conftest's default, not
+an addopts of pyproject's, so that the sessions racecheck starts in this checkout (the catalogue's)
+never inherit it, and a machine without pytest-xdist (the GPU machine) runs the suite as before.
 """
 
 from __future__ import annotations
@@ -26,11 +27,11 @@ from run_kit import SEEDED_TEST, write_suite
 
 from racecheck.runner.launch import MARK_VAR
 
-WORKERS = os.cpu_count() or 1
+WORKERS = (os.cpu_count() or 1) + 1
 # Modules by the time they take, longest first (tests/ only; any module not named runs after these).
-# The catalogue's process holds the module after the next one as well (xdist hands a process more
-# work while two tests or fewer are left to it): test_fsdp_parity.py, whose ranks compute rather
-# than wait, runs beside the catalogue in the other process, and test_nodes.py after it.
+# xdist hands the processes these modules in turn: on 2 cores the catalogue, the FSDP parity world
+# (whose ranks compute rather than wait) and test_nodes.py start at once, one to a process, and
+# the rest follow as processes free up.
 LONGEST_FIRST = (
     "test_catalogue_promise.py",
     "test_fsdp_parity.py",

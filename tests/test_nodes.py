@@ -67,7 +67,14 @@ def project(tmp_path):
     )
 
 
-def node_args(port: int, rank: int, *, conf: str = "join_timeout=30,keep_alive_interval=1,keep_alive_max_attempt=2"):
+# A node is lost after 4 s without a heartbeat (c10d's default is 15 s): soon enough for the
+# killed-node test, and not as soon as 2 s, with which, once in seven runs of the whole suite (its
+# workers start process worlds beside these tests), node 0's torchrun found a node waiting to join
+# a rendezvous both had completed, restarted its workers and waited for the other node in vain.
+KEEP_ALIVE = "keep_alive_interval=1,keep_alive_max_attempt=4"
+
+
+def node_args(port: int, rank: int, *, conf: str = f"join_timeout=30,{KEEP_ALIVE}"):
     return ["--nnodes", "2", "--node-rank", str(rank), "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-conf", conf]
 
 
