@@ -293,6 +293,7 @@ def medians(rows: list[dict]) -> dict[tuple[str, str], float]:
 def write_outputs(out: Path, rows: list[dict], args) -> list[str]:
     with open(out / "detector_overhead_native_runs.csv", "w", newline="") as fh:
         fields = [
+            *(["call"] if any("call" in r for r in rows) else []),  # --from-runs: the call that ran it
             "workload",
             "mode",
             "repeat",
@@ -321,7 +322,7 @@ def write_outputs(out: Path, rows: list[dict], args) -> list[str]:
                 if m is not None:
                     w.writerow([workload, mode, f"{m:.3f}", f"{m / base:.2f}" if base else ""])
     meta = next((r for r in rows if r.get("device")), {})
-    warm = len({r["repeat"] for r in rows if r["repeat"] < 0})
+    warm = any(r["repeat"] < 0 for r in rows)
     lines = [
         "# Detector overhead: the native and the Python recording path",
         "",
@@ -329,7 +330,7 @@ def write_outputs(out: Path, rows: list[dict], args) -> list[str]:
         f"{args.iters} timed steps per run ({args.fsdp2_iters} for fsdp2), median of "
         + (f"{args.repeats} runs" if not args.from_runs else "every run listed (from several calls)")
         + " (fresh processes, modes interleaved within a call)"
-        + (f", after {warm} warm-up round(s) of every mode, left out (in the runs CSV, repeat < 0)." if warm else "."),
+        + (", its warm-up rounds (repeat < 0 in the runs CSV) left out." if warm else "."),
         "",
     ]
     for workload in WORKLOADS:
@@ -423,7 +424,8 @@ def main() -> int:
         nargs="+",
         type=Path,
         metavar="RUNS_CSV",
-        help="rebuild the tables from earlier runs' detector_overhead_native_runs.csv (one per workload, say)",
+        help="rebuild the tables from earlier runs' detector_overhead_native_runs.csv (one per call, or one whose "
+        "column `call` says which call ran each run)",
     )
     p.add_argument(
         "--profile",
