@@ -350,9 +350,10 @@ def write_outputs(out: Path, rows: list[dict], args) -> list[str]:
             if m is not None:
                 lines.append(f"| {mode} | {m:.3f} | {m / base:.2f}x | {', '.join(f'{t:.2f}' for t in runs)} |")
         part = {mode: med.get((workload, mode)) for mode in MODES}
+        native = [r for r in measured(rows) if (r["workload"], r["mode"]) == (workload, "native")]
         parts_known = all(part[m] is not None for m in ("native_record", "native_nostacks", "native"))
         if parts_known and min(part["native"] - part["native_record"], part["native"] - part["native_nostacks"]) < 0:
-            spread = [r["ms_per_step"] for r in measured(rows) if (r["workload"], r["mode"]) == (workload, "native")]
+            spread = [r["ms_per_step"] for r in native]
             lines += [
                 "",
                 f"The native path's parts are within the runs' spread here (its runs span {min(spread):.2f} to "
@@ -366,7 +367,6 @@ def write_outputs(out: Path, rows: list[dict], args) -> list[str]:
                 f"{part['native'] - part['native_record']:.3f}; stacks (in both) "
                 f"{part['native'] - part['native_nostacks']:.3f}.",
             ]
-        native = [r for r in measured(rows) if (r["workload"], r["mode"]) == (workload, "native")]
         inside = [r for r in native if r.get("record_us")]
         if inside:
             mid = {k: statistics.median(float(r[k]) for r in inside) for k in PARTS}
