@@ -16,10 +16,13 @@ slower (on the H200 machine, in one call of four rounds, the first round's runs 
 to 2x (native) the time of the fourth's).
 
 Modes: `plain` (no tool), `native`, `python`, `sanitizer`, and the parts that say where the time
-goes: `native_record` (the native log records every operator and CUDA trace event with its stack
+goes: `native_hooks` (the hooks the native log uses, a RecordFunction observer with inputs and
+outputs and c10's GPU trace, installed but recording nothing: what PyTorch charges before the log
+does any work), `native_record` (the native log records every operator and CUDA trace event with its stack
 and is drained, its records dropped), `native_nostacks` (the native path without stacks),
 `dispatch_floor` (an empty TorchDispatchMode: the Python path's floor) and `python_nostacks`.
-The split, per workload: recording = native_record - plain; applying the records (the tracker's
+The split, per workload: the hooks = native_hooks - plain; recording = native_record - native_hooks
+(or - plain without native_hooks); applying the records (the tracker's
 bookkeeping and the engine's shadow updates) = native - native_record; of all that, stacks =
 native - native_nostacks.
 
@@ -46,6 +49,7 @@ MODES = (
     "native",
     "python",
     "sanitizer",
+    "native_hooks",
     "native_record",
     "native_nostacks",
     "dispatch_floor",
@@ -140,6 +144,15 @@ def _tool(mode: str, cpu: bool):
     tracker = TorchRaceTracker(stacks_on=not mode.endswith("nostacks"), path=path, **kwargs)
     if mode == "native_record":  # recorded and drained, then dropped
         tracker._feed._apply = lambda records, items: None
+    if mode == "native_hooks":  # the hooks installed by start(), then told to record nothing
+        feed = tracker._feed
+        start = feed.start
+
+        def hooks_only():
+            start()
+            feed.log.record(False)
+
+        feed.start = hooks_only
     if tracker._feed is not None:  # the log calls the feed's `drain` attribute: time it
         drain = tracker._feed.drain
 
@@ -360,10 +373,12 @@ def write_outputs(out: Path, rows: list[dict], args) -> list[str]:
                 f"{max(spread):.2f} ms): more repeats are needed to split them.",
             ]
         elif parts_known:
+            hooks = part["native_hooks"]
             lines += [
                 "",
-                f"Where the native path's {part['native'] - base:.3f} ms per step go: recording "
-                f"{part['native_record'] - base:.3f}, applying the records "
+                f"Where the native path's {part['native'] - base:.3f} ms per step go: "
+                + (f"PyTorch's hooks alone {hooks - base:.3f}, " if hooks is not None else "")
+                + f"recording {part['native_record'] - (base if hooks is None else hooks):.3f}, applying the records "
                 f"{part['native'] - part['native_record']:.3f}; stacks (in both) "
                 f"{part['native'] - part['native_nostacks']:.3f}.",
             ]

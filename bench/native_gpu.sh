@@ -56,10 +56,11 @@ compare() {
 }
 
 bench() {
+  local modes=plain,native,python,sanitizer,native_hooks,native_record,native_nostacks,dispatch_floor,python_nostacks
   python3 bench/detector_overhead_native.py --out "$N" --repeats "${NATIVE_REPEATS:-3}" \
-    --warmup-rounds "${NATIVE_WARMUP_ROUNDS:-1}" --iters "${NATIVE_ITERS:-200}" --fsdp2-iters "${NATIVE_FSDP2_ITERS:-50}" --workloads "${NATIVE_WORKLOADS:-mlp,fsdp2}" \
-    --modes "${NATIVE_MODES:-plain,native,python,sanitizer,native_record,native_nostacks,dispatch_floor,python_nostacks}" \
-    ${NATIVE_PROFILE:+--profile "$N"} >"$N/bench.log" 2>&1
+    --warmup-rounds "${NATIVE_WARMUP_ROUNDS:-1}" --iters "${NATIVE_ITERS:-200}" \
+    --fsdp2-iters "${NATIVE_FSDP2_ITERS:-50}" --workloads "${NATIVE_WORKLOADS:-mlp,fsdp2}" \
+    --modes "${NATIVE_MODES:-$modes}" ${NATIVE_PROFILE:+--profile "$N"} >"$N/bench.log" 2>&1
 }
 
 record() {

@@ -483,20 +483,44 @@ def test_the_native_path_leaves_callees_unobserved_only_while_it_records(cur):
 def test_the_native_log_plans_operators_only_once(cur):
     """Autograd's calls named by a string (`autograd::engine::evaluate_function: ...`, a new name
     pointer every call) and a user's record_function scope are no operators: the log's table
-    holds the operators of the first step and no more after later steps."""
+    holds the operators of the first two steps (the second is the first to accumulate gradients)
+    and no more after later steps."""
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
     x = torch.randn(4, 8)
     tracker = make_tracker(cur, "native")
     sizes = []
     with tracker:
-        for _ in range(3):
+        for _ in range(4):
             with torch.autograd.profiler.record_function("user scope"):
                 model(x).sum().backward()
             tracker.flush()
             sizes.append(len(tracker._feed.plans))
     assert tracker.errors == []
-    assert sizes[0] == sizes[1] == sizes[2]
+    assert sizes[1] == sizes[2] == sizes[3]
     assert None not in tracker._feed.plans  # every entry an operator the planner knew
+
+
+def test_the_native_log_told_not_to_record_keeps_its_hooks_and_records_nothing(cur):
+    """`record(False)` (the benchmark's native_hooks floor) leaves the observer installed (the
+    callees of a planned operator still run under RecordFunction, which the profiler beside it
+    sees) and records no operator; `record(True)` records again."""
+    x, y = torch.randn(8, 8), torch.randn(8, 8)
+    tracker = make_tracker(cur, "native")
+    with tracker:
+        log = tracker._feed.log
+        torch.mm(x, y)  # planned, recorded
+        tracker.flush()
+        recorded = tracker.ops
+        log.record(False)
+        for _ in range(3):
+            torch.mm(x, y)
+        tracker.flush()
+        idle = tracker.ops
+        log.record(True)
+        torch.mm(x, y)
+        tracker.flush()
+    assert tracker.errors == []
+    assert recorded == 1 and idle == recorded and tracker.ops == recorded + 1
 
 
 FSDP2_STEP = """

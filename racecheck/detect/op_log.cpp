@@ -158,6 +158,9 @@ std::vector<Frames> frames;
 std::unordered_map<uint64_t, c10::weak_intrusive_ptr<c10::StorageImpl>> recent_host;  // seen this batch
 std::unordered_map<uint64_t, c10::weak_intrusive_ptr<c10::StorageImpl>> watched_host;  // tracked by Python
 std::atomic<bool> active{false};
+// false: the hooks stay installed and record nothing (record(False): the native path's floor, what
+// PyTorch's hooks cost alone, for benchmarks)
+std::atomic<bool> recording{true};
 std::atomic<bool> watching{false};
 bool cuda_mode = false;  // streams from CUDA's current stream (else Python's)
 bool with_stacks = true;
@@ -538,32 +541,35 @@ struct TraceVTable final : c10::impl::PyInterpreterVTable {
 
   void trace_gpu_event_creation(c10::DeviceType, uintptr_t) const override {}
   void trace_gpu_stream_creation(c10::DeviceType, uintptr_t) const override {}
+  static bool recorded(c10::DeviceType type) {
+    return type == c10::DeviceType::CUDA && recording.load(std::memory_order_relaxed);
+  }
   void trace_gpu_event_deletion(c10::DeviceType type, uintptr_t event) const override {
-    if (type == c10::DeviceType::CUDA) append_event(EVENT_DELETED, NO_STREAM, -1, -1, static_cast<int64_t>(event));
+    if (recorded(type)) append_event(EVENT_DELETED, NO_STREAM, -1, -1, static_cast<int64_t>(event));
   }
   void trace_gpu_event_record(c10::DeviceType type, uintptr_t event, uintptr_t stream) const override {
-    if (type == c10::DeviceType::CUDA)
+    if (recorded(type))
       append_event(EVENT_RECORDED, static_cast<int64_t>(stream), -1, -1, static_cast<int64_t>(event));
   }
   void trace_gpu_event_wait(c10::DeviceType type, uintptr_t event, uintptr_t stream) const override {
-    if (type == c10::DeviceType::CUDA)
+    if (recorded(type))
       append_event(EVENT_WAITED, static_cast<int64_t>(stream), -1, -1, static_cast<int64_t>(event));
   }
   void trace_gpu_memory_allocation(c10::DeviceType type, uintptr_t ptr) const override {
-    if (type != c10::DeviceType::CUDA) return;
+    if (!recorded(type)) return;
     int32_t device_index = -1;
     int64_t stream = current_stream(&device_index);  // the allocation is for the current stream
     append_event(ALLOCATED, stream, device_index, -1, static_cast<int64_t>(ptr));
   }
   void trace_gpu_memory_deallocation(c10::DeviceType type, uintptr_t ptr) const override;
   void trace_gpu_device_synchronization(c10::DeviceType type) const override {
-    if (type == c10::DeviceType::CUDA) append_event(DEVICE_SYNCED, NO_STREAM, -1, -1, 0);
+    if (recorded(type)) append_event(DEVICE_SYNCED, NO_STREAM, -1, -1, 0);
   }
   void trace_gpu_stream_synchronization(c10::DeviceType type, uintptr_t stream) const override {
-    if (type == c10::DeviceType::CUDA) append_event(STREAM_SYNCED, static_cast<int64_t>(stream), -1, -1, 0);
+    if (recorded(type)) append_event(STREAM_SYNCED, static_cast<int64_t>(stream), -1, -1, 0);
   }
   void trace_gpu_event_synchronization(c10::DeviceType type, uintptr_t event) const override {
-    if (type == c10::DeviceType::CUDA) append_event(EVENT_SYNCED, NO_STREAM, -1, -1, static_cast<int64_t>(event));
+    if (recorded(type)) append_event(EVENT_SYNCED, NO_STREAM, -1, -1, static_cast<int64_t>(event));
   }
 };
 
@@ -575,7 +581,7 @@ bool tracing = false;
 
 
 void TraceVTable::trace_gpu_memory_deallocation(c10::DeviceType type, uintptr_t ptr) const {
-  if (type == c10::DeviceType::CUDA) append_event(FREED, NO_STREAM, -1, stack_id(), static_cast<int64_t>(ptr));
+  if (recorded(type)) append_event(FREED, NO_STREAM, -1, stack_id(), static_cast<int64_t>(ptr));
 }
 
 void trace_on() {  // c10's GPU trace reports to this log until trace_off()
@@ -670,7 +676,7 @@ void start_call(const at::RecordFunction& fn, Call& c);
 void end_call(const at::RecordFunction& fn, Call& c);
 
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
-  if (!active.load(std::memory_order_relaxed)) return nullptr;
+  if (!active.load(std::memory_order_relaxed) || !recording.load(std::memory_order_relaxed)) return nullptr;
   if (inside > 0) {  // a callee of a recorded operator, or the tracker's own call
     saw_callee();
     return nullptr;
@@ -778,6 +784,7 @@ PyObject* py_start(PyObject*, PyObject* args) {
                                      .needsInputs(true)
                                      .needsOutputs(true)
                                      .scopes({at::RecordScope::FUNCTION}));
+  recording.store(true);
   active.store(true);
   if (trace) trace_on();
   Py_RETURN_NONE;
@@ -836,6 +843,13 @@ PyObject* py_watch(PyObject*, PyObject* args) {
   Py_RETURN_TRUE;
 }
 
+PyObject* py_record(PyObject*, PyObject* args) {
+  int on;
+  if (!PyArg_ParseTuple(args, "p", &on)) return nullptr;
+  recording.store(on != 0);
+  Py_RETURN_NONE;
+}
+
 PyObject* py_watch_host(PyObject*, PyObject* args) {
   int on;
   if (!PyArg_ParseTuple(args, "p", &on)) return nullptr;
@@ -883,6 +897,9 @@ PyMethodDef methods[] = {
      "drain(known_ops) -> (records, items, new op names): records and items the bytes of the log's Record and Item "
      "arrays (native_feed.py's RECORD and ITEM), a record's items items[first:first + count]"},
     {"watch", py_watch, METH_VARARGS, "watch(storage_ptr) -> whether that host storage's death will be logged"},
+    {"record", py_record, METH_VARARGS,
+     "record(on): with on False the hooks stay installed and record nothing (a benchmark's floor); start() turns "
+     "recording on"},
     {"watch_host", py_watch_host, METH_VARARGS, "watch_host(on): keep weak references to host storages seen"},
     {"frames", py_frames, METH_VARARGS, "frames(stack_id) -> ((code, lasti), ...), innermost first"},
     {"costs", py_costs, METH_NOARGS,
