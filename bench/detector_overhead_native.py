@@ -273,6 +273,29 @@ def child(args) -> dict:
     return result
 
 
+def parse_cpus(spec: str | None) -> set[int]:
+    """The CPUs of a list like `4-7` or `2,3,8-9` (none: no pinning)."""
+    cpus: set[int] = set()
+    for part in (spec or "").split(","):
+        if part.strip():
+            first, _, last = part.partition("-")
+            cpus.update(range(int(first), int(last or first) + 1))
+    return cpus
+
+
+def paired(rows: list[dict]) -> dict[tuple[str, str], float]:
+    """Per (workload, mode): the median over rounds of its time over plain's in the same round (the
+    same call and repeat), which leaves out the drift between rounds that both runs of a round share."""
+    runs = measured(rows)
+    plain = {(r.get("call"), r["repeat"], r["workload"]): r["ms_per_step"] for r in runs if r["mode"] == "plain"}
+    ratios: dict[tuple[str, str], list[float]] = {}
+    for r in runs:
+        base = plain.get((r.get("call"), r["repeat"], r["workload"]))
+        if base:
+            ratios.setdefault((r["workload"], r["mode"]), []).append(r["ms_per_step"] / base)
+    return {key: statistics.median(v) for key, v in ratios.items()}
+
+
 def run_child(args, workload: str, mode: str, path: Path) -> str | None:
     cmd = [sys.executable, __file__, "--child", "--workload", workload, "--mode", mode, "--json", str(path)]
     for name in ("device", "layers", "width", "batch", "warmup", "fsdp2_layers", "fsdp2_width"):
@@ -281,8 +304,15 @@ def run_child(args, workload: str, mode: str, path: Path) -> str | None:
     cmd += ["--fsdp2-batch", str(args.fsdp2_batch), "--fsdp2-seq", str(args.fsdp2_seq)]
     if args.profile:
         cmd += ["--profile", str(args.profile)]
+    cpus = parse_cpus(args.cpus)
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+        proc = subprocess.run(
+            cmd,
+            capture_output=True,
+            text=True,
+            timeout=args.timeout,
+            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,  # its threads inherit it
+        )
     except subprocess.TimeoutExpired:
         return f"no result in {args.timeout:.0f} s"
     if proc.returncode != 0 or not path.exists():
@@ -318,6 +348,7 @@ def write_outputs(out: Path, rows: list[dict], args) -> list[str]:
             "errors",
             "torch",
             "device",
+            "cpus",
             *PARTS,
         ]
         w = csv.DictWriter(fh, fieldnames=fields, extrasaction="ignore")
@@ -336,6 +367,8 @@ def write_outputs(out: Path, rows: list[dict], args) -> list[str]:
                     w.writerow([workload, mode, f"{m:.3f}", f"{m / base:.2f}" if base else ""])
     meta = next((r for r in rows if r.get("device")), {})
     warm = any(r["repeat"] < 0 for r in rows)
+    pinned = sorted({str(r.get("cpus")) for r in measured(rows) if r.get("cpus")})
+    by_round = paired(rows)
     lines = [
         "# Detector overhead: the native and the Python recording path",
         "",
@@ -343,7 +376,15 @@ def write_outputs(out: Path, rows: list[dict], args) -> list[str]:
         f"{args.iters} timed steps per run ({args.fsdp2_iters} for fsdp2), median of "
         + (f"{args.repeats} runs" if not args.from_runs else "every run listed (from several calls)")
         + " (fresh processes, modes interleaved within a call)"
-        + (", its warm-up rounds (repeat < 0 in the runs CSV) left out." if warm else "."),
+        + (", its warm-up rounds (repeat < 0 in the runs CSV) left out" if warm else "")
+        + (
+            f"; runs pinned to CPUs {' / '.join(pinned)}"
+            + (" (the runs CSV's `cpus` says which)." if any(not r.get("cpus") for r in measured(rows)) else ".")
+            if pinned
+            else "."
+        )
+        + " Slowdown: the ratio of the medians; paired: the median over rounds of a run's time over plain's in"
+        " its round.",
         "",
     ]
     for workload in WORKLOADS:
@@ -354,14 +395,18 @@ def write_outputs(out: Path, rows: list[dict], args) -> list[str]:
         lines += [
             f"## {workload}: {what}",
             "",
-            "| mode | ms per step (median) | slowdown | every run (ms) |",
-            "| --- | --- | --- | --- |",
+            "| mode | ms per step (median) | slowdown | paired | every run (ms) |",
+            "| --- | --- | --- | --- | --- |",
         ]
         for mode in MODES:
             m = med.get((workload, mode))
             runs = sorted(r["ms_per_step"] for r in measured(rows) if (r["workload"], r["mode"]) == (workload, mode))
             if m is not None:
-                lines.append(f"| {mode} | {m:.3f} | {m / base:.2f}x | {', '.join(f'{t:.2f}' for t in runs)} |")
+                pair = by_round.get((workload, mode))
+                lines.append(
+                    f"| {mode} | {m:.3f} | {m / base:.2f}x | {f'{pair:.2f}x' if pair else ''} | "
+                    f"{', '.join(f'{t:.2f}' for t in runs)} |"
+                )
         part = {mode: med.get((workload, mode)) for mode in MODES}
         native = [r for r in measured(rows) if (r["workload"], r["mode"]) == (workload, "native")]
         parts_known = all(part[m] is not None for m in ("native_record", "native_nostacks", "native"))
@@ -405,19 +450,25 @@ def write_outputs(out: Path, rows: list[dict], args) -> list[str]:
 
 
 def _read_runs(args) -> list[dict]:
-    rows = []
+    """Every run of the runs CSVs; a CSV without a `call` column is one call, numbered after the
+    calls read before it."""
+    rows: list[dict] = []
     for path in args.from_runs:
         with open(path, newline="") as fh:
-            for r in csv.DictReader(fh):
-                rows.append(
-                    {
-                        **r,
-                        "repeat": int(r["repeat"]),
-                        "ms_per_step": float(r["ms_per_step"]) if r["ms_per_step"] else None,
-                        "errors": [e for e in r["errors"].split(" | ") if e],
-                        "what": describe(args, r["workload"]),
-                    }
-                )
+            runs = list(csv.DictReader(fh))
+        numbered = [int(r["call"]) for r in rows if str(r.get("call", "")).isdigit()]
+        call = str(max(numbered, default=0) + 1)
+        for r in runs:
+            rows.append(
+                {
+                    **r,
+                    "call": r.get("call") or call,
+                    "repeat": int(r["repeat"]),
+                    "ms_per_step": float(r["ms_per_step"]) if r["ms_per_step"] else None,
+                    "errors": [e for e in r["errors"].split(" | ") if e],
+                    "what": describe(args, r["workload"]),
+                }
+            )
     return rows
 
 
@@ -434,6 +485,7 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--warmup-rounds", type=int, default=1, help="rounds of every mode run first and left out")
     p.add_argument("--timeout", type=float, default=300)
+    p.add_argument("--cpus", help="pin every run to these CPUs (e.g. 4-7): one placement for all modes")
     p.add_argument(
         "--from-runs",
         nargs="+",
@@ -470,7 +522,7 @@ def main() -> int:
                 path = out / f".native-{workload}-{mode}-{repeat}.json"
                 failure = run_child(args, workload, mode, path)
                 if failure is None:
-                    rows.append({**json.loads(path.read_text()), "repeat": repeat})
+                    rows.append({**json.loads(path.read_text()), "repeat": repeat, "cpus": args.cpus or ""})
                     path.unlink()
                 else:
                     rows.append(

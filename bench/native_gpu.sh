@@ -5,7 +5,8 @@
 #   tests    the tracker's CUDA tests and its CPU-driven tests, once per path (tests_<path>.log)
 #   compare  bench/sanitizer_compare.py once per path (COMPARE_PATHS), the diff of the race's reports
 #   bench    bench/detector_overhead_native.py (NATIVE_WORKLOADS, NATIVE_MODES, NATIVE_REPEATS,
-#            NATIVE_WARMUP_ROUNDS, NATIVE_ITERS, NATIVE_FSDP2_ITERS): detector_overhead_native.{csv,md}
+#            NATIVE_WARMUP_ROUNDS, NATIVE_ITERS, NATIVE_FSDP2_ITERS, NATIVE_CPUS: pin every run to
+#            these CPUs): detector_overhead_native.{csv,md}
 #            and every run;
 #            NATIVE_PROFILE=1: each run under cProfile too (profile-WORKLOAD-MODE.txt; times incomparable)
 #   record   bench/native_replay.py record per workload: the drains of a run, to replay on any
@@ -60,7 +61,8 @@ bench() {
   python3 bench/detector_overhead_native.py --out "$N" --repeats "${NATIVE_REPEATS:-3}" \
     --warmup-rounds "${NATIVE_WARMUP_ROUNDS:-1}" --iters "${NATIVE_ITERS:-200}" \
     --fsdp2-iters "${NATIVE_FSDP2_ITERS:-50}" --workloads "${NATIVE_WORKLOADS:-mlp,fsdp2}" \
-    --modes "${NATIVE_MODES:-$modes}" ${NATIVE_PROFILE:+--profile "$N"} >"$N/bench.log" 2>&1
+    --modes "${NATIVE_MODES:-$modes}" ${NATIVE_CPUS:+--cpus "$NATIVE_CPUS"} ${NATIVE_PROFILE:+--profile "$N"} \
+    >"$N/bench.log" 2>&1
 }
 
 record() {
