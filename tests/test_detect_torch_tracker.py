@@ -501,9 +501,8 @@ def test_the_native_log_plans_operators_only_once(cur):
 
 
 def test_the_native_log_told_not_to_record_keeps_its_hooks_and_records_nothing(cur):
-    """`record(False)` (the benchmark's native_hooks floor) leaves the observer installed (the
-    callees of a planned operator still run under RecordFunction, which the profiler beside it
-    sees) and records no operator; `record(True)` records again."""
+    """`record(False)` (the benchmark's native_hooks floor: the hooks installed, doing nothing)
+    records no operator, however often it runs; `record(True)` records again."""
     x, y = torch.randn(8, 8), torch.randn(8, 8)
     tracker = make_tracker(cur, "native")
     with tracker:
