@@ -307,7 +307,7 @@ def run_child(args, workload: str, mode: str, path: Path) -> str | None:
     cmd += ["--fsdp2-batch", str(args.fsdp2_batch), "--fsdp2-seq", str(args.fsdp2_seq)]
     if args.profile:
         cmd += ["--profile", str(args.profile)]
-    cpus = parse_cpus(args.cpus)
+    cpus = args.cpu_set
     try:
         proc = subprocess.run(
             cmd,
@@ -516,6 +516,10 @@ def main() -> int:
     p.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
     p.add_argument("--json", help=argparse.SUPPRESS)
     args = p.parse_args()
+    try:
+        args.cpu_set = parse_cpus(args.cpus)
+    except ValueError:
+        p.error(f"--cpus {args.cpus!r}: expected CPUs like 4-7 or 2,3,8-9")
     if args.child:
         Path(args.json).write_text(json.dumps(child(args)))
         return 0
