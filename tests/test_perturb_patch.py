@@ -47,16 +47,22 @@ def test_each_collective_gets_its_points_delay(one_rank_group):
 
 
 def _entry_points():
-    return {(id(owner), name): getattr(owner, name) for owner, name, _ in collectives.targets()}
+    return {(id(owner), name): getattr(owner, name) for owner, name, _ in collectives.process_group_targets()}
 
 
 def test_uninstall_restores_every_function(one_rank_group):
     before = _entry_points()
     patch, _ = patched("sleep@before_all_gather:1ms")
+    def functional_kernel() -> bool:
+        return torch._C._dispatch_has_kernel_for_dispatch_key("_c10d_functional::all_reduce", "BackendSelect")
+
+    assert not functional_kernel()
     patch.install()
     assert all(fn._racecheck_patch is patch for fn in _entry_points().values())
+    assert functional_kernel()  # the functional collectives: a kernel at the dispatcher, not a new op
     patch.uninstall()
     assert before == _entry_points()
+    assert not functional_kernel()
 
 
 def test_collectives_are_seen_below_torch_distributed(one_rank_group):

@@ -6,8 +6,9 @@ collective passes, whatever it was written against.
   so do FSDP2 and libraries that hold a group and call it themselves. The methods are wrapped
   once on the class, so every group and every caller is seen.
 - The functional collectives (`torch.distributed._functional_collectives`, under DTensor's
-  redistributions such as `full_tensor()`) call `torch.ops._c10d_functional.*`, which reach the
-  group in C++: those ops are wrapped on their namespace.
+  redistributions such as `full_tensor()`, and in the code Inductor generates for a compiled graph)
+  call `torch.ops._c10d_functional.*`, which reach the group in C++: those ops get a kernel of
+  patch mode's at the dispatcher (op_kernels.py), and stay the ops they are.
 
 A call's input tensors decide whether it is perturbed (the actions' `applies`); asynchronous
 calls (`opts.asyncOp`, every functional collective) run on the group's internal stream, which
@@ -66,7 +67,8 @@ PROCESS_GROUP_METHODS = {
     "reduce_scatter_single_coalesced": CollectiveCall("reduce_scatter", 2),
 }
 
-# torch.ops._c10d_functional ops: the input comes first; the result is waited for later.
+# torch.ops._c10d_functional ops (and their `_out` forms, which Inductor's generated code calls):
+# the input comes first; the result is waited for later.
 FUNCTIONAL_OPS = {
     "all_reduce": CollectiveCall("all_reduce", 0, always_async=True),
     "all_reduce_": CollectiveCall("all_reduce", 0, always_async=True),
@@ -76,21 +78,36 @@ FUNCTIONAL_OPS = {
     "all_gather_into_tensor_coalesced": CollectiveCall("all_gather", 0, always_async=True),
     "reduce_scatter_tensor": CollectiveCall("reduce_scatter", 0, always_async=True),
     "reduce_scatter_tensor_coalesced": CollectiveCall("reduce_scatter", 0, always_async=True),
+    "all_gather_into_tensor_out": CollectiveCall("all_gather", 0, always_async=True),
+    "reduce_scatter_tensor_out": CollectiveCall("reduce_scatter", 0, always_async=True),
 }
+# Their autograd-aware twins (`_c10d_functional_autograd`), which DTensor and FSDP2 call where a
+# collective must be differentiable.
+FUNCTIONAL_NAMESPACES = ("_c10d_functional", "_c10d_functional_autograd")
 
 
-def targets() -> list[tuple[object, str, CollectiveCall]]:
-    """(owner, attribute, call) for every collective entry point this PyTorch has."""
-    import torch
+def process_group_targets() -> list[tuple[type, str, CollectiveCall]]:
+    """(class, method, call) for every ProcessGroup method this PyTorch has."""
     import torch.distributed as dist
 
     if not dist.is_available():
         return []
-    out: list[tuple[object, str, CollectiveCall]] = [
-        (dist.ProcessGroup, name, call)
-        for name, call in PROCESS_GROUP_METHODS.items()
-        if name in vars(dist.ProcessGroup)
+    return [
+        (dist.ProcessGroup, name, call) for name, call in PROCESS_GROUP_METHODS.items() if name in vars(dist.ProcessGroup)
     ]
-    namespace = torch.ops._c10d_functional
-    out += [(namespace, name, call) for name, call in FUNCTIONAL_OPS.items() if hasattr(namespace, name)]
+
+
+def functional_targets() -> dict[str, list[tuple[str, str, CollectiveCall]]]:
+    """By namespace: (operator, overload, call) for every functional collective this PyTorch has."""
+    import torch.distributed as dist
+
+    from racecheck.perturb.op_kernels import overloads
+
+    if not dist.is_available():
+        return {}
+    out: dict[str, list[tuple[str, str, CollectiveCall]]] = {}
+    for namespace in FUNCTIONAL_NAMESPACES:
+        found = [(name, overload, FUNCTIONAL_OPS[name]) for name, overload in overloads(namespace, FUNCTIONAL_OPS)]
+        if found:
+            out[namespace] = found
     return out

@@ -4,7 +4,7 @@ puts on each side of them: data, so that a new call or a new side is one row her
 A side is a point and the stream its delay goes on; `before` is enqueued right before the call's
 own effect, `after` right after it:
 
-- make a side stream current (`torch.cuda.set_stream`, `torch.cuda.stream(s)`): after,
+- make a side stream current (entering `torch.cuda.stream(s)`; a runtime's `set_stream`): after,
   `stream_enter` on s;
 - a stream waits (`wait_stream`, `wait_event`, `Event.wait`): before, `before_stream_wait`, and
   after, `stream_wait`, both on the waiting stream;
@@ -42,6 +42,11 @@ def _first(args: tuple, kwargs: dict, actions) -> object:
     return args[0] if args else kwargs.get("stream")
 
 
+def _context_stream(args: tuple, kwargs: dict, actions) -> object:
+    """The stream a `torch.cuda.stream(s)` context makes current (its StreamContext's self)."""
+    return getattr(args[0], "stream", None) if args else None
+
+
 def _second_or_current(args: tuple, kwargs: dict, actions) -> object:
     """Event.record(stream=None) / Event.wait(stream=None), and a method's stream argument:
     the stream given, else the current one."""
@@ -73,7 +78,8 @@ _EVENT_RECORD = HandoffCall(_second_or_current, EVENT_RECORD, AFTER_EVENT_RECORD
 
 # The kind an actions object gives each function it wants wrapped (handoff_targets) -> its call.
 CALLS: dict[str, HandoffCall] = {
-    "set_stream": _ENTER,  # torch.cuda.set_stream(stream)
+    "set_stream": _ENTER,  # set_stream(stream)
+    "stream_context": HandoffCall(_context_stream, None, STREAM_ENTER, entry=True),  # torch.cuda.stream(s)
     "set_current_stream": HandoffCall(_second_or_current, None, STREAM_ENTER, entry=True),  # rt.set_current_stream
     "wait_stream": _WAIT,
     "wait_event": _WAIT,

@@ -5,7 +5,8 @@ Where each point acts (always the stream the work after the point runs on):
 - the hand-off points, on both sides of each stream API call (handoffs.py: stream_enter,
   before_stream_wait / stream_wait, event_record / after_event_record);
 - before_all_gather / before_reduce_scatter / before_all_reduce, and their after_* points: every
-  collective, through the ProcessGroup methods and the functional collectives (collectives.py).
+  collective, through the ProcessGroup methods and the functional collectives (collectives.py;
+  the latter through a kernel at the dispatcher, op_kernels.py, so the ops stay ops).
   The before delay goes on the stream the collective actually runs on:
   - synchronous (`async_op=False`): since PyTorch 2.8 ProcessGroupNCCL launches it on the caller's
     current stream, so the delay is queued there first. (From 2.2 to 2.7 it ran on the group's
@@ -45,6 +46,7 @@ from racecheck.perturb import collectives, systematic
 from racecheck.perturb.decisions import Hold, Poison, Pressure, Schedule, Sleep, make_schedule
 from racecheck.perturb.free_actions import FreeRequest, PendingFrees
 from racecheck.perturb.handoffs import CALLS, HandoffCall
+from racecheck.perturb.op_kernels import OpKernels, is_traced
 from racecheck.perturb.points import COLLECTIVE_AFTER_POINTS, COLLECTIVE_POINTS, FREE, HANDOFF_POINTS
 from racecheck.perturb.profiles import Profile, rank_profile
 
@@ -88,6 +90,7 @@ class PatchMode:
         self._handoffs = points is None or bool(points & set(HANDOFF_POINTS))
         self._frees = self.systematic is None and (points is None or FREE in points)
         self._originals: list[tuple[object, str, object]] = []
+        self._kernels: list[OpKernels] = []  # the functional collectives' dispatcher kernels
         # `inside`: a wrapped call's inner calls; `acting`: patch mode's own allocator work.
         self._local = threading.local()
         self._pending = PendingFrees()  # by the freed block's stream id
@@ -100,13 +103,17 @@ class PatchMode:
 
     # -- install / uninstall ---------------------------------------------------------------------
     def install(self) -> PatchMode:
-        if self._originals:
+        if self._originals or self._kernels:
             raise RuntimeError("this patch is already installed")
         if self._collectives:
-            for owner, name, call in collectives.targets():
+            for owner, name, call in collectives.process_group_targets():
                 fn = getattr(owner, name)
                 if getattr(fn, "_racecheck_patch", None) is None:
                     self._replace(owner, name, self._outermost(fn, functools.partial(self._collective, fn, call)))
+            for namespace, ops in collectives.functional_targets().items():
+                kernels = OpKernels(namespace, ops, self._functional)
+                if kernels.install():  # else an enclosing patch mode holds them
+                    self._kernels.append(kernels)
         if self._handoffs:
             for owner, name, kind in self.actions.handoff_targets():
                 fn = owner.__dict__.get(name) if isinstance(owner, type) else getattr(owner, name)
@@ -126,6 +133,9 @@ class PatchMode:
             self.actions.detach_allocator(self._allocated, self._freed)
             self._pending.clear()
             self._alloc_streams.clear()
+        for kernels in reversed(self._kernels):
+            kernels.uninstall()
+        self._kernels.clear()
         for owner, name, fn in reversed(self._originals):
             setattr(owner, name, fn)
         self._originals.clear()
@@ -153,6 +163,17 @@ class PatchMode:
 
         wrapper._racecheck_patch = self
         return wrapper
+
+    def _functional(self, call: collectives.CollectiveCall, args: tuple, kwargs: dict, continue_call):
+        """A functional collective's kernel (op_kernels.py): the outermost real call is a
+        collective of patch mode's; a traced one, or one inside a wrapped call, runs as it is."""
+        if getattr(self._local, "inside", False) or is_traced(call.tensors(args)):
+            return continue_call()
+        self._local.inside = True
+        try:
+            return self._collective(lambda *_args, **_kwargs: continue_call(), call, *args, **kwargs)
+        finally:
+            self._local.inside = False
 
     def _collective(self, fn, call: collectives.CollectiveCall, *args, **kwargs):
         if not self.actions.applies(call.tensors(args)):

@@ -108,9 +108,14 @@ class CudaActions:
         import torch
 
         # Stream.wait_stream calls record_event and wait_event, which call Event.record and
-        # Event.wait: patch mode counts only the outermost call as the point.
+        # Event.wait: patch mode counts only the outermost call as the point. Only class
+        # attributes are wrapped: Dynamo knows module functions (`torch.cuda.set_stream`,
+        # `torch.cuda.stream`) by identity, in a table it builds once, so a wrapper in their place
+        # would stay in that table after uninstalling. A stream entered with `torch.cuda.stream(s)`
+        # (FSDP2's, Megatron's and most code's way) passes StreamContext.__enter__; a bare
+        # `torch.cuda.set_stream(s)` is not a point.
         return [
-            (torch.cuda, "set_stream", "set_stream"),
+            (torch.cuda.StreamContext, "__enter__", "stream_context"),
             (torch.cuda.Stream, "wait_stream", "wait_stream"),
             (torch.cuda.Stream, "wait_event", "wait_event"),
             (torch.cuda.Event, "wait", "event_wait"),
