@@ -155,3 +155,34 @@ def test_torch_tracker_sees_the_host_refill_a_queued_upload():
         host.fill_(3.0)  # the host refills it meanwhile
         torch.cuda.synchronize()
     assert [r.kind for r in tracker.reports()] == [RaceKind.WRITE_AFTER_READ], tracker.render()
+
+
+@pytest.mark.parametrize("path", ["native", "python"])
+@pytest.mark.parametrize("early", [True, False])
+def test_an_event_recorded_before_the_write_it_should_cover(path, early):
+    """The producer records its event before an in-place update with a Python number
+    (`buf.add_(5.0)`): the consumer that waits on the event reads `buf` unordered with the update.
+    Both paths report it; recorded after the update, neither does. (The native log once took the
+    number, which the dispatcher wraps as a 0-dim CPU tensor, for host memory, and the update for a
+    synchronous host copy that ordered everything after it.)"""
+    from racecheck.detect import TorchRaceTracker
+
+    prod, cons = torch.cuda.Stream(), torch.cuda.Stream()
+    with TorchRaceTracker(path=path) as tracker:
+        buf = torch.zeros(N, device="cuda")
+        prod.wait_stream(torch.cuda.current_stream())
+        cons.wait_stream(torch.cuda.current_stream())
+        ev = torch.cuda.Event()
+        with torch.cuda.stream(prod):
+            if early:
+                ev.record(prod)
+            buf.add_(5.0)
+            if not early:
+                ev.record(prod)
+        with torch.cuda.stream(cons):
+            cons.wait_event(ev)
+            got = buf * 2
+        torch.cuda.synchronize()
+    assert tracker.path == path and not tracker.errors
+    assert [r.kind for r in tracker.reports()] == ([RaceKind.READ_AFTER_WRITE] if early else []), tracker.render()
+    del got

@@ -380,6 +380,11 @@ struct Pending {  // one call between its start and end callbacks
 
 void add_tensor(Pending& p, const at::Tensor& t, int8_t access) {
   if (!t.defined() || !t.has_storage()) return;  // undefined, or a wrapper subclass (DTensor)
+  // A Python number the dispatcher wrapped as a 0-dim CPU tensor (`buf.add_(5.0)`) is an argument,
+  // not memory of the program's: a TorchDispatchMode sees the number itself, and treating it as
+  // host memory would make the operator a synchronous host copy, which orders the stream's work
+  // before everything the host issues next and hides races after it.
+  if (t.unsafeGetTensorImpl()->is_wrapped_number()) return;
   const c10::Storage& storage = t.storage();
   const char* base = static_cast<const char*>(storage.data());
   if (base == nullptr) return;  // meta and fake tensors
