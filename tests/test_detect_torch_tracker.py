@@ -556,3 +556,42 @@ def test_an_fsdp2_step_with_dtensor_parameters_is_tracked_without_errors_on_both
     assert [r[0] for r in rows] == ["python", "native"]
     for _, ops, reports, errors in rows:
         assert int(ops) > 50 and reports == "0" and errors == "[]", rows
+
+
+@pytest.mark.parametrize("ordered", [False, True])
+def test_a_kernel_launched_below_the_dispatcher_is_an_access_on_its_stream(tracker, cur, ordered):
+    """A Triton kernel (as kernel_launches.py reports it: name, raw stream, reads, writes) reads a
+    default-stream buffer on the reduce-scatter stream, and the buffer is dropped and its block
+    handed out again on the default stream: a free-while-in-use race unless the default stream
+    waited for the kernel. Both paths: the native one logs the launch in the program's order."""
+    a = alloc(tracker, cur, DEFAULT).normal_()
+    out = alloc(tracker, cur, RS)
+    record(tracker, 1, DEFAULT)
+    wait(tracker, 1, RS)
+    tracker._kernel_launched("triton_poi_fused_mul_0", RS, [a], [out], True)
+    if ordered:
+        record(tracker, 2, RS)
+        wait(tracker, 2, DEFAULT)
+    free(tracker, a)
+    alloc(tracker, cur, DEFAULT, block=a)
+    reports = tracker.reports()
+    assert tracker.stats["kernels"] == 1 and not tracker.unseen_kernels
+    if ordered:
+        assert reports == []
+    else:
+        (report,) = reports
+        assert report.kind is RaceKind.REUSE and report.streams() == ("reduce_scatter", "default")
+        assert "triton_poi_fused_mul_0" in report.text()
+
+
+def test_a_kernel_whose_writes_are_unknown_counts_its_tensors_as_reads(tracker, cur):
+    """Two kernels read one buffer on two streams, unordered: no race. A kernel whose writes the
+    analysis could not tell (known=False) takes its tensors for reads, so it raises no false
+    alarm against the other reader, and the tracker counts it."""
+    a = alloc(tracker, cur, DEFAULT).normal_()
+    record(tracker, 1, DEFAULT)
+    wait(tracker, 1, RS)
+    tracker._kernel_launched("user_kernel", RS, [a], [], False)
+    tracker._kernel_launched("user_kernel", DEFAULT, [a], [], False)
+    assert tracker.reports() == []
+    assert tracker.unseen_kernels == {"user_kernel": 2}

@@ -121,6 +121,15 @@ class OpPlan:
         return reads, writes
 
 
+KERNEL_OVERLOAD = "<kernel>"  # op_log.cpp's overload name for a kernel's pseudo-operator
+
+
+def kernel_plan(name: str) -> OpPlan:
+    """The plan of a kernel launched below the dispatcher (kernel_launches.py): called with
+    (reads, writes), the two lists of tensors the launch touches."""
+    return OpPlan(name, OpKind.PLAIN, ((0, "reads", False, True), (1, "writes", True, True)), False, False)
+
+
 def returned_tensors(out) -> list:
     """The tensors an operator returned: the tensor itself, or those in its tuple or list (one
     level of nesting too, as in c10d's allgather)."""

@@ -10,7 +10,8 @@ a compiler it runs as it stands, with the same effects.
 Per record it does what the Python path does per callback (torch_tracker.py): an operator's
 accesses (`native_op`, the Python path's TorchRaceTracker._op over log items instead of tensors),
 the pending allocation an allocation opens ([Note: pending allocations] there), the free of a
-block, and, through the tracker's methods, the rare kinds (collectives, record_stream, events,
+block, a kernel launched below the dispatcher (as an operator on its stream), and, through the
+tracker's methods, the rare kinds (collectives, record_stream, events,
 synchronizations, the death of a host buffer).
 """
 
@@ -35,6 +36,7 @@ EVENT_DELETED: Final = 9
 DEVICE_SYNCED: Final = 10
 STREAM_SYNCED: Final = 11
 EVENT_SYNCED: Final = 12
+KERNEL: Final = 13  # a kernel launched below the dispatcher (kernel_launches.py); `extra`: its stream
 # op_log.cpp's access codes of an item (its Access enum); RESOLVE: a return that only sizes a fresh block
 READ: Final = 0
 WRITE: Final = 1
@@ -83,6 +85,12 @@ def apply_batch(feed: Any, tracker: Any, engine: HappensBefore, records: bytes, 
                     stack = stacks[stack_id] if stack_id in stacks else feed._stack(stack_id)
                     its = ITEM.iter_unpack(view[first * size : (first + count) * size])
                     native_op(tracker, engine, cuda, plan, stream, stack, its, extra != 0)
+            elif kind == KERNEL:  # a Triton kernel's tensors, on the raw stream in `extra`
+                plan = plans[op]
+                if plan is not None:
+                    stack = stacks[stack_id] if stack_id in stacks else feed._stack(stack_id)
+                    its = ITEM.iter_unpack(view[first * size : (first + count) * size])
+                    native_op(tracker, engine, cuda, plan, extra, stack, its, False)
             elif kind == ALLOCATED:  # the caching allocator handed out the block at `extra`
                 if stream is None:
                     stream = tracker._current()

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from racecheck.detect.dispatch import OpPlan, overload_named, plan_for
+from racecheck.detect.dispatch import KERNEL_OVERLOAD, OpPlan, kernel_plan, overload_named, plan_for
 from racecheck.detect.feed_apply import NO_STREAM, RECORD, apply_batch, native_op
 from racecheck.detect.stacks import LazyStack, user_frames
 
@@ -54,6 +54,7 @@ class NativeFeed:
         self.plans: list[OpPlan | None] = []  # by the log's op id
         self._stacks: dict[int, LogStack | tuple] = {-1: ()}
         self._streams: dict[tuple[int, int], int] = {}  # (stream id, device) -> stream handle
+        self._kernel_ops: dict[str, int] = {}  # kernel name -> the log's op id for it
         self.records = 0
         self.active = False
         self._failures_at_start = 0
@@ -80,7 +81,16 @@ class NativeFeed:
                     f"native log: {count - self._failures_at_start} operator call(s) not recorded ({reason})"
                 )
 
+    def kernel(self, name: str, stream: int, reads: list, writes: list) -> None:
+        """A kernel launched below the dispatcher, on the raw `stream`: into the log, in order."""
+        op = self._kernel_ops.get(name)
+        if op is None:
+            op = self._kernel_ops[name] = self.log.kernel_op(name)
+        self.log.launch(op, stream, reads, writes)
+
     def _plan(self, name: str, overload: str) -> OpPlan | None:
+        if overload == KERNEL_OVERLOAD:
+            return kernel_plan(name)
         try:
             return plan_for(overload_named(name, overload))
         except Exception:  # noqa: BLE001 - a name that is no operator overload records nothing

@@ -40,6 +40,7 @@
 #include <c10/core/impl/GPUTrace.h>
 #include <c10/core/impl/PyInterpreter.h>
 #include <c10/util/intrusive_ptr.h>
+#include <torch/csrc/autograd/python_variable.h>
 
 #include <atomic>
 #include <chrono>
@@ -75,7 +76,13 @@ enum Type : int8_t {
   DEVICE_SYNCED = 10,
   STREAM_SYNCED = 11,
   EVENT_SYNCED = 12,
+  // A kernel launched below the dispatcher (a Triton kernel, kernel_launches.py), reported from
+  // Python as it launches: its items are the tensors it reads and writes; `extra` is the
+  // cudaStream_t it runs on.
+  KERNEL = 13,
 };
+// The overload name of a kernel's pseudo-operator in the table (its name is the kernel's).
+constexpr const char* KERNEL_OVERLOAD = "<kernel>";
 constexpr size_t DRAIN_AT = 4096;  // records that make the log call Python's drain
 
 constexpr int64_t NO_STREAM = INT64_MIN;  // no CUDA tensor, or the CPU tracker: Python's current stream
@@ -153,6 +160,7 @@ struct OpName {
 // schema name pointer -> (overload name pointer, op) of each overload seen; ops never move
 std::unordered_map<const char*, std::vector<std::pair<const char*, OpName*>>> op_ids;
 std::vector<std::unique_ptr<OpName>> ops;
+std::unordered_map<std::string, OpName*> kernel_ops;  // kernel name -> its pseudo-operator
 std::unordered_map<uint64_t, int64_t> frame_ids;  // chain hash -> frame id
 std::vector<Frames> frames;
 std::unordered_map<uint64_t, c10::weak_intrusive_ptr<c10::StorageImpl>> recent_host;  // seen this batch
@@ -894,7 +902,72 @@ PyObject* py_planner_error(PyObject*, PyObject*) {
   return PyUnicode_FromString(planner_error.c_str());
 }
 
+// kernel_op(name) -> the op id of the kernel `name`'s pseudo-operator (PLAIN, no planned inputs:
+// its launches give their items themselves).
+PyObject* py_kernel_op(PyObject*, PyObject* args) {
+  const char* name;
+  if (!PyArg_ParseTuple(args, "s", &name)) return nullptr;
+  std::lock_guard<std::mutex> g(mu);
+  auto it = kernel_ops.find(name);
+  if (it != kernel_ops.end()) return PyLong_FromLong(it->second->id);
+  auto entry = std::make_unique<OpName>();
+  entry->name = name;
+  entry->overload = KERNEL_OVERLOAD;
+  entry->plan.kind = PLAIN;
+  entry->id = static_cast<int32_t>(ops.size());
+  OpName* op = entry.get();
+  ops.push_back(std::move(entry));
+  kernel_ops.emplace(op->name, op);
+  return PyLong_FromLong(op->id);
+}
+
+bool add_tensors(Pending& p, PyObject* seq, int8_t access) {
+  PyObject* fast = PySequence_Fast(seq, "a kernel's tensors must be a sequence");
+  if (fast == nullptr) return false;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+  for (Py_ssize_t i = 0; i < n; i++) {
+    PyObject* obj = PySequence_Fast_GET_ITEM(fast, i);
+    if (THPVariable_Check(obj)) add_tensor(p, THPVariable_Unpack(obj), access);
+  }
+  Py_DECREF(fast);
+  return true;
+}
+
+// launch(op id, stream, reads, writes): a kernel launch below the dispatcher, in the log's order
+// (called on the launching thread, before the launch).
+PyObject* py_launch(PyObject*, PyObject* args) {
+  int op_id;
+  long long stream;
+  PyObject *reads, *writes;
+  if (!PyArg_ParseTuple(args, "iLOO", &op_id, &stream, &reads, &writes)) return nullptr;
+  if (!active.load(std::memory_order_relaxed) || !recording.load(std::memory_order_relaxed)) Py_RETURN_NONE;
+  const OpName* op = nullptr;
+  {
+    std::lock_guard<std::mutex> g(mu);
+    if (op_id >= 0 && static_cast<size_t>(op_id) < ops.size()) op = ops[static_cast<size_t>(op_id)].get();
+  }
+  if (op == nullptr || op->overload != KERNEL_OVERLOAD) {
+    PyErr_SetString(PyExc_ValueError, "launch: not a kernel's op id");
+    return nullptr;
+  }
+  Pending p;
+  p.reset(op);
+  try {
+    if (!add_tensors(p, reads, READ) || !add_tensors(p, writes, WRITE)) return nullptr;
+  } catch (const std::exception& exc) {
+    failed(exc.what());
+    Py_RETURN_NONE;
+  }
+  p.frame = stack_id();
+  append(KERNEL, p, static_cast<int64_t>(stream));
+  drain_if_full();
+  Py_RETURN_NONE;
+}
+
 PyMethodDef methods[] = {
+    {"kernel_op", py_kernel_op, METH_VARARGS, "kernel_op(name) -> op id of the kernel's pseudo-operator"},
+    {"launch", py_launch, METH_VARARGS,
+     "launch(op_id, stream, reads, writes): log a kernel launched below the dispatcher, on the raw stream given"},
     {"start", py_start, METH_VARARGS,
      "start(planner, drainer, cuda, stacks, trace): record every operator (and, with trace, CUDA's trace events)"},
     {"stop", py_stop, METH_NOARGS, "stop recording"},

@@ -101,8 +101,16 @@ class TrackerMode(TorchDispatchMode):
     def _should_skip_dynamo(cls) -> bool:
         """No torch._disable_dynamo wrapper around __torch_dispatch__ (PyTorch >= 2.9 adds one to
         every mode unless it opts out): it costs more per operator than the tracker's own
-        bookkeeping, and this mode's frames never run under Dynamo (compiled code is not tracked)."""
+        bookkeeping, and this mode's frames never run under Dynamo (ignore_compile_internals)."""
         return False
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        """Step aside while torch.compile compiles, and be back for the compiled code's run: a
+        compiled function compiles and runs compiled under the tracker, its operators seen as they
+        run and its Triton kernels at their launch (kernel_launches.py). Without it, Dynamo falls
+        back to eager under the mode, or traces the mode's own frames and fails."""
+        return True
 
     def __init__(self, tracker: TorchRaceTracker) -> None:
         super().__init__()

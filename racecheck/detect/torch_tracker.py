@@ -24,12 +24,16 @@ own. Where the sanitizer misses the motivating race, this tracker does not:
 Its cost is kept low by compiling each operator's schema once, capturing compact stacks (code
 objects, user frames only) and formatting nothing until a report is asked for.
 
+Code compiled with torch.compile is tracked like the rest: the operators its generated code calls
+pass the dispatcher, and its Triton kernels, like a user's own `@triton.jit` kernels, are reported
+at their launch with the tensors they read and write (kernel_launches.py). On the Python path the
+dispatch mode steps aside while Dynamo and Inductor compile and is back for the compiled code's run
+(TrackerMode in torch_hooks.py), so a compiled function still compiles and runs compiled.
+
 Limits: memory allocated before the tracker started is adopted at its first access without an
 allocation stream (its first reuse is not checked); on PyTorch < 2.8, ProcessGroupNCCL's own
-record_stream calls are invisible (set TORCH_NCCL_AVOID_RECORD_STREAMS=1); one device; code
-compiled with torch.compile is not tracked (its kernels bypass the dispatcher), and compiling while
-the tracker is active is not supported (its mode opts out of PyTorch's Dynamo guard, see
-TrackerMode in torch_hooks.py).
+record_stream calls are invisible (set TORCH_NCCL_AVOID_RECORD_STREAMS=1); one device; kernels
+replayed from a CUDA graph (torch.compile's "reduce-overhead" mode) are not seen.
 """
 
 from __future__ import annotations
@@ -42,14 +46,16 @@ import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from racecheck.detect import stacks
-from racecheck.detect.dispatch import byte_range, non_blocking, returned_tensors, set_trace_handler
+from racecheck.detect.dispatch import byte_range, kernel_plan, non_blocking, returned_tensors, set_trace_handler
 from racecheck.detect.engine import HappensBefore
 from racecheck.detect.feed_apply import freeze, resolve_block
+from racecheck.detect.kernel_launches import KernelWatch
 from racecheck.detect.native_feed import NativeTrackerOps
 from racecheck.detect.report import RaceReport, render
 from racecheck.detect.torch_hooks import TrackerMode, cuda_current_stream_fn, cuda_stream_handle, make_handler
 
 _HOST = "host operations"  # the engine key of the host's own work on tracked host memory
+_NO_KWARGS: dict = {}  # read only
 
 
 class _InFlight:
@@ -108,6 +114,11 @@ class TorchRaceTracker(NativeTrackerOps):
         self.errors: list[str] = []  # internal failures (callbacks must never raise into PyTorch)
         self.stats: collections.Counter[str] = collections.Counter()
         self.ops = 0  # operators with tracked accesses
+        # Kernels launched below the dispatcher (kernel_launches.py), on CUDA: the watch, and by
+        # kernel name the launches whose writes could not be known (their tensors counted as reads).
+        self._kernels: KernelWatch | None = None
+        self.unseen_kernels: collections.Counter[str] = collections.Counter()
+        self._kernel_plan_of: dict[str, object] = {}
 
     # -- lifetime --------------------------------------------------------------------------
     def __enter__(self) -> TorchRaceTracker:
@@ -123,9 +134,15 @@ class TorchRaceTracker(NativeTrackerOps):
         else:
             self._mode = TrackerMode(self)
             self._mode.__enter__()
+        if self.device_type == "cuda":
+            watch = KernelWatch(self._kernel_launched, self.errors.append)
+            self._kernels = watch if watch.install() else None  # else an enclosing tracker's watch
         return self
 
     def __exit__(self, *exc) -> None:
+        if self._kernels is not None:
+            self._kernels.uninstall()
+            self._kernels = None
         if self._feed is not None:
             self._feed.stop()
         if self._mode is not None:
@@ -205,6 +222,27 @@ class TorchRaceTracker(NativeTrackerOps):
             self.engine.host_sync_stream(self._key(arg))
         else:
             self.engine.host_sync_event(arg)
+
+    # -- kernels launched below the dispatcher (kernel_launches.py) --------------------------
+    def _kernel_launched(self, name: str, stream: int | None, reads: list, writes: list, known: bool) -> None:
+        """A Triton kernel about to be launched on `stream` (None: the current one), touching
+        `reads` and `writes`; `known` False: its writes could not be told ([Note: a kernel's reads
+        and writes])."""
+        if not known:
+            self.unseen_kernels[name] += 1
+        assert self._current is not None, "set by __enter__ on CUDA"
+        key = self._current() if stream is None else stream
+        self.stats["kernels"] += 1
+        if self._feed is not None:
+            self._feed.kernel(name, key, reads, writes)  # into the native log, in the program's order
+        else:
+            self._guard(self._op, self._kernel_plans(name), (reads, writes), _NO_KWARGS, None, key)
+
+    def _kernel_plans(self, name: str):
+        plan = self._kernel_plan_of.get(name)
+        if plan is None:
+            plan = self._kernel_plan_of[name] = kernel_plan(name)
+        return plan
 
     # -- operators (through the dispatch mode) ---------------------------------------------
     def _op(self, plan, args, kwargs, out, stream: int | None = None) -> None:
