@@ -15,9 +15,10 @@ import subprocess
 import sys
 import textwrap
 
+from run_kit import free_port
+
 from racecheck.perturb.patch import PatchMode
 from racecheck.perturb.profiles import PROFILES, parse_profile
-from run_kit import free_port
 
 # What one process does: for each profile, install patch mode, use the modern APIs, uninstall and
 # compare what torch and Dynamo look up with what they held before.

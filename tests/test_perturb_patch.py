@@ -53,6 +53,7 @@ def _entry_points():
 def test_uninstall_restores_every_function(one_rank_group):
     before = _entry_points()
     patch, _ = patched("sleep@before_all_gather:1ms")
+
     def functional_kernel() -> bool:
         return torch._C._dispatch_has_kernel_for_dispatch_key("_c10d_functional::all_reduce", "BackendSelect")
 

@@ -104,7 +104,9 @@ class KernelAnalysis:
         except ImportError:
             return None
         catch = _FallbackSeen()
+        level = wrap.log.level
         wrap.log.addHandler(catch)
+        wrap.log.setLevel(logging.WARNING)  # its warning is the only sign that it could not tell
         try:
             accessed = getattr(wrap, "identify_accessed_tensors", None)  # PyTorch >= 2.12: reads and writes
             mutated = getattr(wrap, "identify_mutated_tensors", None)  # before: the writes
@@ -118,6 +120,7 @@ class KernelAnalysis:
             return None
         finally:
             wrap.log.removeHandler(catch)
+            wrap.log.setLevel(level)
         return None if catch.seen else written
 
 

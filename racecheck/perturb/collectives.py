@@ -92,9 +92,8 @@ def process_group_targets() -> list[tuple[type, str, CollectiveCall]]:
 
     if not dist.is_available():
         return []
-    return [
-        (dist.ProcessGroup, name, call) for name, call in PROCESS_GROUP_METHODS.items() if name in vars(dist.ProcessGroup)
-    ]
+    methods = vars(dist.ProcessGroup)
+    return [(dist.ProcessGroup, name, call) for name, call in PROCESS_GROUP_METHODS.items() if name in methods]
 
 
 def functional_targets() -> dict[str, list[tuple[str, str, CollectiveCall]]]:

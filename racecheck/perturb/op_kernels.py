@@ -25,7 +25,8 @@ would have without it:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 # (handle, args, kwargs, continue_call) -> the op's result; continue_call() runs the op unwrapped.
 Around = Callable[..., object]
@@ -64,12 +65,12 @@ class OpKernels:
 
     _holders: dict[str, OpKernels] = {}  # namespace -> the installed instance
 
-    def __init__(self, namespace: str, targets: list[tuple[str, str, object]], around: Around) -> None:
+    def __init__(self, namespace: str, targets: Sequence[tuple[str, str, object]], around: Around) -> None:
         """`targets`: (operator name, overload name, its data for `around`)."""
         self.namespace = namespace
         self.targets = targets
         self.around = around
-        self._library = None
+        self._library: Any = None  # the torch.library.Library holding the kernels while installed
 
     def install(self) -> bool:
         import torch
@@ -80,7 +81,8 @@ class OpKernels:
         after = torch._C._dispatch_keyset_full_after(torch._C.DispatchKey.BackendSelect)
         for name, overload, data in self.targets:
             handle = torch._C._dispatch_find_schema_or_throw(f"{self.namespace}::{name}", overload)
-            library.impl(f"{name}.{overload}" if overload else name, self._kernel(handle, after, data), _KEY, with_keyset=True)
+            qualified = f"{name}.{overload}" if overload else name
+            library.impl(qualified, self._kernel(handle, after, data), _KEY, with_keyset=True)
         self._library = library
         OpKernels._holders[self.namespace] = self
         return True
