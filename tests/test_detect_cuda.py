@@ -186,3 +186,60 @@ def test_an_event_recorded_before_the_write_it_should_cover(path, early):
     assert tracker.path == path and not tracker.errors
     assert [r.kind for r in tracker.reports()] == ([RaceKind.READ_AFTER_WRITE] if early else []), tracker.render()
     del got
+
+
+def _side_work(kind: str):
+    """A torch.compile'd function (Inductor's Triton kernel), a Triton kernel called eagerly, or that
+    kernel inside a compiled function: x * 3 + 1, below the dispatcher."""
+    import triton
+    import triton.language as tl
+
+    if kind == "compiled":
+        return torch.compile(lambda x: x * 3.0 + 1.0)
+
+    @triton.jit
+    def scale(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) * 3.0 + 1.0, mask=mask)
+
+    def eager(x):
+        out = torch.empty_like(x)
+        scale[(triton.cdiv(x.numel(), 1024),)](x, out, x.numel(), BLOCK=1024)
+        return out
+
+    return eager if kind == "triton" else torch.compile(lambda x: eager(x) * 1.0)
+
+
+@pytest.mark.parametrize("path", ["native", "python"])
+@pytest.mark.parametrize("kind", ["compiled", "triton", "triton_in_compiled"])
+@pytest.mark.parametrize("mistake", [None, "drop_early", "no_wait"])
+def test_kernels_below_the_dispatcher_are_tracked(path, kind, mistake):
+    """A side stream's Triton kernel reads a default-stream tensor and writes its output: dropping
+    the input without record_stream is a free-while-in-use race, reading the output on the default
+    stream without a wait a read-after-write race; ordered, nothing is reported. The compiled
+    function runs compiled under the tracker (Inductor's kernel is seen, not an eager fallback)."""
+    from racecheck.detect import TorchRaceTracker
+
+    work = _side_work(kind)
+    torch._dynamo.utils.counters.clear()
+    side = torch.cuda.Stream()
+    with TorchRaceTracker(path=path) as tracker:
+        x = torch.randn(N, device="cuda")
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            out = work(x)
+        if mistake != "drop_early":
+            x.record_stream(side)
+        del x
+        filler = torch.full((N,), -7.0, device="cuda")
+        if mistake != "no_wait":
+            torch.cuda.current_stream().wait_stream(side)
+        got = out.clone()
+        torch.cuda.synchronize()
+    expected = {None: [], "drop_early": [RaceKind.REUSE], "no_wait": [RaceKind.READ_AFTER_WRITE]}[mistake]
+    assert [r.kind for r in tracker.reports()] == expected, tracker.render()
+    assert tracker.stats["kernels"] >= 1 and not tracker.unseen_kernels and not tracker.errors
+    if kind != "triton":
+        assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1  # it compiled
+    del got, filler
