@@ -23,6 +23,9 @@ class Op:
     other: int = -1  # the stream waited for, an event, a witness slot
     value: float = 0.0
     size: int = 0
+    # How the operation is written, where programs write it several ways (FORMS): the same effect,
+    # through other entries of the stream API and other kernels.
+    form: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,3 +54,18 @@ class Program:
 
 
 HOST = -2  # the host, as the domain of a pinned buffer's host-side accesses
+
+# The ways an operation may be written (its `form`), all with the same effect:
+# - write: `fill` (fill_ with a number) or `add` (fill_(0) then add_ with a Python number, which the
+#   dispatcher wraps as a 0-dim CPU tensor);
+# - copy: `""` (copy_), `compiled` (a torch.compile'd function: Inductor's kernel, C++ on the CPU,
+#   Triton on CUDA) or `triton` (a Triton kernel of the program's own, called eagerly; on the CPU
+#   emulation the compiled function stands in for it);
+# - record, wait: `""` (the stream named: `ev.record(s)`, `s.wait_event(ev)`) or `context` (inside
+#   `with stream(s)`: `ev.record()`, `ev.wait()` on the current stream).
+FORMS = {
+    "write": ("fill", "add"),
+    "copy": ("", "compiled", "triton"),
+    "record": ("", "context"),
+    "wait": ("", "context"),
+}

@@ -72,7 +72,9 @@ def run_on_runtime(
     return Outcome(values, seen, addresses)
 
 
-def _fill(value: float):
+def _fill(value: float, form: str = "fill"):
+    if form == "add":  # a Python number the dispatcher wraps as a 0-dim CPU tensor
+        return lambda out: out.fill_(0.0).add_(value)
     return lambda out: out.fill_(value)
 
 
@@ -80,8 +82,31 @@ def _copy(out, src):
     out.copy_(src)
 
 
+def _copy_as(form: str, *, cuda: bool):
+    """A copy as the operation's form writes it (program_ops.FORMS)."""
+    from racecheck.scenario_kit import program_kernels
+
+    if form == "triton" and cuda:
+        return program_kernels.triton_copy()
+    if form in ("compiled", "triton"):
+        return program_kernels.compiled_copy()
+    return _copy
+
+
 def _shared_op(
-    op, s, streams, bufs, events, host_witness, salt: float, *, new_event, synchronize, record_stream, pinned_empty
+    op,
+    s,
+    streams,
+    bufs,
+    events,
+    host_witness,
+    salt: float,
+    *,
+    new_event,
+    synchronize,
+    record_stream,
+    pinned_empty,
+    context,
 ) -> bool:
     """The operations both interpreters carry out alike, through the stream API's names they share
     (events, waits, synchronizations, record_stream, frees, the host's own work on pinned
@@ -90,9 +115,17 @@ def _shared_op(
     if kind == "record":
         if op.other not in events:
             events[op.other] = new_event()
-        events[op.other].record(s)
+        if op.form == "context":
+            with context(s):
+                events[op.other].record()  # on the current stream
+        else:
+            events[op.other].record(s)
     elif kind == "wait":
-        s.wait_event(events[op.other])
+        if op.form == "context":
+            with context(s):
+                events[op.other].wait()  # the current stream waits
+        else:
+            s.wait_event(events[op.other])
     elif kind == "wait_stream":
         s.wait_stream(streams[op.other])
     elif kind == "stream_sync":
@@ -127,10 +160,10 @@ def _runtime_op(rt, op, streams, bufs, events, witness, slices, host_witness, sa
         bufs[op.buf] = t
     elif kind == "write":
         with rt.stream(s):
-            rt.launch("fill", _fill(op.value + salt), writes=(bufs[op.buf],))
+            rt.launch("fill", _fill(op.value + salt, op.form), writes=(bufs[op.buf],))
     elif kind in ("copy", "to_host", "from_host"):
         with rt.stream(s):
-            rt.launch(kind, _copy, writes=(bufs[op.buf],), reads=(bufs[op.src],))
+            rt.launch(kind, _copy_as(op.form, cuda=False), writes=(bufs[op.buf],), reads=(bufs[op.src],))
     elif kind == "read":
         a, z = slices[op.other]
         with rt.stream(s):
@@ -147,6 +180,7 @@ def _runtime_op(rt, op, streams, bufs, events, witness, slices, host_witness, sa
         synchronize=rt.synchronize,
         record_stream=rt.record_stream,
         pinned_empty=rt.pinned_empty,
+        context=rt.stream,
     ):
         raise AssertionError(f"unknown operation {op}")
 
@@ -189,7 +223,10 @@ def _torch_op(op, device, streams, bufs, events, witness, slices, host_witness, 
         bufs[op.buf] = t
     elif kind == "write":
         with torch.cuda.stream(s):
-            bufs[op.buf].fill_(op.value + salt)
+            _fill(op.value + salt, op.form)(bufs[op.buf])
+    elif kind == "copy" and op.form:
+        with torch.cuda.stream(s):
+            _copy_as(op.form, cuda=True)(bufs[op.buf], bufs[op.src])
     elif kind in ("copy", "to_host", "from_host"):
         with torch.cuda.stream(s):
             bufs[op.buf].copy_(bufs[op.src], non_blocking=True)
@@ -209,5 +246,6 @@ def _torch_op(op, device, streams, bufs, events, witness, slices, host_witness, 
         synchronize=lambda: torch.cuda.synchronize(device),
         record_stream=lambda t, stream: t.record_stream(stream),
         pinned_empty=lambda n: torch.empty(n, pin_memory=True),
+        context=torch.cuda.stream,
     ):
         raise AssertionError(f"unknown operation {op}")

@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 
 from racecheck.scenario_kit.program_clocks import Clocks, ordered
-from racecheck.scenario_kit.program_ops import HOST, SIZES, STREAMS, Op, Program, Sync
+from racecheck.scenario_kit.program_ops import FORMS, HOST, SIZES, STREAMS, Op, Program, Sync
 
 
 @dataclasses.dataclass
@@ -134,6 +134,13 @@ class _Generator:
                 else:
                     self.access(s, writes=[d], reads=[h], kind="from_host")
 
+    def form(self, kind: str) -> str:
+        """How the next operation of `kind` is written (program_ops.FORMS): by its position, so
+        that every form comes up in a program without a draw of its own (the same draws give the
+        same programs whatever forms there are)."""
+        forms = FORMS[kind]
+        return forms[len(self.ops) % len(forms)]
+
     def other_stream(self, b: int, s: int) -> int:
         """Mostly a stream other than the buffer's own: buffers that cross streams."""
         own = self.bufs[b].stream
@@ -160,11 +167,13 @@ class _Generator:
                     self.order(s, d, reason="access", early_op=early)
         epoch = self.clocks.epoch(s)
         if kind == "write":
-            op = Op("write", stream=s, buf=writes[0], value=self.value())
+            op = Op("write", stream=s, buf=writes[0], value=self.value(), form=self.form("write"))
         elif kind == "read":
             op = Op("read", stream=s, src=reads[0], other=self.witnesses)
             self.witnesses += 1
-        else:  # copy, to_host, from_host
+        elif kind == "copy":
+            op = Op(kind, stream=s, buf=writes[0], src=reads[0], form=self.form("copy"))
+        else:  # to_host, from_host
             op = Op(kind, stream=s, buf=writes[0], src=reads[0])
         at = len(self.ops)
         self.emit(op, mark)
@@ -240,9 +249,9 @@ class _Generator:
             how = self.pick(["event", "wait_stream", "stream_sync"])
         if how == "event":
             ev = self.new_event()
-            self.ops.append(Op("record", stream=early, other=ev))
+            self.ops.append(Op("record", stream=early, other=ev, form=self.form("record")))
             self.clocks.record(ev, early)
-            self.ops.append(Op("wait", stream=late, other=ev))
+            self.ops.append(Op("wait", stream=late, other=ev, form=self.form("wait")))
             self.clocks.wait(late, ev)
         elif how == "wait_stream":
             ev = self.new_event()  # wait_stream is a record on `early` and a wait, inside
@@ -276,6 +285,27 @@ class _Generator:
     def new_event(self) -> int:
         self.events += 1
         return self.events
+
+
+def early_record(program: Program, i: int) -> Program | None:
+    """The program with the event of its i-th synchronization recorded too early: just before the
+    access it must cover, on that access's stream (`ev.record(s)` ahead of the write instead of
+    after it). The waiter is then ordered after the producer's earlier work only, and the access
+    races with the one after the wait. None when the i-th synchronization is no event recorded on
+    the stream of the access it orders."""
+    sync = program.syncs[i]
+    record = next((k for k in sync.ops if program.ops[k].kind == "record"), None)
+    if record is None or program.ops[record].stream != program.ops[sync.early_op].stream:
+        return None
+    order = [k for k in range(len(program.ops)) if k != record]
+    order.insert(order.index(sync.early_op), record)
+    index = {old: new for new, old in enumerate(order)}
+    syncs = tuple(
+        dataclasses.replace(s, ops=tuple(index[o] for o in s.ops), early_op=index[s.early_op], late_op=index[s.late_op])
+        for j, s in enumerate(program.syncs)
+        if j != i
+    )
+    return Program(tuple(program.ops[k] for k in order), syncs, program.witnesses)
 
 
 def without(program: Program, i: int) -> Program:

@@ -201,8 +201,9 @@ class RacyVerdict:
     must_find: bool  # a delayed point alone must expose it (see racy_verdict)
 
 
-def racy_verdict(backend, program: Program, i: int, *, delay: float = 0.05) -> RacyVerdict:
-    """Remove the program's i-th synchronization and ask the detector and the systematic schedule.
+def racy_verdict(backend, program: Program, i: int, *, delay: float = 0.05, mutation=without) -> RacyVerdict:
+    """Remove the program's i-th synchronization (or break it otherwise: `mutation`, e.g.
+    programs.early_record) and ask the detector and the systematic schedule.
 
     The systematic schedule runs, and must find it, when one delayed point exposes the race
     whatever the program does next: the earlier access is on a side stream (its entry is a
@@ -212,7 +213,7 @@ def racy_verdict(backend, program: Program, i: int, *, delay: float = 0.05) -> R
     the default stream before any hand-off, or one whose effect a later write hides, is the
     detector's alone."""
     sync = program.syncs[i]
-    racy = without(program, i)
+    racy = mutation(program, i)
     plain = backend.run(racy, detect=True)
     early, late = program.ops[sync.early_op], program.ops[sync.late_op]
     if sync.reason == "access":
