@@ -1,5 +1,7 @@
-"""`racecheck run` from any folder, and run folders kept safe: an env arm beside a git arm collects
-only its own tests, never a run folder's copy of them."""
+"""`racecheck run` from any folder, and run folders kept safe: a session finds every file the
+runner gives it whatever folder it runs in (a git arm's worktree, the project's root); the default
+`--out` lies in the project's root and is a new folder for every run, even two in one second; an
+env arm beside a git arm collects only its own tests, never a run folder's copy of them."""
 
 from __future__ import annotations
 
@@ -7,9 +9,9 @@ import shutil
 import subprocess
 
 import pytest
-from run_kit import racecheck, records, write_suite
+from run_kit import SEEDED_TEST, racecheck, records, write_suite
 
-from racecheck.runner import state
+from racecheck.runner import run_folder, state
 
 pytestmark = pytest.mark.usefixtures("fast_sessions")
 
@@ -56,6 +58,15 @@ def _tests_per_arm(out) -> dict:
     return tests
 
 
+def test_a_git_arm_runs_with_the_default_out_from_the_projects_root(calc_repo):
+    # The README's example: its git arm's session runs in a worktree, not in the runner's folder.
+    res = racecheck("run", "--arms", "before,off", "--trials", 1, "-q", cwd=calc_repo)
+    assert res.code == 0, res
+    (out,) = (calc_repo / "racecheck-out").iterdir()
+    assert _tests_per_arm(out) == {"before": CALC_TESTS, "off": CALC_TESTS}
+    assert not (out / "worktrees").exists()
+
+
 def test_an_env_arm_beside_a_git_arm_collects_no_run_folder(calc_repo):
     # A run killed before it removed its worktree left a copy of the project's tests behind.
     left = calc_repo / "old-run"
@@ -66,3 +77,26 @@ def test_an_env_arm_beside_a_git_arm_collects_no_run_folder(calc_repo):
     res = racecheck("run", "--arms", "before,off", "--trials", 1, "--out", out, "-q", cwd=calc_repo)
     assert res.code == 0, res
     assert _tests_per_arm(out) == {"before": CALC_TESTS, "off": CALC_TESTS}
+
+
+def test_a_project_suite_runs_from_a_subfolder_and_from_another_folder(tmp_path, monkeypatch):
+    project = write_suite(tmp_path / "p", arms={"often": {}, "never": {}}, tests={"test_seeded.py": SEEDED_TEST})
+    (project / "sub").mkdir()
+    monkeypatch.setattr(run_folder, "run_name", lambda: "run-20250101-120000")  # every run in one second
+    res = racecheck("run", "--trials", 1, "-q", cwd=project / "sub")
+    assert res.code == 0, res
+    first = project / "racecheck-out" / "run-20250101-120000"  # at the project's root, not in sub/
+    assert len(records(first)) == 4 and not (project / "sub" / "racecheck-out").exists()
+    # A second run started in the same second, while the first still holds its folder.
+    held = state.Lock(first)
+    held.acquire()
+    try:
+        res = racecheck("run", "--config", "p/pyproject.toml", "--trials", 1, "-q", cwd=tmp_path)
+    finally:
+        held.release()
+    assert res.code == 0, res
+    assert len(records(project / "racecheck-out" / "run-20250101-120000-2")) == 4
+    assert not (tmp_path / "racecheck-out").exists()
+    # An explicit relative --out is relative to the current folder.
+    res = racecheck("run", "--config", "../pyproject.toml", "--trials", 1, "--out", "o", "-q", cwd=project / "sub")
+    assert res.code == 0 and len(records(project / "sub" / "o")) == 4, res

@@ -30,6 +30,7 @@ from racecheck.perturb.profiles import Profile
 from racecheck.runner import config_checks
 from racecheck.runner.blocks import Shard
 from racecheck.runner.record import TrialRecord
+from racecheck.runner.run_folder import absolute
 from racecheck.runner.stopping import StopRule
 from racecheck.suites.catalogue import Suite, read_profile
 
@@ -70,6 +71,10 @@ class RunConfig:
     fingerprints: dict = dataclasses.field(default_factory=dict)  # suite -> suites/fingerprint.py's, for --resume
     worlds: dict = dataclasses.field(default_factory=dict)  # suite -> ranks this machine gives it
     skipped: dict = dataclasses.field(default_factory=dict)  # suite -> why it cannot run here
+
+    def __post_init__(self) -> None:
+        # Absolute from here on, whatever folder a session runs in ([Note: run folder paths]).
+        object.__setattr__(self, "out", absolute(self.out))
 
     def arms_for(self, suite: Suite) -> tuple[str, ...]:
         if self.arms:
