@@ -1,10 +1,12 @@
 """`racecheck run` from any folder, and run folders kept safe: a session finds every file the
 runner gives it whatever folder it runs in (a git arm's worktree, the project's root); the default
 `--out` lies in the project's root and is a new folder for every run, even two in one second; an
-env arm beside a git arm collects only its own tests, never a run folder's copy of them."""
+env arm beside a git arm collects only its own tests, never a run folder's copy of them; shards of
+one suite from two checkouts merge and a moved project resumes."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 
@@ -12,6 +14,7 @@ import pytest
 from run_kit import SEEDED_TEST, racecheck, records, write_suite
 
 from racecheck.runner import run_folder, state
+from racecheck.runner.blocks import Shard
 
 pytestmark = pytest.mark.usefixtures("fast_sessions")
 
@@ -25,6 +28,12 @@ def test_zero():
     assert add(0, 0) == 0
 """
 CALC_TESTS = {"test_calc.py::test_add", "test_calc.py::test_zero"}
+
+
+def _one_line(res, code=2) -> str:
+    assert res.code == code, res
+    assert res.err.count("\n") == 1 and "Traceback" not in res.err, res
+    return res.err.strip()
 
 
 def git(*args, cwd):
@@ -100,3 +109,30 @@ def test_a_project_suite_runs_from_a_subfolder_and_from_another_folder(tmp_path,
     # An explicit relative --out is relative to the current folder.
     res = racecheck("run", "--config", "../pyproject.toml", "--trials", 1, "--out", "o", "-q", cwd=project / "sub")
     assert res.code == 0 and len(records(project / "sub" / "o")) == 4, res
+
+
+def test_shards_from_two_checkouts_merge_and_a_moved_project_resumes(tmp_path):
+    project = write_suite(tmp_path / "p", arms={"often": {}, "never": {}}, tests={"test_seeded.py": SEEDED_TEST})
+    config = (project / "pyproject.toml").read_text().replace('name = "tiny"\n', "")
+    (project / "pyproject.toml").write_text('[project]\nname = "tiny"\nversion = "0"\n\n' + config)
+    shutil.copytree(project, tmp_path / "p2")  # a second checkout, in a folder of another name
+    assert racecheck("run", "--trials", 2, "--shard", "1/2", "--out", "s1", "-q", cwd=project).code == 0
+    assert racecheck("run", "--trials", 2, "--shard", "2/2", "--out", "s2", "-q", cwd=tmp_path / "p2").code == 0
+    res = racecheck("merge", "p/s1", "p2/s2", "--out", "m", cwd=tmp_path)
+    assert res.code == 0 and "8 records from 2 runs merged" in res.out, res
+    assert {r.scenario for r in records(tmp_path / "m")} == {"tiny"}
+    # A shard whose tests differ is another suite, wherever it lies.
+    shutil.copytree(tmp_path / "p2" / "s2", tmp_path / "edited")
+    run = json.loads((tmp_path / "edited" / "run.json").read_text())
+    run["fingerprints"]["tiny"]["test_seeded.py"] = "0" * 16
+    (tmp_path / "edited" / "run.json").write_text(json.dumps(run))
+    err = _one_line(racecheck("merge", "p/s1", "edited", "--out", "m2", cwd=tmp_path))
+    assert "p/s1 and edited are different runs: their suites differ (tiny: test_seeded.py changed)" in err
+    # The second checkout moves, its run folder with it: the run resumes from where it lies now.
+    shutil.move(tmp_path / "p2", tmp_path / "moved")
+    res = racecheck("run", "--resume", "moved/s2", "--trials", 4, "-q", cwd=tmp_path)
+    assert res.code == 0, res
+    ran = {(r.arm, r.trial) for r in records(tmp_path / "moved" / "s2")}
+    assert ran == {(a, t) for a in ("often", "never") for t in [1, *Shard(2, 2).trials(4)]}
+    source = json.loads((tmp_path / "moved" / "s2" / "run.json").read_text())["source"]
+    assert (source["path"], source["from_out"]) == (str(tmp_path / "moved" / "pyproject.toml"), "../pyproject.toml")

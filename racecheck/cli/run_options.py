@@ -238,6 +238,7 @@ def resumed_config(ctx, opts, *, nnodes: int = 1):
 
     from racecheck.runner import state
     from racecheck.runner.run_config import RunConfig, settings_from_json
+    from racecheck.suites import source as suite_source
     from racecheck.suites.catalogue import CatalogueError
     from racecheck.suites.project import load_suites
 
@@ -251,10 +252,11 @@ def resumed_config(ctx, opts, *, nnodes: int = 1):
     try:
         run = state.read_run(out)
         settings = settings_from_json(run)
-        suites = load_suites(run["source"])
+        source = suite_source.located(run["source"], out)  # where the suites lie now
         config = RunConfig.from_json(
             run,
-            scenarios=tuple(suites),
+            scenarios=tuple(load_suites(source)),
+            source=source,
             out=out,
             trials=trials_value(opts["trials"], settings["trials"]),
             max_time=opts["max_time"],

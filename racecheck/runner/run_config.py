@@ -32,6 +32,7 @@ from racecheck.runner.blocks import Shard
 from racecheck.runner.record import TrialRecord
 from racecheck.runner.run_folder import absolute
 from racecheck.runner.stopping import StopRule
+from racecheck.suites import source as suite_source
 from racecheck.suites.catalogue import Suite, read_profile
 
 # Fields run.json does not keep: the suites (reloaded from `source`), the folder itself, the
@@ -143,6 +144,7 @@ class RunConfig:
             for f in dataclasses.fields(self)
             if f.name not in _NOT_KEPT or f.name in _WRITTEN_FOR_READERS
         }
+        data["source"] = suite_source.kept(self.source, self.out)  # also relative to the run folder
         data["worlds"] = {s.name: self.world_for(s) for s in self.scenarios}
         data["scenarios"] = {
             s.name: {"arms": list(self.arms_for(s)), "perturb": {a: self.spec_for(s, a) for a in self.arms_for(s)}}
@@ -257,7 +259,7 @@ _READ_BACK: dict[str, Callable[[Any], Any]] = {
     "shard": lambda v: Shard.parse(str(v)),
     "shard_source": lambda v: v if isinstance(v, str) else str(v),
     "revisions": _object,
-    "source": _object,
+    "source": lambda v: suite_source.without_from_out(_object(v)),
     "fingerprints": _object,
 }
 
