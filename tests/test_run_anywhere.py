@@ -1,12 +1,14 @@
 """`racecheck run` from any folder, and run folders kept safe: a session finds every file the
 runner gives it whatever folder it runs in (a git arm's worktree, the project's root); the default
 `--out` lies in the project's root and is a new folder for every run, even two in one second; an
-env arm beside a git arm collects only its own tests, never a run folder's copy of them; shards of
-one suite from two checkouts merge and a moved project resumes."""
+env arm beside a git arm collects only its own tests; shards of one suite from two checkouts
+merge and a moved project resumes; no report replaces a run's own file and no run or merge writes
+through a link out of its folder."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 
@@ -118,6 +120,13 @@ def test_shards_from_two_checkouts_merge_and_a_moved_project_resumes(tmp_path):
     shutil.copytree(project, tmp_path / "p2")  # a second checkout, in a folder of another name
     assert racecheck("run", "--trials", 2, "--shard", "1/2", "--out", "s1", "-q", cwd=project).code == 0
     assert racecheck("run", "--trials", 2, "--shard", "2/2", "--out", "s2", "-q", cwd=tmp_path / "p2").code == 0
+    # No merge writes through a link out of its folder.
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / state.LOCK_NAME).touch()
+    (tmp_path / "precious.csv").write_text("precious\n")
+    (tmp_path / "bad" / "summary.csv").symlink_to(tmp_path / "precious.csv")
+    err = _one_line(racecheck("merge", "p/s1", "p2/s2", "--out", "bad", cwd=tmp_path))
+    assert "bad/summary.csv is a symbolic link (to " in err and (tmp_path / "precious.csv").read_text() == "precious\n"
     res = racecheck("merge", "p/s1", "p2/s2", "--out", "m", cwd=tmp_path)
     assert res.code == 0 and "8 records from 2 runs merged" in res.out, res
     assert {r.scenario for r in records(tmp_path / "m")} == {"tiny"}
@@ -136,3 +145,30 @@ def test_shards_from_two_checkouts_merge_and_a_moved_project_resumes(tmp_path):
     assert ran == {(a, t) for a in ("often", "never") for t in [1, *Shard(2, 2).trials(4)]}
     source = json.loads((tmp_path / "moved" / "s2" / "run.json").read_text())["source"]
     assert (source["path"], source["from_out"]) == (str(tmp_path / "moved" / "pyproject.toml"), "../pyproject.toml")
+
+
+def test_no_report_replaces_a_runs_own_file_and_no_resume_writes_through_a_link(project, tmp_path):
+    out = tmp_path / "out"
+    assert racecheck("run", "--trials", 1, "--out", out, "-q", cwd=project).code == 0
+    log = (out / "trials.jsonl").read_text()
+    (tmp_path / "link.csv").symlink_to(out / "completed.jsonl")
+    os.link(out / "run.json", tmp_path / "hard.json")
+    own = ("out/trials.jsonl", "out/../out/run.json", "link.csv", "hard.json", "out/ranks/table.csv", "out/summary.csv")
+    for target in own:
+        err = _one_line(racecheck("report", "out", "--format", "csv", "-o", target, cwd=tmp_path))
+        assert f"Invalid value for --output: {target} is " in err and "a report never replaces" in err, err
+    assert (out / "trials.jsonl").read_text() == log
+    assert racecheck("report", "out", "--format", "csv", "-o", "out/table.csv", cwd=tmp_path).code == 0
+    # A trials.jsonl that links out of the folder is never appended to, nor a folder of the run.
+    foreign = tmp_path / "foreign.jsonl"
+    shutil.move(out / "trials.jsonl", foreign)
+    (out / "trials.jsonl").symlink_to(foreign)
+    err = _one_line(racecheck("run", "--resume", out, "--trials", 2, "-q", cwd=project))
+    assert f"cannot run in {out}: {out / 'trials.jsonl'} is a symbolic link (to {foreign})" in err, err
+    assert foreign.read_text() == log
+    (out / "trials.jsonl").unlink()
+    shutil.move(foreign, out / "trials.jsonl")
+    shutil.move(out / "logs", tmp_path / "logs")
+    (out / "logs").symlink_to(tmp_path / "logs")
+    err = _one_line(racecheck("run", "--resume", out, "--trials", 2, "-q", cwd=project))
+    assert f"{out / 'logs'} is a symbolic link" in err and len(list((tmp_path / "logs").iterdir())) == 1, err

@@ -77,6 +77,9 @@ def merge(inputs: list[Path], out: Path) -> Merged:
         state.check_out_folder(out)
     except state.ForeignFolder as exc:
         raise MergeError(f"--out {exc}") from None
+    linked = run_folder.linked_entry(out)
+    if linked:
+        raise MergeError(f"--out {linked}")
     runs, settings = _read_runs(inputs, out)
     first = runs[0]
     _check_same_suites(inputs, settings)

@@ -1,5 +1,7 @@
-"""Where a run folder lies: its path, made absolute once, and the default `--out` (a new folder,
-made atomically, under the project's `racecheck-out/`).
+"""Where a run folder lies and what in it is the run's own: the default `--out` (a new folder,
+made atomically, under the project's `racecheck-out/`), and the checks that keep every write of a
+run inside its folder and out of its files (a symbolic link among them, a report's output path
+that names one).
 
 [Note: run folder paths] A run's folder is absolute from the moment the run is defined
 (RunConfig.out), so every path the runner hands to a session (its schedule, its ranks' logs, its
@@ -16,7 +18,22 @@ import os
 import time
 from pathlib import Path
 
+from racecheck.runner.state import COMPLETED_FILE, LOCK_FILE, LOCK_NAME, RUN_FILE
+
 DEFAULT_PARENT = "racecheck-out"
+# What a run or a merge writes into its folder: the files of its state and records, and the
+# folders of its sessions (ranks/, logs/), git arms (worktrees/), hand-off points (handoffs/) and
+# follower nodes (nodes/). No command writes a report over one of them.
+OWN_FILES = {
+    "trials.jsonl": "the run's trial log",
+    "trials.jsonl.rejected": "the run's rejected log lines",
+    COMPLETED_FILE: "the run's list of finished trials",
+    RUN_FILE: "the run's definition",
+    LOCK_FILE: "the run's runner identity",
+    LOCK_NAME: "the run's lock",
+    "summary.csv": "the run's summary",
+}
+OWN_FOLDERS = ("ranks", "logs", "worktrees", "handoffs", "nodes")
 
 
 def absolute(path: Path | str) -> Path:
@@ -52,3 +69,49 @@ def new_run_folder(parent: Path) -> Path:
             continue
         return folder
     raise FileExistsError(f"{parent} holds 9999 run folders named {name}[-N]")
+
+
+def own_file(out: Path, path: Path) -> str | None:
+    """What `path` is to the run in `out` when it is one of the run's own files (OWN_FILES, or a
+    file under one of OWN_FOLDERS), reached by any name (a relative path, `..`, a symbolic link,
+    a hard link); None when writing `path` leaves the run as it was."""
+    folder, target = Path(out).resolve(), Path(path).resolve()
+    if target.parent == folder and target.name in OWN_FILES:
+        return OWN_FILES[target.name]
+    inside = target.relative_to(folder).parts if target.is_relative_to(folder) else ()
+    if inside and inside[0] in OWN_FOLDERS:
+        return f"a file of the run's {inside[0]}/ folder"
+    try:
+        written = os.stat(target)
+    except OSError:
+        return None
+    for name, what in OWN_FILES.items():
+        try:
+            if os.path.samestat(written, os.stat(folder / name)):
+                return what
+        except OSError:
+            continue
+    return None
+
+
+def linked_entry(out: Path) -> str | None:
+    """A one-line reason when one of the run's own files or folders in `out`, or anything below
+    those folders (but inside a git worktree, whose links are the project's), is a symbolic link:
+    a run would write through it into a file outside its folder. None when there is none."""
+    out = Path(out)
+    for name in (*OWN_FILES, *OWN_FOLDERS):
+        if (out / name).is_symlink():
+            return _linked(out / name)
+    for name in OWN_FOLDERS:
+        for top, folders, files in os.walk(out / name):
+            here = Path(top)
+            for entry in folders + files:
+                if (here / entry).is_symlink():
+                    return _linked(here / entry)
+            if here == out / "worktrees":
+                folders[:] = []  # each a checkout of the project: its own links are the project's
+    return None
+
+
+def _linked(path: Path) -> str:
+    return f"{path} is a symbolic link (to {os.readlink(path)}); a run writes only into files of its own folder"
