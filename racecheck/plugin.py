@@ -137,6 +137,9 @@ def pytest_configure(config: pytest.Config) -> None:
         # Under the trial runner: a rank (or xdist worker) dies with its launcher, never orphaned.
         die_with_parent(signal.SIGKILL)
         config.pluginmanager.register(_CollectErrors(log), "racecheck-collect-errors")
+        from racecheck.plugin_collect import RunFolders  # no run folder's files are tests
+
+        config.pluginmanager.register(RunFolders(config.invocation_params.dir), "racecheck-run-folders")
     config.stash[_STOPPED_KEY] = False
 
 

@@ -153,7 +153,7 @@ def test_a_mesh_that_does_not_fit_is_a_usage_error(project, args, message):
     assert message in one_line_error(res)
 
 
-def test_the_mesh_is_kept_for_resume_and_named_in_replays(tmp_path):
+def test_the_catalogue_runs_from_any_folder_and_keeps_its_mesh_for_resume_and_replays(tmp_path):
     import json
 
     from racecheck.mesh_config import MeshConfig
@@ -161,6 +161,7 @@ def test_the_mesh_is_kept_for_resume_and_named_in_replays(tmp_path):
     from racecheck.runner.run_config import RunConfig, replay_command
     from racecheck.suites.catalogue import find_catalogue, load_catalogue
 
+    (tmp_path / "elsewhere").mkdir()  # no catalogue here: the checkout's, whose root its sessions run in
     res = racecheck(
         "run",
         "--arms",
@@ -171,17 +172,16 @@ def test_the_mesh_is_kept_for_resume_and_named_in_replays(tmp_path):
         2,
         "--mesh",
         "1x2",
-        "--out",
-        tmp_path / "out",
         "-q",
         "--",
         "-k",
         "1-False",
-        cwd=CHECKOUT,
+        cwd=tmp_path / "elsewhere",
     )
     assert res.code == 0, res
-    assert json.loads((tmp_path / "out" / "run.json").read_text())["mesh"] == "1x2"
-    assert [r.outcome for r in records(tmp_path / "out")] == ["passed"]
+    (out,) = (tmp_path / "elsewhere" / "racecheck-out").iterdir()  # the default --out, in the current folder
+    assert json.loads((out / "run.json").read_text())["mesh"] == "1x2"
+    assert [r.outcome for r in records(out)] == ["passed"]
     suite = load_catalogue(find_catalogue(str(CHECKOUT / "scenarios")))["main_grad_reuse"]
     config = RunConfig(scenarios=(suite,), arms=None, trials=1, out=tmp_path, world_size=8, mesh=MeshConfig(4, 2))
     record = TrialRecord("r", suite.name, "baseline", "race", 0, 3, "t.py::test[1]", "1", "failed", perturb="rs_delay")

@@ -169,9 +169,11 @@ class _Suite:
 
 
 def _config(*suites, world_size=None):
+    from pathlib import Path
+
     from racecheck.runner.run_config import RunConfig
 
-    return RunConfig(scenarios=tuple(suites), arms=None, trials=1, out=None, world_size=world_size)
+    return RunConfig(scenarios=tuple(suites), arms=None, trials=1, out=Path("unused"), world_size=world_size)
 
 
 def test_on_one_gpu_worlds_are_capped_floored_or_skipped_and_named(monkeypatch):

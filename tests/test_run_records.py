@@ -79,7 +79,9 @@ def test_a_log_that_cannot_be_read_is_one_line_and_exit_2(finished, tmp_path):
     (out / "trials.jsonl").symlink_to("/proc/self/mem")  # opens, and every read fails (EIO), even for root
     for name, args in _commands(out).items():
         err = _one_line(racecheck(*args, cwd=root))
-        assert "trials.jsonl: unreadable: Input/output error" in err, (name, err)
+        # --resume, which would append to the log, refuses the link before it reads anything.
+        said = "trials.jsonl is a symbolic link" if name == "resume" else "trials.jsonl: unreadable: Input/output error"
+        assert said in err, (name, err)
     (out / "trials.jsonl").unlink()
     (out / "trials.jsonl").mkdir()
     for name, args in _commands(out).items():

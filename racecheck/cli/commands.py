@@ -126,7 +126,15 @@ def report_command(ctx, out_dir: Path, fmt: str, output: Path | None, github_sum
     if github_summary and not summary_file:
         raise click.UsageError("--github-summary needs $GITHUB_STEP_SUMMARY (GitHub Actions sets it)", ctx)
     from racecheck.results import failures, render_markdown, report
+    from racecheck.runner.run_folder import own_file
 
+    what = own_file(out_dir, output) if output is not None else None
+    if what:
+        raise click.BadParameter(
+            f"{output} is {what}; a report never replaces a run's own files: write it elsewhere",
+            ctx,
+            param_hint="--output",
+        )
     records, summary = _load(ctx, out_dir, signature)
     text = report.render(fmt, summary=summary, records=records)
     if output is None:

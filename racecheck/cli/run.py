@@ -131,7 +131,8 @@ def _parse_stop(ctx, param, value):
     "out_dir",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
-    help="Output folder for trials.jsonl and summary.csv (default: racecheck-out/run-TIME).",
+    help="Output folder for trials.jsonl and summary.csv (default: a new racecheck-out/run-TIME in "
+    "the project's root, the config file's folder; for the catalogue, in the current folder).",
 )
 @click.option(
     "--resume",

@@ -9,7 +9,6 @@ later raise exitcodes.InputError (exit 2) as well. The settings' own checks are 
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import click
@@ -86,7 +85,10 @@ def fresh_config(ctx, opts, *, nnodes: int = 1):
     if opts["perturb"] is not None and opts["no_perturb"]:
         raise click.UsageError("--perturb and --no-perturb exclude each other")
     shard, shard_source = job_shard(opts["shard"])
-    out_dir = opts["out_dir"] or Path("racecheck-out") / time.strftime("run-%Y%m%d-%H%M%S")
+    from racecheck.runner.run_folder import default_parent, run_name
+
+    # The default is named here and made at the end, once the options are known to be good.
+    out_dir = opts["out_dir"] or default_parent(suites[0].config_file) / run_name()
     config = RunConfig(
         scenarios=tuple(suites),
         arms=arm_list,
@@ -116,17 +118,28 @@ def fresh_config(ctx, opts, *, nnodes: int = 1):
         except InputError as exc:
             raise run_checks.usage_error(exc) from None
     config = run_checks.checked(config, nnodes=nnodes)
-    config = with_fingerprints(with_revisions(config))
+    return with_run_folder(with_fingerprints(with_revisions(config)), given=opts["out_dir"])
+
+
+def with_run_folder(config, *, given: Path | None):
+    """The config with its run folder made: the `--out` given (once it is known to hold no one
+    else's files; named in errors as given), or a new default folder, unique even beside a run
+    started in the same second."""
+    import dataclasses
+
+    from racecheck.runner.run_folder import new_run_folder
     from racecheck.runner.state import ForeignFolder, check_out_folder
 
     try:
-        check_out_folder(out_dir)
+        if given is None:
+            return dataclasses.replace(config, out=new_run_folder(config.out.parent))
+        check_out_folder(given)
+        config.out.mkdir(parents=True, exist_ok=True)
     except ForeignFolder as exc:
         raise click.BadParameter(str(exc), param_hint="--out") from None
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise click.BadParameter(f"cannot create {out_dir}: {exc.strerror or exc}", param_hint="--out") from None
+        where = given or config.out.parent
+        raise click.BadParameter(f"cannot create {where}: {exc.strerror or exc}", param_hint="--out") from None
     return config
 
 
@@ -225,6 +238,7 @@ def resumed_config(ctx, opts, *, nnodes: int = 1):
 
     from racecheck.runner import state
     from racecheck.runner.run_config import RunConfig, settings_from_json
+    from racecheck.suites import source as suite_source
     from racecheck.suites.catalogue import CatalogueError
     from racecheck.suites.project import load_suites
 
@@ -238,10 +252,11 @@ def resumed_config(ctx, opts, *, nnodes: int = 1):
     try:
         run = state.read_run(out)
         settings = settings_from_json(run)
-        suites = load_suites(run["source"])
+        source = suite_source.located(run["source"], out)  # where the suites lie now
         config = RunConfig.from_json(
             run,
-            scenarios=tuple(suites),
+            scenarios=tuple(load_suites(source)),
+            source=source,
             out=out,
             trials=trials_value(opts["trials"], settings["trials"]),
             max_time=opts["max_time"],

@@ -22,17 +22,19 @@ import os
 import signal
 from pathlib import Path
 
-from racecheck.runner import state
+from racecheck.runner import run_folder, state
 from racecheck.runner.blocks import Shard
 from racecheck.runner.record import TrialRecord, read_log
 from racecheck.runner.run_config import resume_command, settings_from_json
+from racecheck.suites import source as suite_source
+from racecheck.suites.fingerprint import DEFINITION, changes
 
 # Settings that must agree for logs to be one experiment: everything that changes what a trial
 # means. Arms and profiles are compared as resolved per suite (`scenarios` in run.json: each
 # suite's arms and each arm's canonical profile spec), so `--arms` spelled out and the same arms by
 # default agree, and so do a profile's name and the rules it stands for.
+# The suites themselves are compared by what they are (_check_same_suites), not where they lay.
 _SAME = (
-    "source",
     "seed",
     "order",
     "detect",
@@ -75,8 +77,12 @@ def merge(inputs: list[Path], out: Path) -> Merged:
         state.check_out_folder(out)
     except state.ForeignFolder as exc:
         raise MergeError(f"--out {exc}") from None
+    linked = run_folder.linked_entry(out)
+    if linked:
+        raise MergeError(f"--out {linked}")
     runs, settings = _read_runs(inputs, out)
     first = runs[0]
+    _check_same_suites(inputs, settings)
     for folder, run in zip(inputs[1:], runs[1:], strict=True):
         for setting in _SAME:
             if run.get(setting) != first.get(setting):
@@ -87,6 +93,8 @@ def merge(inputs: list[Path], out: Path) -> Merged:
     check_shards(inputs, runs)
     records, notes = _read_records(inputs, runs, settings)
     merged = dict(first)
+    # Where the first input's suites lie now, kept also relative to the merged folder.
+    merged["source"] = suite_source.kept(suite_source.located(_source(first), inputs[0]), run_folder.absolute(out))
     merged["trials"] = max(kept.get("trials", 0) for kept in settings)
     merged["shard"] = "1/1"
     merged["merged_from"] = [str(p) for p in inputs]
@@ -110,6 +118,37 @@ def merge(inputs: list[Path], out: Path) -> Merged:
     finally:
         lock.release()
     return Merged(len(records), tuple(notes))
+
+
+def _source(run: dict) -> dict:
+    source = run.get("source")
+    return source if isinstance(source, dict) else {}
+
+
+def _check_same_suites(inputs: list[Path], settings: list[dict]) -> None:
+    """MergeError unless every input ran the same suites (`settings`: each input's as read back):
+    of one kind and names (identity), with the same fingerprints (suites/fingerprint.py: its
+    definition and test files). Where they were checked out does not count: shards from
+    checkouts at different paths are one run."""
+    first = settings[0]
+    for folder, kept in zip(inputs[1:], settings[1:], strict=True):
+        mine, theirs = (suite_source.identity(s.get("source", {})) for s in (first, kept))
+        if mine != theirs:
+            raise MergeError(f"{inputs[0]} and {folder} are different runs: their suites differ ({mine} vs {theirs})")
+        prints, others = first.get("fingerprints", {}), kept.get("fingerprints", {})
+        said = []
+        for suite in sorted(set(prints) | set(others)):
+            old, new = prints.get(suite), others.get(suite)
+            if old == new:
+                continue
+            if old is None or new is None:
+                said.append(f"{suite} only in {folder if old is None else inputs[0]}")
+            elif isinstance(old, dict) and isinstance(new, dict):
+                said.append(f"{suite}: {', '.join(changes(old, {DEFINITION: '', **new}))}")
+            else:
+                said.append(f"{suite}: its fingerprints differ")
+        if said:
+            raise MergeError(f"{inputs[0]} and {folder} are different runs: their suites differ ({'; '.join(said)})")
 
 
 def _read_runs(inputs: list[Path], out: Path) -> tuple[list[dict], list[dict]]:

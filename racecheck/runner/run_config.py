@@ -30,7 +30,9 @@ from racecheck.perturb.profiles import Profile
 from racecheck.runner import config_checks
 from racecheck.runner.blocks import Shard
 from racecheck.runner.record import TrialRecord
+from racecheck.runner.run_folder import absolute
 from racecheck.runner.stopping import StopRule
+from racecheck.suites import source as suite_source
 from racecheck.suites.catalogue import Suite, read_profile
 
 # Fields run.json does not keep: the suites (reloaded from `source`), the folder itself, the
@@ -70,6 +72,10 @@ class RunConfig:
     fingerprints: dict = dataclasses.field(default_factory=dict)  # suite -> suites/fingerprint.py's, for --resume
     worlds: dict = dataclasses.field(default_factory=dict)  # suite -> ranks this machine gives it
     skipped: dict = dataclasses.field(default_factory=dict)  # suite -> why it cannot run here
+
+    def __post_init__(self) -> None:
+        # Absolute from here on, whatever folder a session runs in ([Note: run folder paths]).
+        object.__setattr__(self, "out", absolute(self.out))
 
     def arms_for(self, suite: Suite) -> tuple[str, ...]:
         if self.arms:
@@ -138,6 +144,7 @@ class RunConfig:
             for f in dataclasses.fields(self)
             if f.name not in _NOT_KEPT or f.name in _WRITTEN_FOR_READERS
         }
+        data["source"] = suite_source.kept(self.source, self.out)  # also relative to the run folder
         data["worlds"] = {s.name: self.world_for(s) for s in self.scenarios}
         data["scenarios"] = {
             s.name: {"arms": list(self.arms_for(s)), "perturb": {a: self.spec_for(s, a) for a in self.arms_for(s)}}
@@ -252,7 +259,7 @@ _READ_BACK: dict[str, Callable[[Any], Any]] = {
     "shard": lambda v: Shard.parse(str(v)),
     "shard_source": lambda v: v if isinstance(v, str) else str(v),
     "revisions": _object,
-    "source": _object,
+    "source": lambda v: suite_source.without_from_out(_object(v)),
     "fingerprints": _object,
 }
 

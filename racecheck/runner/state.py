@@ -201,7 +201,7 @@ class Lock:
     def acquire(self) -> list[int]:
         """Take the folder; returns the ids of left-over session processes it killed. FolderInUse
         when another process holds it; OSError when the folder cannot be written."""
-        fd = os.open(self.out / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(self.out / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from importlib import metadata
 
 from racecheck.exitcodes import InfrastructureError, InputError
-from racecheck.runner import blocks, launch, state
+from racecheck.runner import blocks, launch, run_folder, state
 from racecheck.runner.blocks import Block, SessionPlan
 from racecheck.runner.gitarms import Worktrees, pythonpath
 from racecheck.runner.record import Outcome, TestOutcome, TrialLog, TrialRecord, read_log, repair_log, worst
@@ -98,6 +98,9 @@ class Runner:
         out = self.config.out
         try:
             out.mkdir(parents=True, exist_ok=True)
+            linked = run_folder.linked_entry(out)
+            if linked:  # a file the run would write through into one outside its folder
+                raise InputError(f"cannot run in {out}: {linked}")
             killed = self._lock.acquire()
         except state.FolderInUse as exc:
             raise InfrastructureError(str(exc)) from None

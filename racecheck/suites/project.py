@@ -1,7 +1,8 @@
 """A project's own suite and arms, from `[tool.racecheck]` in pyproject.toml or a `--config` file.
 
     [tool.racecheck]
-    name = "mylib"                 # the suite's name in the log (default: the project folder's)
+    name = "mylib"                 # the suite's name in the log (default: [project] name, else
+                                   # the project folder's)
     tests = ["tests/test_io.py"]   # pytest targets (default: pytest's own testpaths); targets
                                    # given after `--` on the command line replace them
     pytest_args = ["-p", "no:randomly"]   # options for every arm
@@ -112,7 +113,7 @@ def load_config(path: Path) -> Suite:
         if not isinstance(table.get(key, ""), str):
             raise ConfigError(f"{where}: {key} must be a string")
     suite = Suite(
-        name=table.get("name") or root.name,
+        name=table.get("name") or _project_name(data) or root.name,
         path=root,
         summary=table.get("summary", ""),
         world_size=world,
@@ -130,6 +131,14 @@ def load_config(path: Path) -> Suite:
     except ValueError as exc:
         raise ConfigError(f"{where}: perturb: {exc}") from None
     return suite
+
+
+def _project_name(data: dict) -> str:
+    """The `[project] name` of a pyproject.toml, "" where it has none: a suite's name when its
+    table gives none, rather than its folder's, which differs between checkouts of one project."""
+    project = data.get("project")
+    name = project.get("name") if isinstance(project, dict) else None
+    return name if isinstance(name, str) else ""
 
 
 def load_suites(source: dict) -> list[Suite]:
