@@ -93,7 +93,7 @@ def test_a_log_that_cannot_be_read_is_one_line_and_exit_2(finished, tmp_path):
         ("chunk", 0, "run.json: chunk: 0 is below 1"),
         ("trials", "x", "run.json: trials: 'x' is not a whole number"),
         ("isolation", "threads", "run.json: isolation: 'threads' is not one of session, process"),
-        ("timeout", 0, "run.json: timeout: 0 is not a number of at least 1"),
+        ("timeout", 0, "run.json: timeout: 0 is not a number of seconds from 1 to 604800 (a week)"),
         ("pytest_args", "-x", "run.json: pytest_args: '-x' is not a list of strings"),
         ("perturb", "sleep@nowhere", "run.json: perturb: unknown injection point 'nowhere'"),
     ],

@@ -17,19 +17,9 @@ from pathlib import Path
 
 import click
 
+from racecheck.cli.params import PROBABILITY, RATE
 from racecheck.exitcodes import ExitCode, InfrastructureError
 from racecheck.results.rows import Format
-
-
-def check_rate(ctx, param, value):
-    """click callback: a rate must lie in [0, 1] (a confidence, alpha or power strictly inside)."""
-    if value is None:
-        return value
-    if param.name in ("confidence", "alpha", "power") and not 0.0 < value < 1.0:
-        raise click.BadParameter(f"{value} is not strictly between 0 and 1", ctx, param)
-    if not 0.0 <= value <= 1.0:
-        raise click.BadParameter(f"{value} is not a rate in [0, 1]", ctx, param)
-    return value
 
 
 def _load(ctx, out_dir: Path, signature: str | None = None):
@@ -60,17 +50,15 @@ def gate_criteria(*, within: str = ""):
     options = (
         click.option(
             "--max-rate",
-            type=float,
+            type=RATE,
             default=0.0,
             show_default=True,
-            callback=check_rate,
             help=helped("Highest failure rate allowed for the fixed arm (its upper bound with --confidence)."),
         ),
         click.option(
             "--min-rate",
-            type=float,
+            type=RATE,
             default=None,
-            callback=check_rate,
             help=helped(
                 "Lowest failure rate required of the baseline (its lower bound with --confidence). "
                 "Default: at least one failing trial."
@@ -78,9 +66,8 @@ def gate_criteria(*, within: str = ""):
         ),
         click.option(
             "--confidence",
-            type=float,
+            type=PROBABILITY,
             default=None,
-            callback=check_rate,
             help=helped("Judge Wilson bounds at this confidence (e.g. 0.95) instead of observed rates."),
         ),
     )
@@ -185,45 +172,38 @@ def gate_command(ctx, out_dir, fixed, baseline, max_rate, min_rate, confidence, 
 
 
 @click.command("plan")
-@click.option(
-    "--bound", type=float, callback=check_rate, help="Plan to bound a clean arm's failure rate at or below this rate."
-)
+@click.option("--bound", type=RATE, help="Plan to bound a clean arm's failure rate at or below this rate.")
 @click.option(
     "--confidence",
-    type=float,
+    type=PROBABILITY,
     default=0.95,
     show_default=True,
-    callback=check_rate,
     help="Confidence of the Wilson bound (with --bound).",
 )
 @click.option(
     "--baseline-rate",
-    type=float,
-    callback=check_rate,
+    type=RATE,
     help="Expected failure rate of the baseline arm (to plan a separation).",
 )
 @click.option(
     "--fixed-rate",
-    type=float,
+    type=RATE,
     default=0.0,
     show_default=True,
-    callback=check_rate,
     help="Expected failure rate of the fixed arm.",
 )
 @click.option(
     "--alpha",
-    type=float,
+    type=PROBABILITY,
     default=0.05,
     show_default=True,
-    callback=check_rate,
     help="Significance level of the one-sided Fisher exact test.",
 )
 @click.option(
     "--power",
-    type=float,
+    type=PROBABILITY,
     default=0.9,
     show_default=True,
-    callback=check_rate,
     help="Required probability that the test separates the arms.",
 )
 @click.pass_context

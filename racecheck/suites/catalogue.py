@@ -109,6 +109,8 @@ def read_profile(spec: str) -> Profile:
 
     if not isinstance(spec, str):
         raise ValueError(f"{spec!r} is not a profile")
+    if not spec.strip():  # parse_profile reads no spec as off: given text must say so
+        raise ValueError(f"{spec!r} is no profile; write 'off' for none")
     return parse_profile(spec)
 
 
