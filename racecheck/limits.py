@@ -4,7 +4,10 @@ README's "Commands" states them):
 
 - seconds (`--timeout`, `--max-time`): from 1 s to a week;
 - a perturbation delay (a rule's sleep or hold, the random schedule's `max`, the systematic
-  schedule's `delay`, `--delay-ms`): from 0 to an hour.
+  schedule's `delay`, `--delay-ms`): from 0 to an hour;
+- the ranks one node runs on the CPU (the catalogue on the CPU emulation, a project's suite over
+  gloo): at most 64, each a process of its own that loads torch (on CUDA the bound is one rank
+  per GPU: runner/config_checks.py).
 
 A range written `low <= x <= high` with finite ends also refuses nan (no comparison with it holds)
 and the infinities, so no reader needs a check of its own for them.
@@ -16,6 +19,8 @@ SECONDS_RANGE = f"a number of seconds from {MIN_SECONDS:g} to {MAX_SECONDS:g} (a
 
 MAX_DELAY_S = 3600.0  # an hour: a longer delay only makes every trial a timeout
 DELAY_MS_RANGE = f"a number of milliseconds from 0 to {MAX_DELAY_S * 1e3:.0f} (an hour)"
+
+MAX_CPU_RANKS = 64
 
 
 def is_seconds(value: float) -> bool:

@@ -64,6 +64,7 @@ def one_line_error(res, code=2) -> str:
         (["--perturb", ",,,"], "Invalid value for --perturb: ',,,' names no perturbation rule; write 'off' for none"),
         (["--perturb", "sleep@stream_enter:2h"], "Invalid value for --perturb: bad perturbation rule"),
         (["--perturb", "sleep@stream_enter:7200s"], "7200s is longer than an hour, the longest delay racecheck takes"),
+        (["--world-size", "100000"], "tiny would run 100000 ranks on this machine, and a run on the CPU takes"),
     ],
 )
 def test_bad_options_get_one_line_and_exit_2(project, args, message):
