@@ -244,11 +244,22 @@ def test_a_min_world_size_above_the_world_size_is_rejected(tmp_path):
             "min_world_size 3 is larger than world_size 2",
         ),
         ("[tool.racecheck]\ndefault_arms = ['b']\n[tool.racecheck.arms.a]\n", "default arm 'b' is not defined"),
+        ("[tool.racecheck]\ndefault_arms = []\n[tool.racecheck.arms.a]\n", "default_arms is empty; name at least one"),
+        # Names the command line cannot give back (--arms splits at commas, reads 'all' as every arm).
+        ('[tool.racecheck.arms."on,off"]\n', "arm name 'on,off' cannot be given on the command line"),
+        ('[tool.racecheck.arms.""]\n', "arm name '' cannot be given on the command line"),
+        ("[tool.racecheck.arms.all]\n", "arm name 'all' cannot be given on the command line"),
+        ('[tool.racecheck.arms."a b"]\n', "arm name 'a b' cannot be given"),
+        ('[tool.racecheck.arms."a:b"]\n', "arm name 'a:b' cannot be given"),
+        # What no process environment takes.
+        ('[tool.racecheck.arms.a]\nenv = { "X=1" = "2" }\n', "arm 'a': env: 'X=1' is no variable name"),
+        ('[tool.racecheck.arms.a]\nenv = { X = "a\\u0000b" }\n', "arm 'a': env: the value of X holds NUL"),
     ],
 )
-def test_an_invalid_config_is_a_usage_error(tmp_path, toml, message):
+@pytest.mark.parametrize("command", ["run", "list"])
+def test_an_invalid_config_is_a_usage_error(tmp_path, toml, message, command):
     (tmp_path / "pyproject.toml").write_text(toml)
-    assert message in one_line_error(racecheck("run", "--config", "pyproject.toml", cwd=tmp_path))
+    assert message in one_line_error(racecheck(command, "--config", "pyproject.toml", cwd=tmp_path))
 
 
 def test_an_unreadable_config_is_a_usage_error(tmp_path):
