@@ -223,8 +223,8 @@ def resumed_config(ctx, opts, *, nnodes: int = 1):
     --max-time, --stop-when, the gate options, --allow-changed-suite and --quiet may be given anew."""
     from click.core import ParameterSource
 
-    from racecheck.runner import state
-    from racecheck.runner.run_config import RunConfig, settings_from_json
+    from racecheck.runner.run_config import RunConfig
+    from racecheck.runner.run_folder import open_run_folder
     from racecheck.suites.catalogue import CatalogueError
     from racecheck.suites.project import load_suites
 
@@ -236,8 +236,8 @@ def resumed_config(ctx, opts, *, nnodes: int = 1):
     out = opts["resume_dir"]
     timeout_given = ctx.get_parameter_source("timeout") is ParameterSource.COMMANDLINE
     try:
-        run = state.read_run(out)
-        settings = settings_from_json(run)
+        folder = open_run_folder(out)  # run.json, its settings, its records' plan (exit 2 if spoiled)
+        run, settings = folder.run, folder.settings
         suites = load_suites(run["source"])
         config = RunConfig.from_json(
             run,

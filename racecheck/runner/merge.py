@@ -24,8 +24,9 @@ from pathlib import Path
 
 from racecheck.runner import state
 from racecheck.runner.blocks import Shard
-from racecheck.runner.record import TrialRecord, read_log
-from racecheck.runner.run_config import resume_command, settings_from_json
+from racecheck.runner.record import TrialRecord
+from racecheck.runner.run_config import resume_command
+from racecheck.runner.run_folder import RunFolder, RunFolderError, open_run_folder
 
 # Settings that must agree for logs to be one experiment: everything that changes what a trial
 # means. Arms and profiles are compared as resolved per suite (`scenarios` in run.json: each
@@ -75,7 +76,8 @@ def merge(inputs: list[Path], out: Path) -> Merged:
         state.check_out_folder(out)
     except state.ForeignFolder as exc:
         raise MergeError(f"--out {exc}") from None
-    runs, settings = _read_runs(inputs, out)
+    folders = _read_runs(inputs, out)
+    runs = [f.run for f in folders]
     first = runs[0]
     for folder, run in zip(inputs[1:], runs[1:], strict=True):
         for setting in _SAME:
@@ -85,9 +87,9 @@ def merge(inputs: list[Path], out: Path) -> Merged:
                     f"({first.get(setting)!r} vs {run.get(setting)!r})"
                 )
     check_shards(inputs, runs)
-    records, notes = _read_records(inputs, runs, settings)
+    records, notes = _read_records(inputs, folders)
     merged = dict(first)
-    merged["trials"] = max(kept.get("trials", 0) for kept in settings)
+    merged["trials"] = max(f.settings.get("trials", 0) for f in folders)
     merged["shard"] = "1/1"
     merged["merged_from"] = [str(p) for p in inputs]
     merged["attempts"] = [a for r in runs for a in r.get("attempts", [])]
@@ -112,11 +114,11 @@ def merge(inputs: list[Path], out: Path) -> Merged:
     return Merged(len(records), tuple(notes))
 
 
-def _read_runs(inputs: list[Path], out: Path) -> tuple[list[dict], list[dict]]:
-    """Each input's run.json and its settings as read back (RunConfig's); MergeError for an input
-    that is the output, is given twice, is no run folder or has a setting that does not read."""
-    runs: list[dict] = []
-    settings: list[dict] = []
+def _read_runs(inputs: list[Path], out: Path) -> list[RunFolder]:
+    """Each input opened as a run folder (run_folder.open_run_folder: run.json, its settings, its
+    completed blocks); MergeError for an input that is the output, is given twice, is no run
+    folder or does not read as one."""
+    folders: list[RunFolder] = []
     seen: dict[Path, Path] = {}  # resolved folder -> as given
     for folder in inputs:
         if folder.resolve() == out.resolve():
@@ -124,31 +126,28 @@ def _read_runs(inputs: list[Path], out: Path) -> tuple[list[dict], list[dict]]:
         if folder.resolve() in seen:
             raise MergeError(f"{seen[folder.resolve()]} and {folder} are the same run folder")
         seen[folder.resolve()] = folder
-        if not (folder / "trials.jsonl").is_file():
+        if not (folder / state.LOG_FILE).is_file():
             raise MergeError(f"{folder}: no trials.jsonl (not a racecheck run folder)")
         try:
-            runs.append(state.read_run(folder))
-        except ValueError as exc:
+            folders.append(open_run_folder(folder))
+        except RunFolderError as exc:
             raise MergeError(str(exc)) from None
-        try:
-            settings.append(settings_from_json(runs[-1]))
-        except ValueError as exc:
-            raise MergeError(f"{folder}: {exc}") from None
-    return runs, settings
+    return folders
 
 
-def _read_records(inputs: list[Path], runs: list[dict], settings: list[dict]) -> tuple[list[TrialRecord], list[str]]:
+def _read_records(inputs: list[Path], folders: list[RunFolder]) -> tuple[list[TrialRecord], list[str]]:
     """Every input's records, and a note for each input that holds fewer trials than it planned.
     MergeError for a log that does not read, holds no record of a shard that planned some, or
     holds a trial another input holds too."""
     records: list[TrialRecord] = []
     notes: list[str] = []
     owner: dict[tuple[str, str, int], Path] = {}  # (suite, arm, trial) -> the folder that holds it
-    for folder, run, kept in zip(inputs, runs, settings, strict=True):
+    for folder, opened in zip(inputs, folders, strict=True):
+        run, kept = opened.run, opened.settings
         bad: list = []
         try:
-            mine = list(read_log(folder / "trials.jsonl", bad_lines=bad))
-        except ValueError as exc:  # unreadable, or a line that is not a valid trial record
+            mine = list(opened.records(bad_lines=bad))
+        except ValueError as exc:  # unreadable, or a line that is not a valid trial record of the run
             raise MergeError(str(exc)) from None
         if bad:
             raise MergeError(
