@@ -17,7 +17,7 @@ from pathlib import Path
 
 import click
 
-from racecheck.cli.params import PROBABILITY, RATE
+from racecheck.cli.params import PROBABILITY, RATE, Folder
 from racecheck.exitcodes import ExitCode, InfrastructureError
 from racecheck.results.rows import Format
 
@@ -90,7 +90,7 @@ _signature_option = click.option(
 
 
 @click.command("report")
-@click.argument("out_dir", metavar="OUT", type=click.Path(path_type=Path))
+@click.argument("out_dir", metavar="OUT", type=Folder())
 @click.option(
     "--format",
     "fmt",
@@ -136,7 +136,7 @@ def report_command(ctx, out_dir: Path, fmt: str, output: Path | None, github_sum
 
 
 @click.command("gate")
-@click.argument("out_dir", metavar="OUT", type=click.Path(path_type=Path))
+@click.argument("out_dir", metavar="OUT", type=Folder())
 @click.option("--fixed", required=True, metavar="ARM", help="The arm that must not fail.")
 @click.option("--baseline", required=True, metavar="ARM", help="The arm that must still fail.")
 @gate_criteria()
@@ -242,7 +242,7 @@ def plan_command(ctx, bound, confidence, baseline_rate, fixed_rate, alpha, power
     "--out",
     "out_dir",
     required=True,
-    type=click.Path(file_okay=False, path_type=Path),
+    type=Folder(file_okay=False),
     help="The folder to write the merged run into.",
 )
 def merge_command(inputs, out_dir):

@@ -19,7 +19,7 @@ import click
 from racecheck import limits
 from racecheck.cli import node_options, run_checks, run_options
 from racecheck.cli.commands import gate_criteria, summarize_run
-from racecheck.cli.params import Number
+from racecheck.cli.params import Folder, Number
 from racecheck.exitcodes import ExitCode, InfrastructureError
 
 SECONDS = Number(limits.MIN_SECONDS, limits.MAX_SECONDS, within=limits.SECONDS_RANGE, metavar="SECONDS")
@@ -133,14 +133,14 @@ def _parse_stop(ctx, param, value):
 @click.option(
     "--out",
     "out_dir",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=Folder(file_okay=False),
     default=None,
     help="Output folder for trials.jsonl and summary.csv (default: racecheck-out/run-TIME).",
 )
 @click.option(
     "--resume",
     "resume_dir",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=Folder(file_okay=False),
     default=None,
     help="Continue the run in this folder up to --trials (its settings come from run.json).",
 )

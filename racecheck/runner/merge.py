@@ -26,7 +26,7 @@ from racecheck.runner import state
 from racecheck.runner.blocks import Shard
 from racecheck.runner.record import TrialRecord
 from racecheck.runner.run_config import resume_command
-from racecheck.runner.run_folder import RunFolder, RunFolderError, open_run_folder
+from racecheck.runner.run_folder import RunFolder, RunFolderError, open_run_folder, path_problem
 
 # Settings that must agree for logs to be one experiment: everything that changes what a trial
 # means. Arms and profiles are compared as resolved per suite (`scenarios` in run.json: each
@@ -121,6 +121,9 @@ def _read_runs(inputs: list[Path], out: Path) -> list[RunFolder]:
     folders: list[RunFolder] = []
     seen: dict[Path, Path] = {}  # resolved folder -> as given
     for folder in inputs:
+        problem = path_problem(folder)
+        if problem:
+            raise MergeError(problem)
         if folder.resolve() == out.resolve():
             raise MergeError(f"{folder} is both an input and the output")
         if folder.resolve() in seen:

@@ -3,6 +3,8 @@ with open_run_folder, so that a spoiled folder gets the same one line (exit 2) f
 
 What a folder must be to be read:
 
+- a path the file system can look up (path_problem: not a name longer than it allows, not behind
+  a folder that cannot be searched);
 - `run.json` a JSON object whose settings read back (run_config.settings_from_json: `"chunk": 0`
   does not), whose `attempts` are objects with whole trial counts, and whose `skipped` suites
   are described as the runner writes them. A folder without one is read by `report` and `gate`
@@ -55,9 +57,12 @@ class RunFolder:
 
 def open_run_folder(out: str | os.PathLike, *, need_run: bool = True) -> RunFolder:
     """The run folder at `out`, checked as the module docstring says; RunFolderError (one line)
-    for a file that is not as a run writes it. `need_run`: refuse a folder without
+    for a path or a file that is not as a run writes it. `need_run`: refuse a folder without
     run.json (merge and --resume need its settings); else read it as one without a plan."""
     path = Path(out)
+    problem = path_problem(path)
+    if problem:
+        raise RunFolderError(problem)
     try:
         run = state.read_run(path) if need_run or (path / state.RUN_FILE).exists() else {}
     except ValueError as exc:  # it names the file
@@ -104,3 +109,37 @@ def _check_skipped(path: Path, skipped) -> None:
             or not isinstance(info.get("expect", {}), dict)
         ):
             raise RunFolderError(f"{where}: {suite!r} is not described by its arms and why it was skipped")
+
+
+def path_problem(path: Path) -> str | None:
+    """Why the file system cannot even look `path` up (a name or a path longer than it allows,
+    also below folders that do not exist yet; a folder on the way that cannot be searched), in one
+    line; None where it can, whether or not the path exists."""
+    name_max, path_max = _limits(path)
+    longest = max((len(os.fsencode(part)) for part in path.parts), default=0)
+    if longest > name_max:
+        return f"{_short(path)}: a name of {longest} bytes, longer than the file system allows ({name_max})"
+    if len(os.fsencode(os.path.abspath(path))) >= path_max:
+        return f"{_short(path)}: a path longer than the file system allows ({path_max} bytes)"
+    try:
+        os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        return f"{_short(path)}: {exc.strerror or exc}"
+    return None
+
+
+def _limits(path: Path) -> tuple[int, int]:
+    """The longest name and path of the file system that holds `path` (of its nearest folder that
+    exists), as pathconf says; Linux's 255 and 4096 where it cannot say."""
+    known = next((p for p in Path(os.path.abspath(path)).parents if os.path.isdir(p)), Path("/"))
+    try:
+        return os.pathconf(known, "PC_NAME_MAX"), os.pathconf(known, "PC_PATH_MAX")
+    except (OSError, ValueError):
+        return 255, 4096
+
+
+def _short(path: Path) -> str:
+    text = str(path)
+    return text if len(text) <= 60 else f"{text[:40]}...{text[-12:]}"
