@@ -12,8 +12,10 @@ exits 3 where the native log cannot be built.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
+from typing import TextIO
 
 import click
 
@@ -109,30 +111,50 @@ _signature_option = click.option(
 @click.pass_context
 def report_command(ctx, out_dir: Path, fmt: str, output: Path | None, github_summary: bool, signature: str | None):
     """Render the trials in OUT (its trials.jsonl): a table, Markdown, CSV, JSON, JUnit or HTML."""
-    summary_file = os.environ.get("GITHUB_STEP_SUMMARY") if github_summary else None
-    if github_summary and not summary_file:
-        raise click.UsageError("--github-summary needs $GITHUB_STEP_SUMMARY (GitHub Actions sets it)", ctx)
-    from racecheck.results import failures, render_markdown, report
+    from racecheck.results import report
 
-    records, summary = _load(ctx, out_dir, signature)
-    text = report.render(fmt, summary=summary, records=records)
-    if output is None:
-        click.echo(text, nl=False)
-    else:
-        try:
-            output.write_text(text, encoding="utf-8")
-        except OSError as exc:
-            raise click.BadParameter(
-                f"cannot write {output}: {exc.strerror or exc}", ctx, param_hint="--output"
-            ) from None
-    if summary_file:
-        # The step summary's 1 MiB limit covers what earlier steps already wrote there.
-        used = Path(summary_file).stat().st_size if Path(summary_file).exists() else 0
-        room = max(render_markdown.MARKDOWN_LIMIT - used, 1024)
-        after = failures.render_markdown(records)  # the distinct failures, when they fit
-        after = after if len(after.encode()) < room // 2 else ""
-        with open(summary_file, "a", encoding="utf-8") as fh:
-            fh.write(render_markdown.render_markdown(summary, max_bytes=room - len(after.encode())) + after)
+    with contextlib.ExitStack() as stack:
+        step_summary = stack.enter_context(_step_summary(ctx)) if github_summary else None
+        records, summary = _load(ctx, out_dir, signature)
+        text = report.render(fmt, summary=summary, records=records)
+        if output is None:
+            click.echo(text, nl=False)
+        else:
+            try:
+                output.write_text(text, encoding="utf-8")
+            except OSError as exc:
+                raise click.BadParameter(
+                    f"cannot write {output}: {exc.strerror or exc}", ctx, param_hint="--output"
+                ) from None
+        if step_summary is not None:
+            _append_step_summary(step_summary, summary, records)
+
+
+def _step_summary(ctx) -> TextIO:
+    """$GITHUB_STEP_SUMMARY opened for appending, before anything is rendered; a usage error (one
+    line, exit 2) where the variable is unset or names no file that can be appended to (a
+    folder, a path into a missing folder)."""
+    path = os.environ.get("GITHUB_STEP_SUMMARY")
+    if not path:
+        raise click.UsageError("--github-summary needs $GITHUB_STEP_SUMMARY (GitHub Actions sets it)", ctx)
+    try:
+        return open(path, "a", encoding="utf-8")
+    except OSError as exc:
+        raise click.UsageError(
+            f"--github-summary: cannot append to $GITHUB_STEP_SUMMARY ({path}): {exc.strerror or exc}", ctx
+        ) from None
+
+
+def _append_step_summary(fh: TextIO, summary, records) -> None:
+    """The Markdown report, and the distinct failures when they fit, within the step summary's
+    1 MiB, a limit that covers what earlier steps already wrote there."""
+    from racecheck.results import failures, render_markdown
+
+    used = os.fstat(fh.fileno()).st_size
+    room = max(render_markdown.MARKDOWN_LIMIT - used, 1024)
+    after = failures.render_markdown(records)
+    after = after if len(after.encode()) < room // 2 else ""
+    fh.write(render_markdown.render_markdown(summary, max_bytes=room - len(after.encode())) + after)
 
 
 @click.command("gate")
