@@ -1,7 +1,8 @@
 """Bad run folders through every command that reads one: a finished run's trials.jsonl, run.json
-and completed.jsonl spoiled one way at a time (a field of the wrong type or range, a file that
-cannot be read, a setting that does not read back), and folders `--out` must not take. Each case
-runs `report`, `gate`, `run --resume` and `merge` where they read what it spoils, and counts as
+and completed.jsonl spoiled one way at a time (a field of the wrong type or range, a trial past
+the run's plan, a file that cannot be read, a setting that does not read back), folders `--out`
+must not take, and folder names the file system cannot look up. Each case runs `report`, `gate`,
+`run --resume` and `merge` (all four read every file of the folder), and counts as
 handled when each command exits with the code the README gives and says why in one line (its last
 line of stderr; warnings before it are allowed) without a traceback. Prints one line per case and
 the tally, and writes the tally to reports/bad_run_folders.md.
@@ -45,6 +46,8 @@ RECORD_FIELDS = [
     ("trial", -1),
     ("trial", 1.5),
     ("trial", None),
+    ("trial", 4),  # the run planned trials 0 to 3
+    ("trial", 10**30),
     ("outcome", "weird"),
     ("outcome", None),
     ("outcome", 3),
@@ -71,12 +74,15 @@ RUN_SETTINGS = [
     ("chunk", "5"),
     ("trials", "x"),
     ("trials", 0),
+    ("trials", -3),
     ("seed", "s"),
     ("isolation", "threads"),
     ("order", "sideways"),
     ("backend", "tpu"),
     ("timeout", 0),
     ("timeout", "x"),
+    ("timeout", float("nan")),  # json.dumps writes a bare NaN
+    ("timeout", float("inf")),
     ("detect", "yes"),
     ("pytest_args", "-x"),
     ("pytest_args", [1]),
@@ -90,6 +96,9 @@ RUN_SETTINGS = [
     ("revisions", []),
     ("source", "x"),
     ("source", {"kind": "zzz"}),
+    ("attempts", 5),
+    ("attempts", [{"trials": 0}]),
+    ("skipped", {"tiny": 5}),
 ]
 
 
@@ -184,8 +193,12 @@ def spoil_logs(cases: Cases) -> None:
     out = cases.folder("completed-dir")
     (out / "completed.jsonl").unlink()
     (out / "completed.jsonl").mkdir()
-    commands, _ = cases.readers(out)
-    cases.check("completed.jsonl is a folder", {k: commands[k] for k in ("resume", "merge")}, {"resume": 2, "merge": 2})
+    cases.check("completed.jsonl is a folder", *cases.readers(out))
+    out = cases.folder("completed-phantom")
+    line = json.loads((out / "completed.jsonl").read_text().splitlines()[0])
+    with open(out / "completed.jsonl", "a") as fh:
+        fh.write(json.dumps({**line, "trial": 10**30}) + "\n")
+    cases.check("completed.jsonl names trial 10**30", *cases.readers(out))
 
 
 def spoil_run_json(cases: Cases) -> None:
@@ -194,21 +207,43 @@ def spoil_run_json(cases: Cases) -> None:
         run = json.loads((out / "run.json").read_text())
         run[setting] = value
         (out / "run.json").write_text(json.dumps(run))
-        commands, _ = cases.readers(out)
-        cases.check(
-            f"run.json {setting} = {json.dumps(value)}",
-            {k: commands[k] for k in ("resume", "merge")},
-            {"resume": 2, "merge": 2},
-        )
-    for name, text in (("no object", "[1, 2]"), ("not JSON", "{"), ("a folder", None)):
+        commands, expected = cases.readers(out)
+        if setting == "source" and isinstance(value, dict):
+            # The source says where --resume reloads the suites from; report and gate need no suite,
+            # and read the run as it is (merge compares the sources, and refuses).
+            expected.update(report=0, gate=0)
+        cases.check(f"run.json {setting} = {json.dumps(value)}", commands, expected)
+    for name, text in (
+        ("no object", b"[1, 2]"),
+        ("not JSON", b"{"),
+        ("binary", b"\x89PNG\x00\xff"),
+        ("a folder", None),
+    ):
         out = cases.folder(f"run-{name.replace(' ', '-')}")
         if text is None:
             (out / "run.json").unlink()
             (out / "run.json").mkdir()
         else:
-            (out / "run.json").write_text(text)
-        commands, _ = cases.readers(out)
-        cases.check(f"run.json {name}", {k: commands[k] for k in ("resume", "merge")}, {"resume": 2, "merge": 2})
+            (out / "run.json").write_bytes(text)
+        cases.check(f"run.json {name}", *cases.readers(out))
+
+
+def unlookable_folders(cases: Cases) -> None:
+    """Folder names the file system cannot look up, given to every command that takes one."""
+    for name, where in (
+        ("a name of 300 bytes", "x" * 300),
+        ("a name of 300 bytes below a new folder", f"new/{'x' * 300}"),
+    ):
+        shards = [cases.other, cases.finished]
+        commands = {
+            "run": ("run", "--trials", 1, "--out", where, "-q"),
+            "resume": ("run", "--resume", where, "-q"),
+            "report": ("report", where),
+            "gate": ("gate", where, "--fixed", "never", "--baseline", "often"),
+            "merge": ("merge", *shards, "--out", where),
+            "merge input": ("merge", cases.other, where, "--out", cases.base / "merged-long"),
+        }
+        cases.check(f"folder {name}", commands, dict.fromkeys(commands, 2))
 
 
 def foreign_folders(cases: Cases) -> None:
@@ -246,7 +281,7 @@ def main() -> None:
             )
             assert code == 0, err
         cases = Cases(base, root, base / "shard-2", base / "shard-1")
-        for part in (spoil_records, spoil_logs, spoil_run_json, foreign_folders):
+        for part in (spoil_records, spoil_logs, spoil_run_json, foreign_folders, unlookable_folders):
             part(cases)
     summary = (
         "# Bad run folders through every command that reads them\n\n"

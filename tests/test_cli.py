@@ -49,10 +49,39 @@ def one_line_error(res, code=2) -> str:
             ["--perturb", "sleep@stream_enter:5ms/side", "--delay-ms", "1"],
             "rules only, not sleep@stream_enter:1ms/side",
         ),
+        # Numbers: nan passes every comparison-based range, and a bare NaN in run.json reads back as none.
+        (["--timeout", "nan"], "Invalid value for '--timeout': nan is not a number of seconds from 1 to 604800"),
+        (["--timeout", "inf"], "Invalid value for '--timeout': inf is not a number of seconds from 1 to 604800"),
+        (["--timeout", "1e9"], "Invalid value for '--timeout': 1e9 is not a number of seconds from 1 to 604800"),
+        (["--timeout", "0.5"], "Invalid value for '--timeout': 0.5 is not a number of seconds"),
+        (["--max-time", "nan"], "Invalid value for '--max-time': nan is not a number of seconds from 1 to 604800"),
+        (["--delay-ms", "nan"], "'--delay-ms': nan is not a number of milliseconds from 0 to 3600000 (an hour)"),
+        (["--delay-ms", "inf"], "Invalid value for '--delay-ms': inf is not a number of milliseconds"),
+        (["--delay-ms", "1e12"], "Invalid value for '--delay-ms': 1e12 is not a number of milliseconds"),
+        (["--delay-ms", "-1"], "Invalid value for '--delay-ms': -1 is not a number of milliseconds"),
+        (["--delay-ms", "soon"], "Invalid value for '--delay-ms': 'soon' is not a number"),
+        (["--perturb", ""], "Invalid value for --perturb: '' is no profile; write 'off' for none"),
+        (["--perturb", ",,,"], "Invalid value for --perturb: ',,,' names no perturbation rule; write 'off' for none"),
+        (["--perturb", "sleep@stream_enter:2h"], "Invalid value for --perturb: bad perturbation rule"),
+        (["--perturb", "sleep@stream_enter:7200s"], "7200s is longer than an hour, the longest delay racecheck takes"),
+        (["--world-size", "100000"], "tiny would run 100000 ranks on this machine, and a run on the CPU takes"),
     ],
 )
 def test_bad_options_get_one_line_and_exit_2(project, args, message):
     assert message in one_line_error(racecheck("run", "-q", *args, cwd=project))
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["plan", "--bound", "nan"], "Invalid value for '--bound': nan is not a rate in [0, 1]"),
+        (["plan", "--baseline-rate", "0.5", "--alpha", "inf"], "'--alpha': inf is not strictly between 0 and 1"),
+        (["gate", ".", "--fixed", "a", "--baseline", "b", "--max-rate", "nan"], "'--max-rate': nan is not a rate"),
+        (["gate", ".", "--fixed", "a", "--baseline", "b", "--confidence", "1"], "1 is not strictly between 0 and 1"),
+    ],
+)
+def test_every_number_option_refuses_nan_and_out_of_range_in_one_line(tmp_path, args, message):
+    assert message in one_line_error(racecheck(*args, cwd=tmp_path))
 
 
 def test_backend_cuda_without_a_gpu_is_a_usage_error(project):
@@ -215,11 +244,22 @@ def test_a_min_world_size_above_the_world_size_is_rejected(tmp_path):
             "min_world_size 3 is larger than world_size 2",
         ),
         ("[tool.racecheck]\ndefault_arms = ['b']\n[tool.racecheck.arms.a]\n", "default arm 'b' is not defined"),
+        ("[tool.racecheck]\ndefault_arms = []\n[tool.racecheck.arms.a]\n", "default_arms is empty; name at least one"),
+        # Names the command line cannot give back (--arms splits at commas, reads 'all' as every arm).
+        ('[tool.racecheck.arms."on,off"]\n', "arm name 'on,off' cannot be given on the command line"),
+        ('[tool.racecheck.arms.""]\n', "arm name '' cannot be given on the command line"),
+        ("[tool.racecheck.arms.all]\n", "arm name 'all' cannot be given on the command line"),
+        ('[tool.racecheck.arms."a b"]\n', "arm name 'a b' cannot be given"),
+        ('[tool.racecheck.arms."a:b"]\n', "arm name 'a:b' cannot be given"),
+        # What no process environment takes.
+        ('[tool.racecheck.arms.a]\nenv = { "X=1" = "2" }\n', "arm 'a': env: 'X=1' is no variable name"),
+        ('[tool.racecheck.arms.a]\nenv = { X = "a\\u0000b" }\n', "arm 'a': env: the value of X holds NUL"),
     ],
 )
-def test_an_invalid_config_is_a_usage_error(tmp_path, toml, message):
+@pytest.mark.parametrize("command", ["run", "list"])
+def test_an_invalid_config_is_a_usage_error(tmp_path, toml, message, command):
     (tmp_path / "pyproject.toml").write_text(toml)
-    assert message in one_line_error(racecheck("run", "--config", "pyproject.toml", cwd=tmp_path))
+    assert message in one_line_error(racecheck(command, "--config", "pyproject.toml", cwd=tmp_path))
 
 
 def test_an_unreadable_config_is_a_usage_error(tmp_path):

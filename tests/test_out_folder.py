@@ -42,6 +42,23 @@ def test_out_refuses_a_folder_of_someone_elses_files_and_a_link_to_one(project, 
     assert os.listdir(mine) == ["summary.csv"] and (mine / "summary.csv").read_text() == "precious\n"
 
 
+def test_a_folder_name_longer_than_the_file_system_allows_is_one_line_and_exit_2(project, tmp_path):
+    long = "x" * 300  # past NAME_MAX (255 on Linux's file systems): every lookup fails with ENAMETOOLONG
+    said = f"{long[:40]}...{long[-12:]}: a name of 300 bytes, longer than the file system allows (255)"
+    for args in (
+        ("run", "--trials", 1, "--out", long, "-q"),
+        ("run", "--resume", tmp_path / long, "-q"),
+        ("report", long),
+        ("gate", long, "--fixed", "often", "--baseline", "never"),
+        ("merge", "--out", tmp_path / "m", long, tmp_path / "other"),
+        ("merge", "--out", f"a/{long}/b", tmp_path / "one", tmp_path / "other"),
+    ):
+        err = _one_line(racecheck(*args, cwd=project))
+        assert "a name of 300 bytes, longer than the file system allows (255)" in err, (args, err)
+    assert said in _one_line(racecheck("report", long, cwd=project))
+    assert not any(p.name.startswith("xxx") for p in project.iterdir())
+
+
 def test_a_folder_holding_only_follower_nodes_folders_is_taken(tmp_path):
     # On a shared file system node 1 creates OUT/nodes/node-1 before node 0 takes OUT.
     (tmp_path / "out" / "nodes" / "node-1").mkdir(parents=True)

@@ -7,6 +7,7 @@ test asserts on wall time.
 
 from __future__ import annotations
 
+import re
 import threading
 
 import pytest
@@ -17,6 +18,7 @@ from racecheck.perturb import injector as injector_mod
 from racecheck.perturb.decisions import Hold, Poison, Pressure, RandomSchedule, Sleep
 from racecheck.perturb.injector import Injector, install, install_from_env, resolve_spec, uninstall
 from racecheck.perturb.profiles import PROFILES, RandomConfig, Rule, parse_profile
+from racecheck.suites.catalogue import read_profile
 
 GATE_TIMEOUT_S = 10.0
 
@@ -72,11 +74,36 @@ def test_rule_fields_and_round_trip():
         ("random:max=3", "max"),
         ("sleep@reshard:1.2.3ms", "ACTION@POINT"),
         ("random:sleep=abc", "bad value 'abc' for random schedule option 'sleep'"),
+        ("random:sleep=nan", "bad value 'nan' for random schedule option 'sleep'"),
+        (",,,", "',,,' names no perturbation rule; write 'off' for none"),
+        ("sleep@reshard:3601s", "3601s is longer than an hour, the longest delay racecheck takes"),
+        ("sleep@reshard:1e99s", "1e99s is longer than an hour"),
+        ("reorder@before_all_reduce>end_of_backward:4e6ms", "4e6ms is longer than an hour"),
+        ("random:max=7200s", "random schedule option 'max': 7200s is longer than an hour"),
+        ("systematic:delay=90000s", "systematic schedule option 'delay': 90000s is longer than an hour"),
+        ("sleep@reshard:nanms", "ACTION@POINT"),
     ],
 )
 def test_bad_specs_say_why(spec, words):
-    with pytest.raises(ValueError, match=words):
+    with pytest.raises(ValueError, match=re.escape(words)):
         parse_profile(spec)
+
+
+def test_spec_text_given_to_the_runner_must_name_a_profile():
+    for blank in ("", "  "):
+        with pytest.raises(ValueError, match="is no profile; write 'off' for none"):
+            read_profile(blank)
+    assert read_profile("off").is_off
+
+
+@pytest.mark.parametrize("seconds", [0.0, 1e-15, 2.5e-7, 0.0123456, 3600.0])
+def test_every_delay_the_run_may_resize_to_reads_back_in_its_ranks(seconds):
+    # The ranks parse the canonical spec the runner writes: `1e-09us` must read back as it was.
+    for name in ("rs_delay", "random", "systematic"):
+        spec = parse_profile(name).with_delay(seconds).to_spec()
+        assert parse_profile(spec).to_spec() == spec
+    rule = parse_profile(parse_profile("rs_delay").with_delay(seconds).to_spec()).rules[0]
+    assert rule.seconds == pytest.approx(seconds, rel=1e-5)
 
 
 def test_random_spec_options_and_delay_resize():

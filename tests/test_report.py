@@ -231,6 +231,24 @@ def test_report_command_github_summary(run_dir, tmp_path):
     assert result.exit_code == 2 and "GITHUB_STEP_SUMMARY" in result.output
 
 
+@pytest.mark.parametrize(
+    ("where", "why"),
+    [(".", "Is a directory"), ("missing/step.md", "No such file or directory")],
+    ids=["folder", "lost"],
+)
+def test_a_step_summary_that_cannot_be_appended_to_is_one_line_and_exit_2(run_dir, tmp_path, where, why):
+    # Refused before the report is rendered, so that the job's log holds the one line and no half.
+    step = tmp_path / where
+    result = CliRunner().invoke(
+        report_command, [str(run_dir), "--github-summary"], env={"GITHUB_STEP_SUMMARY": str(step)}
+    )
+    assert result.exit_code == 2, result  # an uncaught OSError would be exit 1 with its traceback
+    assert result.output.strip().splitlines()[-1] == (
+        f"Error: --github-summary: cannot append to $GITHUB_STEP_SUMMARY ({step}): {why}"
+    ), result.output
+    assert "main_grad_reuse" not in result.output
+
+
 def test_report_command_usage_errors(tmp_path):
     runner = CliRunner()
     for args, message in [

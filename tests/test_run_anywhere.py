@@ -15,7 +15,7 @@ import subprocess
 import pytest
 from run_kit import SEEDED_TEST, racecheck, records, write_suite
 
-from racecheck.runner import run_folder, state
+from racecheck.runner import run_location, state
 from racecheck.runner.blocks import Shard
 
 pytestmark = pytest.mark.usefixtures("fast_sessions")
@@ -93,7 +93,7 @@ def test_an_env_arm_beside_a_git_arm_collects_no_run_folder(calc_repo):
 def test_a_project_suite_runs_from_a_subfolder_and_from_another_folder(tmp_path, monkeypatch):
     project = write_suite(tmp_path / "p", arms={"often": {}, "never": {}}, tests={"test_seeded.py": SEEDED_TEST})
     (project / "sub").mkdir()
-    monkeypatch.setattr(run_folder, "run_name", lambda: "run-20250101-120000")  # every run in one second
+    monkeypatch.setattr(run_location, "run_name", lambda: "run-20250101-120000")  # every run in one second
     res = racecheck("run", "--trials", 1, "-q", cwd=project / "sub")
     assert res.code == 0, res
     first = project / "racecheck-out" / "run-20250101-120000"  # at the project's root, not in sub/

@@ -201,3 +201,23 @@ def test_the_config_checks_the_world_against_its_nodes_its_gpus_and_its_suites()
     assert raised.value.option == "--world-size"
     fitted = _config(world_size=None, mesh=None).fitted_to(2)
     assert fitted.worlds == {"s": 2} and fitted.world_for(fitted.scenarios[0]) == 2
+
+
+def test_a_world_past_what_the_machine_runs_is_refused_before_any_rank_starts():
+    # On the CPU, every rank is a process that loads torch: at most 64 a node.
+    with pytest.raises(
+        InputError, match="s would run 100000 ranks on this machine, and a run on the CPU takes at most 64"
+    ) as raised:
+        _config(world_size=100000, mesh=None).validate(gpus=None)
+    assert raised.value.option == "--world-size"
+    huge = dataclasses.replace(_suite(), world_size=100000)  # a suite's own world_size, no --world-size
+    with pytest.raises(InputError, match="give at most --world-size 64"):
+        _config(scenarios=(huge,), world_size=None, mesh=None).validate(gpus=None)
+    with pytest.raises(InputError, match="s would run 65 ranks on each node"):
+        _config(world_size=130, mesh=None).validate(gpus=None, nnodes=2)
+    _config(world_size=64, mesh=None).validate(gpus=None)
+    _config(world_size=128, mesh=None).validate(gpus=None, nnodes=2)
+    # On CUDA: one rank per GPU.
+    with pytest.raises(InputError, match="s would run 100000 ranks on this machine, which has 8 GPUs") as raised:
+        _config(world_size=100000, mesh=None).validate(gpus=8)
+    assert raised.value.option == "--world-size"

@@ -12,24 +12,16 @@ exits 3 where the native log cannot be built.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
+from typing import TextIO
 
 import click
 
+from racecheck.cli.params import PROBABILITY, RATE, Folder
 from racecheck.exitcodes import ExitCode, InfrastructureError
 from racecheck.results.rows import Format
-
-
-def check_rate(ctx, param, value):
-    """click callback: a rate must lie in [0, 1] (a confidence, alpha or power strictly inside)."""
-    if value is None:
-        return value
-    if param.name in ("confidence", "alpha", "power") and not 0.0 < value < 1.0:
-        raise click.BadParameter(f"{value} is not strictly between 0 and 1", ctx, param)
-    if not 0.0 <= value <= 1.0:
-        raise click.BadParameter(f"{value} is not a rate in [0, 1]", ctx, param)
-    return value
 
 
 def _load(ctx, out_dir: Path, signature: str | None = None):
@@ -60,17 +52,15 @@ def gate_criteria(*, within: str = ""):
     options = (
         click.option(
             "--max-rate",
-            type=float,
+            type=RATE,
             default=0.0,
             show_default=True,
-            callback=check_rate,
             help=helped("Highest failure rate allowed for the fixed arm (its upper bound with --confidence)."),
         ),
         click.option(
             "--min-rate",
-            type=float,
+            type=RATE,
             default=None,
-            callback=check_rate,
             help=helped(
                 "Lowest failure rate required of the baseline (its lower bound with --confidence). "
                 "Default: at least one failing trial."
@@ -78,9 +68,8 @@ def gate_criteria(*, within: str = ""):
         ),
         click.option(
             "--confidence",
-            type=float,
+            type=PROBABILITY,
             default=None,
-            callback=check_rate,
             help=helped("Judge Wilson bounds at this confidence (e.g. 0.95) instead of observed rates."),
         ),
     )
@@ -103,7 +92,7 @@ _signature_option = click.option(
 
 
 @click.command("report")
-@click.argument("out_dir", metavar="OUT", type=click.Path(path_type=Path))
+@click.argument("out_dir", metavar="OUT", type=Folder())
 @click.option(
     "--format",
     "fmt",
@@ -122,11 +111,8 @@ _signature_option = click.option(
 @click.pass_context
 def report_command(ctx, out_dir: Path, fmt: str, output: Path | None, github_summary: bool, signature: str | None):
     """Render the trials in OUT (its trials.jsonl): a table, Markdown, CSV, JSON, JUnit or HTML."""
-    summary_file = os.environ.get("GITHUB_STEP_SUMMARY") if github_summary else None
-    if github_summary and not summary_file:
-        raise click.UsageError("--github-summary needs $GITHUB_STEP_SUMMARY (GitHub Actions sets it)", ctx)
-    from racecheck.results import failures, render_markdown, report
-    from racecheck.runner.run_folder import own_file
+    from racecheck.results import report
+    from racecheck.runner.run_location import own_file
 
     what = own_file(out_dir, output) if output is not None else None
     if what:
@@ -135,29 +121,53 @@ def report_command(ctx, out_dir: Path, fmt: str, output: Path | None, github_sum
             ctx,
             param_hint="--output",
         )
-    records, summary = _load(ctx, out_dir, signature)
-    text = report.render(fmt, summary=summary, records=records)
-    if output is None:
-        click.echo(text, nl=False)
-    else:
-        try:
-            output.write_text(text, encoding="utf-8")
-        except OSError as exc:
-            raise click.BadParameter(
-                f"cannot write {output}: {exc.strerror or exc}", ctx, param_hint="--output"
-            ) from None
-    if summary_file:
-        # The step summary's 1 MiB limit covers what earlier steps already wrote there.
-        used = Path(summary_file).stat().st_size if Path(summary_file).exists() else 0
-        room = max(render_markdown.MARKDOWN_LIMIT - used, 1024)
-        after = failures.render_markdown(records)  # the distinct failures, when they fit
-        after = after if len(after.encode()) < room // 2 else ""
-        with open(summary_file, "a", encoding="utf-8") as fh:
-            fh.write(render_markdown.render_markdown(summary, max_bytes=room - len(after.encode())) + after)
+
+    with contextlib.ExitStack() as stack:
+        step_summary = stack.enter_context(_step_summary(ctx)) if github_summary else None
+        records, summary = _load(ctx, out_dir, signature)
+        text = report.render(fmt, summary=summary, records=records)
+        if output is None:
+            click.echo(text, nl=False)
+        else:
+            try:
+                output.write_text(text, encoding="utf-8")
+            except OSError as exc:
+                raise click.BadParameter(
+                    f"cannot write {output}: {exc.strerror or exc}", ctx, param_hint="--output"
+                ) from None
+        if step_summary is not None:
+            _append_step_summary(step_summary, summary, records)
+
+
+def _step_summary(ctx) -> TextIO:
+    """$GITHUB_STEP_SUMMARY opened for appending, before anything is rendered; a usage error (one
+    line, exit 2) where the variable is unset or names no file that can be appended to (a
+    folder, a path into a missing folder)."""
+    path = os.environ.get("GITHUB_STEP_SUMMARY")
+    if not path:
+        raise click.UsageError("--github-summary needs $GITHUB_STEP_SUMMARY (GitHub Actions sets it)", ctx)
+    try:
+        return open(path, "a", encoding="utf-8")
+    except OSError as exc:
+        raise click.UsageError(
+            f"--github-summary: cannot append to $GITHUB_STEP_SUMMARY ({path}): {exc.strerror or exc}", ctx
+        ) from None
+
+
+def _append_step_summary(fh: TextIO, summary, records) -> None:
+    """The Markdown report, and the distinct failures when they fit, within the step summary's
+    1 MiB, a limit that covers what earlier steps already wrote there."""
+    from racecheck.results import failures, render_markdown
+
+    used = os.fstat(fh.fileno()).st_size
+    room = max(render_markdown.MARKDOWN_LIMIT - used, 1024)
+    after = failures.render_markdown(records)
+    after = after if len(after.encode()) < room // 2 else ""
+    fh.write(render_markdown.render_markdown(summary, max_bytes=room - len(after.encode())) + after)
 
 
 @click.command("gate")
-@click.argument("out_dir", metavar="OUT", type=click.Path(path_type=Path))
+@click.argument("out_dir", metavar="OUT", type=Folder())
 @click.option("--fixed", required=True, metavar="ARM", help="The arm that must not fail.")
 @click.option("--baseline", required=True, metavar="ARM", help="The arm that must still fail.")
 @gate_criteria()
@@ -193,45 +203,38 @@ def gate_command(ctx, out_dir, fixed, baseline, max_rate, min_rate, confidence, 
 
 
 @click.command("plan")
-@click.option(
-    "--bound", type=float, callback=check_rate, help="Plan to bound a clean arm's failure rate at or below this rate."
-)
+@click.option("--bound", type=RATE, help="Plan to bound a clean arm's failure rate at or below this rate.")
 @click.option(
     "--confidence",
-    type=float,
+    type=PROBABILITY,
     default=0.95,
     show_default=True,
-    callback=check_rate,
     help="Confidence of the Wilson bound (with --bound).",
 )
 @click.option(
     "--baseline-rate",
-    type=float,
-    callback=check_rate,
+    type=RATE,
     help="Expected failure rate of the baseline arm (to plan a separation).",
 )
 @click.option(
     "--fixed-rate",
-    type=float,
+    type=RATE,
     default=0.0,
     show_default=True,
-    callback=check_rate,
     help="Expected failure rate of the fixed arm.",
 )
 @click.option(
     "--alpha",
-    type=float,
+    type=PROBABILITY,
     default=0.05,
     show_default=True,
-    callback=check_rate,
     help="Significance level of the one-sided Fisher exact test.",
 )
 @click.option(
     "--power",
-    type=float,
+    type=PROBABILITY,
     default=0.9,
     show_default=True,
-    callback=check_rate,
     help="Required probability that the test separates the arms.",
 )
 @click.pass_context
@@ -270,7 +273,7 @@ def plan_command(ctx, bound, confidence, baseline_rate, fixed_rate, alpha, power
     "--out",
     "out_dir",
     required=True,
-    type=click.Path(file_okay=False, path_type=Path),
+    type=Folder(file_okay=False),
     help="The folder to write the merged run into.",
 )
 def merge_command(inputs, out_dir):

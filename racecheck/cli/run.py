@@ -16,9 +16,13 @@ from pathlib import Path
 
 import click
 
+from racecheck import limits
 from racecheck.cli import node_options, run_checks, run_options
 from racecheck.cli.commands import gate_criteria, summarize_run
+from racecheck.cli.params import Folder, Number
 from racecheck.exitcodes import ExitCode, InfrastructureError
+
+SECONDS = Number(limits.MIN_SECONDS, limits.MAX_SECONDS, within=limits.SECONDS_RANGE, metavar="SECONDS")
 
 
 def _import_table_libraries_meanwhile() -> None:
@@ -129,7 +133,7 @@ def _parse_stop(ctx, param, value):
 @click.option(
     "--out",
     "out_dir",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=Folder(file_okay=False),
     default=None,
     help="Output folder for trials.jsonl and summary.csv (default: a new racecheck-out/run-TIME in "
     "the project's root, the config file's folder; for the catalogue, in the current folder).",
@@ -137,7 +141,7 @@ def _parse_stop(ctx, param, value):
 @click.option(
     "--resume",
     "resume_dir",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=Folder(file_okay=False),
     default=None,
     help="Continue the run in this folder up to --trials (its settings come from run.json).",
 )
@@ -156,9 +160,9 @@ def _parse_stop(ctx, param, value):
 @click.option("--no-perturb", is_flag=True, help="Run without perturbation: the natural failure rate.")
 @click.option(
     "--delay-ms",
-    type=click.FloatRange(min=0),
+    type=Number(0.0, limits.MAX_DELAY_S * 1e3, within=limits.DELAY_MS_RANGE, metavar="MS"),
     default=None,
-    help="Resize every sleep of the profile to this many milliseconds.",
+    help="Resize every sleep of the profile to this many milliseconds (at most an hour).",
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Base seed; trial t uses seed+t.")
 @click.option(
@@ -194,18 +198,17 @@ def _parse_stop(ctx, param, value):
 )
 @click.option(
     "--timeout",
-    type=click.FloatRange(min=1),
+    type=SECONDS,
     default=300,
     show_default=True,
     help="Seconds without a test starting or finishing before the trial counts as hung "
-    "and its process tree is killed; the run goes on (start-up gets at least 120 s).",
+    "and its process tree is killed; the run goes on (start-up gets at least 120 s; 1 s to a week).",
 )
 @click.option(
     "--max-time",
-    type=click.FloatRange(min=1),
+    type=SECONDS,
     default=None,
-    metavar="SECONDS",
-    help="Stop at the next trial boundary after this long.",
+    help="Stop at the next trial boundary after this long (1 s to a week).",
 )
 @click.option(
     "--stop-when",

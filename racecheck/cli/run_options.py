@@ -85,7 +85,7 @@ def fresh_config(ctx, opts, *, nnodes: int = 1):
     if opts["perturb"] is not None and opts["no_perturb"]:
         raise click.UsageError("--perturb and --no-perturb exclude each other")
     shard, shard_source = job_shard(opts["shard"])
-    from racecheck.runner.run_folder import default_parent, run_name
+    from racecheck.runner.run_location import default_parent, run_name
 
     # The default is named here and made at the end, once the options are known to be good.
     out_dir = opts["out_dir"] or default_parent(suites[0].config_file) / run_name()
@@ -127,7 +127,7 @@ def with_run_folder(config, *, given: Path | None):
     started in the same second."""
     import dataclasses
 
-    from racecheck.runner.run_folder import new_run_folder
+    from racecheck.runner.run_location import new_run_folder
     from racecheck.runner.state import ForeignFolder, check_out_folder
 
     try:
@@ -236,8 +236,8 @@ def resumed_config(ctx, opts, *, nnodes: int = 1):
     --max-time, --stop-when, the gate options, --allow-changed-suite and --quiet may be given anew."""
     from click.core import ParameterSource
 
-    from racecheck.runner import state
-    from racecheck.runner.run_config import RunConfig, settings_from_json
+    from racecheck.runner.run_config import RunConfig
+    from racecheck.runner.run_folder import open_run_folder
     from racecheck.suites import source as suite_source
     from racecheck.suites.catalogue import CatalogueError
     from racecheck.suites.project import load_suites
@@ -250,8 +250,8 @@ def resumed_config(ctx, opts, *, nnodes: int = 1):
     out = opts["resume_dir"]
     timeout_given = ctx.get_parameter_source("timeout") is ParameterSource.COMMANDLINE
     try:
-        run = state.read_run(out)
-        settings = settings_from_json(run)
+        folder = open_run_folder(out)  # run.json, its settings, its records' plan (exit 2 if spoiled)
+        run, settings = folder.run, folder.settings
         source = suite_source.located(run["source"], out)  # where the suites lie now
         config = RunConfig.from_json(
             run,

@@ -13,7 +13,8 @@ A spec is one of
     pressure@free                        a same-size allocation written on that stream
                                          (both at the program's next allocation on that stream,
                                          while the block is still free there: free_actions.py)
-  Sizes take `us`, `ms`, `s`; a sleep without a size lasts 10 ms, a hold at most 50 ms.
+  Sizes take `us`, `ms`, `s` (`1.5ms`, `2e-3s`), at most an hour (racecheck.limits); a sleep
+  without a size lasts 10 ms, a hold at most 50 ms.
 - the random schedule, `random[:KEY=VALUE]...`, with keys max (largest delay), sleep, poison and
   pressure (probabilities per point or free), depth (PCT depth: 1 + the number of priority change
   points) and horizon (steps over which change points are drawn), e.g. `random:max=2ms:depth=4`.
@@ -31,6 +32,7 @@ import functools
 import re
 from typing import Any
 
+from racecheck import limits
 from racecheck.perturb.points import COLLECTIVE_AFTER_POINTS, COLLECTIVE_POINTS, FREE, HANDOFF_POINTS, POINTS
 
 # The points the systematic schedule enumerates: every place where work passes between streams,
@@ -81,7 +83,8 @@ PROFILES = {
 DEFAULT_SLEEP_S = 0.01
 DEFAULT_HOLD_S = 0.05
 
-_NUMBER = r"\d+(?:\.\d*)?|\.\d+"  # what float() takes, without signs or exponents
+# What float() takes, without signs, nan or inf: the spelling _format_seconds writes, exponents too.
+_NUMBER = r"(?:\d+(?:\.\d*)?|\.\d+)(?:e[+-]?\d+)?"
 _RULE = re.compile(
     rf"^(?P<action>\w+)@(?P<point>\w+)(?:>(?P<until>\w+))?"
     rf"(?::(?P<size>{_NUMBER})(?P<unit>us|ms|s))?(?:/(?P<stream>[\w.-]+))?$"
@@ -200,6 +203,8 @@ def parse_profile(spec: str | None) -> Profile:
         return Profile(spec, random=_parse_random(text))
     if text == "systematic" or text.startswith("systematic:"):
         return Profile(spec, systematic=_parse_systematic(text))
+    if text and not _parts(text):
+        raise ValueError(f"{spec!r} names no perturbation rule; write 'off' for none")
     rules: list[Rule] = []
     for part in _parts(text):
         named = PROFILES.get(part)
@@ -246,7 +251,7 @@ def _parse_rule(part: str) -> Rule:
     if action in FREE_ONLY_ACTIONS and m["stream"]:
         raise ValueError(f"{action} always acts on the freed block's own stream; drop the /STREAM")
     default = DEFAULT_HOLD_S if action == "reorder" else DEFAULT_SLEEP_S
-    seconds = float(m["size"]) * _UNITS[m["unit"]] if m["size"] else default
+    seconds = _delay(m["size"], m["unit"], part) if m["size"] else default
     return Rule(action, point, seconds, until, m["stream"])
 
 
@@ -260,22 +265,20 @@ def _parse_random(text: str) -> RandomConfig:
             raise ValueError(
                 f"unknown random schedule option {key!r}; known: max, sleep, poison, pressure, depth, horizon"
             )
+        bad = ValueError(f"bad value {value!r} for random schedule option {key!r}")
+        if key == "max":
+            m = _SIZE.match(value)
+            if not m:
+                raise bad
+            values["max_delay"] = _delay(m["size"], m["unit"], "random schedule option 'max'")
+            continue
         try:
-            if key == "max":
-                m = _SIZE.match(value)
-                if not m:
-                    raise ValueError
-                values["max_delay"] = float(m["size"]) * _UNITS[m["unit"]]
-            elif key in ("sleep", "poison", "pressure"):
-                values[key] = float(value)
-                if not 0.0 <= values[key] <= 1.0:
-                    raise ValueError
-            else:  # depth, horizon
-                values[key] = int(value)
-                if values[key] < 1:
-                    raise ValueError
+            number = float(value) if key in ("sleep", "poison", "pressure") else int(value)
         except ValueError:
-            raise ValueError(f"bad value {value!r} for random schedule option {key!r}") from None
+            raise bad from None
+        if not (0.0 <= number <= 1.0 if isinstance(number, float) else number >= 1):  # nan too
+            raise bad
+        values[key] = number
     return RandomConfig(**values)
 
 
@@ -300,7 +303,7 @@ def _parse_systematic(text: str) -> SystematicConfig:
             m = _SIZE.match(value)
             if not m:
                 raise ValueError(f"bad value {value!r} for systematic schedule option 'delay': expected e.g. 5ms")
-            values["delay"] = float(m["size"]) * _UNITS[m["unit"]]
+            values["delay"] = _delay(m["size"], m["unit"], "systematic schedule option 'delay'")
         elif key == "pairs":
             if value not in ("0", "1"):
                 raise ValueError(f"bad value {value!r} for systematic schedule option 'pairs': expected 0 or 1")
@@ -308,6 +311,14 @@ def _parse_systematic(text: str) -> SystematicConfig:
         else:
             raise ValueError(f"unknown systematic schedule option {key!r}; known: delay, pairs, at")
     return SystematicConfig(at=at, **values)
+
+
+def _delay(size: str, unit: str, where: str) -> float:
+    """The seconds of a size in a spec (`5`, `ms`); ValueError past racecheck's longest delay."""
+    seconds = float(size) * _UNITS[unit]
+    if not limits.is_delay(seconds):
+        raise ValueError(f"{where}: {size}{unit} is longer than an hour, the longest delay racecheck takes")
+    return seconds
 
 
 def _format_seconds(seconds: float) -> str:

@@ -32,7 +32,8 @@ import pandas as pd
 
 from racecheck.results import stats
 from racecheck.results.rows import ALL_TESTS
-from racecheck.runner.record import Outcome, TrialRecord, read_log
+from racecheck.runner.record import Outcome, TrialRecord
+from racecheck.runner.run_folder import open_run_folder
 
 LOG_NAME = "trials.jsonl"
 SUMMARY_NAME = "summary.csv"
@@ -64,18 +65,20 @@ _TRIAL_RANK = {
 def load_records(out_dir: str | os.PathLike) -> pd.DataFrame:
     """All records of `OUT/trials.jsonl` in log order, one column per TrialRecord field.
 
-    Raises FileNotFoundError for a missing directory or log, ValueError for a log without records,
-    one that cannot be read, or a line that is no valid record (read_log checks each). Lines that
-    are not JSON are skipped, each described in `df.attrs["bad_lines"]` for the caller to report.
+    Raises FileNotFoundError for a missing directory or log, ValueError for a log without records
+    and for a folder that does not read as a run (runner/run_folder.py: a spoiled run.json or
+    completed.jsonl, a line that is no valid record of the run). Lines that are not JSON are
+    skipped, each described in `df.attrs["bad_lines"]` for the caller to report.
     """
     out = Path(out_dir)
+    folder = open_run_folder(out, need_run=False)
     if not out.is_dir():
         raise FileNotFoundError(f"{out}: no such directory")
     log = out / LOG_NAME
     if not log.exists():
         raise FileNotFoundError(f"{log}: no trial log (was the run started with --out {out}?)")
     bad: list = []
-    rows = [vars(record) for record in read_log(log, bad_lines=bad)]
+    rows = [vars(record) for record in folder.records(bad_lines=bad)]
     if not rows:
         raise ValueError(f"{log}: the trial log holds no records")
     df = pd.DataFrame(rows, columns=[f for f in TrialRecord.__dataclass_fields__])

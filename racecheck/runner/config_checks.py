@@ -1,8 +1,8 @@
 """A run's settings against the machine and against each other, once the suites are known: each
 suite's world on the GPUs present (fit_worlds), and the checks of RunConfig.validate: every suite
-gets the ranks it needs and they fit the GPUs and split over the nodes, --mesh covers the world,
-the stop rules name arms of the run, --backend cuda has a GPU, and each profile can be carried out
-where it runs (check_perturbation).
+gets the ranks it needs and they fit the GPUs (on the CPU, at most limits.MAX_CPU_RANKS a node) and
+split over the nodes, --mesh covers the world, the stop rules name arms of the run, --backend cuda
+has a GPU, and each profile can be carried out where it runs (check_perturbation).
 
 The machine comes in as `gpus`: the GPUs a run on its backend uses, None where it runs on the CPU
 emulation (the command line probes it). Every mistake is an InputError (exit 2) whose `option`
@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
+from racecheck import limits
 from racecheck.exitcodes import InputError
 
 if TYPE_CHECKING:
@@ -92,17 +93,20 @@ def check_worlds(config: RunConfig) -> None:
 
 
 def check_placement(config: RunConfig, *, gpus: int | None, nnodes: int = 1) -> None:
-    """Each suite's world splits evenly over the nodes and, on CUDA, a world given with
-    --world-size runs one rank per GPU of each node (fit_worlds fits the others; NCCL refuses two
-    ranks on one GPU, and a rank past the last GPU fails on an invalid device ordinal in every
-    trial)."""
+    """Each suite's world splits evenly over the nodes; on the CPU, each node's share is within
+    the bound of check_cpu_ranks; on CUDA, a world given with --world-size runs one rank per GPU
+    of each node (fit_worlds fits the others; NCCL refuses two ranks on one GPU, and a rank past
+    the last GPU fails on an invalid device ordinal in every trial)."""
     for s in config.scenarios:
         if config.world_for(s) % nnodes:
             raise InputError(
                 f"{s.name} runs {config.world_for(s)} ranks, which {nnodes} nodes cannot share evenly (--world-size)",
                 option="--nnodes",
             )
-    if gpus is None or not config.world_size:
+    if gpus is None:
+        check_cpu_ranks(config, nnodes=nnodes)
+        return
+    if not config.world_size:
         return
     for s in config.scenarios:
         ranks = config.world_for(s) // nnodes
@@ -111,6 +115,22 @@ def check_placement(config: RunConfig, *, gpus: int | None, nnodes: int = 1) -> 
             raise InputError(
                 f"{s.name} would run {ranks} ranks on {where}, which has {_gpus(gpus)} (one rank per GPU): "
                 f"give at most --world-size {gpus * nnodes}, or --backend sim for a suite that does not use CUDA",
+                option="--world-size",
+            )
+
+
+def check_cpu_ranks(config: RunConfig, *, nnodes: int) -> None:
+    """On the CPU, each node runs at most limits.MAX_CPU_RANKS ranks: every rank is a process
+    that loads torch, and a world past that bound would only exhaust the machine while it starts
+    (`--world-size 100000` launched 146 processes in 30 s before it failed)."""
+    for s in config.scenarios:
+        ranks = config.world_for(s) // nnodes
+        if ranks > limits.MAX_CPU_RANKS:
+            where = "each node" if nnodes > 1 else "this machine"
+            raise InputError(
+                f"{s.name} would run {ranks} ranks on {where}, and a run on the CPU takes at most "
+                f"{limits.MAX_CPU_RANKS} per node (a process each): give at most --world-size "
+                f"{limits.MAX_CPU_RANKS * nnodes}, or more nodes (--nnodes)",
                 option="--world-size",
             )
 

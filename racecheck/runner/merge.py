@@ -22,10 +22,11 @@ import os
 import signal
 from pathlib import Path
 
-from racecheck.runner import run_folder, state
+from racecheck.runner import run_location, state
 from racecheck.runner.blocks import Shard
-from racecheck.runner.record import TrialRecord, read_log
-from racecheck.runner.run_config import resume_command, settings_from_json
+from racecheck.runner.record import TrialRecord
+from racecheck.runner.run_config import resume_command
+from racecheck.runner.run_folder import RunFolder, RunFolderError, open_run_folder, path_problem
 from racecheck.suites import source as suite_source
 from racecheck.suites.fingerprint import DEFINITION, changes
 
@@ -77,10 +78,12 @@ def merge(inputs: list[Path], out: Path) -> Merged:
         state.check_out_folder(out)
     except state.ForeignFolder as exc:
         raise MergeError(f"--out {exc}") from None
-    linked = run_folder.linked_entry(out)
+    linked = run_location.linked_entry(out)
     if linked:
         raise MergeError(f"--out {linked}")
-    runs, settings = _read_runs(inputs, out)
+    folders = _read_runs(inputs, out)
+    runs = [f.run for f in folders]
+    settings = [f.settings for f in folders]
     first = runs[0]
     _check_same_suites(inputs, settings)
     for folder, run in zip(inputs[1:], runs[1:], strict=True):
@@ -91,10 +94,10 @@ def merge(inputs: list[Path], out: Path) -> Merged:
                     f"({first.get(setting)!r} vs {run.get(setting)!r})"
                 )
     check_shards(inputs, runs)
-    records, notes = _read_records(inputs, runs, settings)
+    records, notes = _read_records(inputs, folders)
     merged = dict(first)
     # Where the first input's suites lie now, kept also relative to the merged folder.
-    merged["source"] = suite_source.kept(suite_source.located(_source(first), inputs[0]), run_folder.absolute(out))
+    merged["source"] = suite_source.kept(suite_source.located(_source(first), inputs[0]), run_location.absolute(out))
     merged["trials"] = max(kept.get("trials", 0) for kept in settings)
     merged["shard"] = "1/1"
     merged["merged_from"] = [str(p) for p in inputs]
@@ -151,43 +154,43 @@ def _check_same_suites(inputs: list[Path], settings: list[dict]) -> None:
             raise MergeError(f"{inputs[0]} and {folder} are different runs: their suites differ ({'; '.join(said)})")
 
 
-def _read_runs(inputs: list[Path], out: Path) -> tuple[list[dict], list[dict]]:
-    """Each input's run.json and its settings as read back (RunConfig's); MergeError for an input
-    that is the output, is given twice, is no run folder or has a setting that does not read."""
-    runs: list[dict] = []
-    settings: list[dict] = []
+def _read_runs(inputs: list[Path], out: Path) -> list[RunFolder]:
+    """Each input opened as a run folder (run_folder.open_run_folder: run.json, its settings, its
+    completed blocks); MergeError for an input that is the output, is given twice, is no run
+    folder or does not read as one."""
+    folders: list[RunFolder] = []
     seen: dict[Path, Path] = {}  # resolved folder -> as given
     for folder in inputs:
+        problem = path_problem(folder)
+        if problem:
+            raise MergeError(problem)
         if folder.resolve() == out.resolve():
             raise MergeError(f"{folder} is both an input and the output")
         if folder.resolve() in seen:
             raise MergeError(f"{seen[folder.resolve()]} and {folder} are the same run folder")
         seen[folder.resolve()] = folder
-        if not (folder / "trials.jsonl").is_file():
+        if not (folder / state.LOG_FILE).is_file():
             raise MergeError(f"{folder}: no trials.jsonl (not a racecheck run folder)")
         try:
-            runs.append(state.read_run(folder))
-        except ValueError as exc:
+            folders.append(open_run_folder(folder))
+        except RunFolderError as exc:
             raise MergeError(str(exc)) from None
-        try:
-            settings.append(settings_from_json(runs[-1]))
-        except ValueError as exc:
-            raise MergeError(f"{folder}: {exc}") from None
-    return runs, settings
+    return folders
 
 
-def _read_records(inputs: list[Path], runs: list[dict], settings: list[dict]) -> tuple[list[TrialRecord], list[str]]:
+def _read_records(inputs: list[Path], folders: list[RunFolder]) -> tuple[list[TrialRecord], list[str]]:
     """Every input's records, and a note for each input that holds fewer trials than it planned.
     MergeError for a log that does not read, holds no record of a shard that planned some, or
     holds a trial another input holds too."""
     records: list[TrialRecord] = []
     notes: list[str] = []
     owner: dict[tuple[str, str, int], Path] = {}  # (suite, arm, trial) -> the folder that holds it
-    for folder, run, kept in zip(inputs, runs, settings, strict=True):
+    for folder, opened in zip(inputs, folders, strict=True):
+        run, kept = opened.run, opened.settings
         bad: list = []
         try:
-            mine = list(read_log(folder / "trials.jsonl", bad_lines=bad))
-        except ValueError as exc:  # unreadable, or a line that is not a valid trial record
+            mine = list(opened.records(bad_lines=bad))
+        except ValueError as exc:  # unreadable, or a line that is not a valid trial record of the run
             raise MergeError(str(exc)) from None
         if bad:
             raise MergeError(

@@ -326,19 +326,30 @@ class LogError(ValueError):
     trial record: one line naming the file (and the line)."""
 
 
-def read_log(path: str | os.PathLike, *, bad_lines: list[BadLine] | None = None) -> Iterator[TrialRecord]:
-    """Records of a log, each validated (TrialRecord.from_dict). A line that is not JSON is skipped
-    and, when `bad_lines` is given, added to it so that the caller can say so (repair_log removes
-    such lines). LogError, naming the line, for JSON that is not a valid trial record, and for a
-    log that cannot be read (a folder in its place, an I/O error)."""
+def read_log(
+    path: str | os.PathLike, *, bad_lines: list[BadLine] | None = None, trials: int | None = None
+) -> Iterator[TrialRecord]:
+    """Records of a log, each validated (TrialRecord.from_dict) and, given the run's planned
+    `trials` (runner/run_folder.py), with a trial index below them. A line that is not JSON is
+    skipped and, when `bad_lines` is given, added to it so that the caller can say so (repair_log
+    removes such lines). LogError, naming the line, for JSON that is not a valid trial record of
+    the run, and for a log that cannot be read (a folder in its place, an I/O error)."""
     try:
         with open(path, encoding="utf-8", errors="replace") as fh:
-            yield from _records(path, fh, bad_lines)
+            for number, record in _records(path, fh, bad_lines):
+                if trials is not None and record.trial >= trials:
+                    raise LogError(f"{path}:{number}: trial {_show(record.trial)} {outside_plan(trials)}")
+                yield record
     except OSError as exc:
         raise LogError(f"{path}: unreadable: {exc.strerror or exc}") from None
 
 
-def _records(path, lines, bad_lines: list[BadLine] | None) -> Iterator[TrialRecord]:
+def outside_plan(trials: int) -> str:
+    """What a trial index past the run's planned trials is, said the same by every reader."""
+    return f"lies outside the run's {trials} planned trial(s) (0 to {trials - 1}, run.json)"
+
+
+def _records(path, lines, bad_lines: list[BadLine] | None) -> Iterator[tuple[int, TrialRecord]]:
     for number, line in enumerate(lines, 1):
         line = line.strip()
         if not line:
@@ -353,7 +364,7 @@ def _records(path, lines, bad_lines: list[BadLine] | None) -> Iterator[TrialReco
             record = TrialRecord.from_dict(data)
         except ValueError as exc:
             raise LogError(f"{path}:{number}: not a trial record: {exc}") from None
-        yield record
+        yield number, record
 
 
 def repair_log(path: str | os.PathLike) -> list[BadLine]:

@@ -24,13 +24,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from racecheck import limits
 from racecheck.exitcodes import InputError
 from racecheck.mesh_config import MeshConfig
 from racecheck.perturb.profiles import Profile
 from racecheck.runner import config_checks
 from racecheck.runner.blocks import Shard
 from racecheck.runner.record import TrialRecord
-from racecheck.runner.run_folder import absolute
+from racecheck.runner.run_location import absolute
 from racecheck.runner.stopping import StopRule
 from racecheck.suites import source as suite_source
 from racecheck.suites.catalogue import Suite, read_profile
@@ -193,9 +194,9 @@ def _whole(least: int | None = None) -> Callable[[Any], int]:
     return read
 
 
-def _number_from_1(value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 1:
-        raise ValueError(f"{value!r} is not a number of at least 1")
+def _seconds(value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not limits.is_seconds(value):
+        raise ValueError(f"{value!r} is not {limits.SECONDS_RANGE}")
     return float(value)
 
 
@@ -249,7 +250,7 @@ _READ_BACK: dict[str, Callable[[Any], Any]] = {
     "isolation": _one_of(ISOLATIONS),
     "order": _one_of(ORDERS),
     "chunk": _whole(1),
-    "timeout": _number_from_1,
+    "timeout": _seconds,
     "backend": _one_of(BACKENDS),
     "detect": _flag,
     "pytest_args": _strings,

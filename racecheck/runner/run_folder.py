@@ -1,117 +1,145 @@
-"""Where a run folder lies and what in it is the run's own: the default `--out` (a new folder,
-made atomically, under the project's `racecheck-out/`), and the checks that keep every write of a
-run inside its folder and out of its files (a symbolic link among them, a report's output path
-that names one).
+"""A run folder as every command reads it: `report`, `gate`, `merge` and `run --resume` open it
+with open_run_folder, so that a spoiled folder gets the same one line (exit 2) from each of them.
 
-[Note: run folder paths] A run's folder is absolute from the moment the run is defined
-(RunConfig.out), so every path the runner hands to a session (its schedule, its ranks' logs, its
-stop file, the hand-off points) names the same file whatever folder the session runs in: the
-suite's root, or a git arm's worktree. The default `--out` of a
-project's suite is anchored at the project (the folder of its config file, as pytest anchors its
-cache at its rootdir), so `racecheck run` from a subfolder writes where it does from the root; the
-catalogue's default, and an explicit relative `--out`, are relative to the working folder.
+What a folder must be to be read:
+
+- a path the file system can look up (path_problem: not a name longer than it allows, not behind
+  a folder that cannot be searched);
+- `run.json` a JSON object whose settings read back (run_config.settings_from_json: `"chunk": 0`
+  does not), whose `attempts` are objects with whole trial counts, and whose `skipped` suites
+  are described as the runner writes them. A folder without one is read by `report` and `gate`
+  (a bare trial log), which then know no plan to hold its trials to;
+- `completed.jsonl`, where there is one, a file whose blocks lie within the plan;
+- `trials.jsonl`'s records each valid (record.TrialRecord.from_dict) and within the plan.
+
+The plan: a trial index lies below the largest trial count that the run and each of its attempts
+had (a resume may lower `--trials`; the trials it ran before stay in the log). A record past it
+(`"trial": 10**30`) would be tallied as a trial of its own that no test row shows.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
-import time
+from collections.abc import Iterator
 from pathlib import Path
 
-from racecheck.runner.state import COMPLETED_FILE, LOCK_FILE, LOCK_NAME, RUN_FILE
-
-DEFAULT_PARENT = "racecheck-out"
-# What a run or a merge writes into its folder: the files of its state and records, and the
-# folders of its sessions (ranks/, logs/), git arms (worktrees/), hand-off points (handoffs/) and
-# follower nodes (nodes/). No command writes a report over one of them.
-OWN_FILES = {
-    "trials.jsonl": "the run's trial log",
-    "trials.jsonl.rejected": "the run's rejected log lines",
-    COMPLETED_FILE: "the run's list of finished trials",
-    RUN_FILE: "the run's definition",
-    LOCK_FILE: "the run's runner identity",
-    LOCK_NAME: "the run's lock",
-    "summary.csv": "the run's summary",
-}
-OWN_FOLDERS = ("ranks", "logs", "worktrees", "handoffs", "nodes")
+from racecheck.runner import state
+from racecheck.runner.record import BadLine, TrialRecord, read_log
+from racecheck.runner.run_config import settings_from_json
 
 
-def absolute(path: Path | str) -> Path:
-    """`path` made absolute against the working folder, `..` folded, symbolic links kept (a
-    link's own name stays the one the user gave)."""
-    return Path(os.path.abspath(path))
+class RunFolderError(ValueError):
+    """A run folder that cannot be read as a run: one line naming the file and what is wrong."""
 
 
-def default_parent(config_file: Path | None) -> Path:
-    """Where the default run folders go: `racecheck-out/` in the folder of a project's config
-    file (the project's root), or in the working folder for the catalogue."""
-    anchor = config_file.parent if config_file is not None else Path.cwd()
-    return absolute(anchor / DEFAULT_PARENT)
+@dataclasses.dataclass(frozen=True)
+class RunFolder:
+    """An opened run folder: its run.json as written (`{}` where it has none), its settings as
+    read back, and its finished blocks (state.read_completed)."""
+
+    path: Path
+    run: dict
+    settings: dict
+    completed: dict
+
+    @property
+    def planned_trials(self) -> int | None:
+        """The trial count that bounds the folder's trial indices; None where run.json says none."""
+        counts = [self.settings["trials"]] if "trials" in self.settings else []
+        counts += [a["trials"] for a in self.run.get("attempts", []) if "trials" in a]
+        return max(counts, default=None)
+
+    def records(self, *, bad_lines: list[BadLine] | None = None) -> Iterator[TrialRecord]:
+        """The log's records, each valid and within the plan (record.read_log)."""
+        return read_log(self.path / state.LOG_FILE, bad_lines=bad_lines, trials=self.planned_trials)
 
 
-def run_name() -> str:
-    """The name of a default run folder started now, to the second."""
-    return time.strftime("run-%Y%m%d-%H%M%S")
-
-
-def new_run_folder(parent: Path) -> Path:
-    """Create a new, empty run folder under `parent` and return it: `run-YYYYMMDD-HHMMSS`, or with
-    `-2`, `-3`, ... when a run started in the same second took that name. The folder is made by
-    one mkdir, which fails where the name exists, so two runs never get one folder. OSError when
-    `parent` cannot be created or written."""
-    parent.mkdir(parents=True, exist_ok=True)
-    name = run_name()
-    for n in range(1, 10_000):
-        folder = parent / (name if n == 1 else f"{name}-{n}")
-        try:
-            folder.mkdir()
-        except FileExistsError:
-            continue
-        return folder
-    raise FileExistsError(f"{parent} holds 9999 run folders named {name}[-N]")
-
-
-def own_file(out: Path, path: Path) -> str | None:
-    """What `path` is to the run in `out` when it is one of the run's own files (OWN_FILES, or a
-    file under one of OWN_FOLDERS), reached by any name (a relative path, `..`, a symbolic link,
-    a hard link); None when writing `path` leaves the run as it was."""
-    folder, target = Path(out).resolve(), Path(path).resolve()
-    if target.parent == folder and target.name in OWN_FILES:
-        return OWN_FILES[target.name]
-    inside = target.relative_to(folder).parts if target.is_relative_to(folder) else ()
-    if inside and inside[0] in OWN_FOLDERS:
-        return f"a file of the run's {inside[0]}/ folder"
+def open_run_folder(out: str | os.PathLike, *, need_run: bool = True) -> RunFolder:
+    """The run folder at `out`, checked as the module docstring says; RunFolderError (one line)
+    for a path or a file that is not as a run writes it. `need_run`: refuse a folder without
+    run.json (merge and --resume need its settings); else read it as one without a plan."""
+    path = Path(out)
+    problem = path_problem(path)
+    if problem:
+        raise RunFolderError(problem)
     try:
-        written = os.stat(target)
-    except OSError:
+        run = state.read_run(path) if need_run or (path / state.RUN_FILE).exists() else {}
+    except ValueError as exc:  # it names the file
+        raise RunFolderError(str(exc)) from None
+    try:
+        settings = settings_from_json(run)
+    except ValueError as exc:  # `run.json: chunk: 0 is below 1`
+        raise RunFolderError(f"{path}: {exc}") from None
+    _check_attempts(path, run.get("attempts", []))
+    _check_skipped(path, run.get("skipped") or {})
+    completed = path / state.COMPLETED_FILE
+    if completed.exists() and not completed.is_file():
+        raise RunFolderError(f"{completed}: not a file")
+    folder = RunFolder(path, run, settings, {})
+    try:
+        done = state.read_completed(path, trials=folder.planned_trials)
+    except ValueError as exc:
+        raise RunFolderError(str(exc)) from None
+    return dataclasses.replace(folder, completed=done)
+
+
+def _check_attempts(path: Path, attempts) -> None:
+    """run.json's `attempts`: a list of objects, each with a whole trial count of 1 or more."""
+    where = f"{path / state.RUN_FILE}: attempts"
+    if not isinstance(attempts, list) or not all(isinstance(a, dict) for a in attempts):
+        raise RunFolderError(f"{where}: not a list of objects")
+    for a in attempts:
+        trials = a.get("trials", 1)
+        if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
+            raise RunFolderError(f"{where}: trials {trials!r} is not a whole number of at least 1")
+
+
+def _check_skipped(path: Path, skipped) -> None:
+    """run.json's `skipped`: {suite: {"arms": [...], "why": "...", "expect": {arm: ...}}}."""
+    where = f"{path / state.RUN_FILE}: skipped"
+    if not isinstance(skipped, dict):
+        raise RunFolderError(f"{where}: not an object")
+    for suite, info in skipped.items():
+        if (
+            not isinstance(info, dict)
+            or not isinstance(info.get("why"), str)
+            or not isinstance(info.get("arms"), list)
+            or not all(isinstance(a, str) for a in info["arms"])
+            or not isinstance(info.get("expect", {}), dict)
+        ):
+            raise RunFolderError(f"{where}: {suite!r} is not described by its arms and why it was skipped")
+
+
+def path_problem(path: Path) -> str | None:
+    """Why the file system cannot even look `path` up (a name or a path longer than it allows,
+    also below folders that do not exist yet; a folder on the way that cannot be searched), in one
+    line; None where it can, whether or not the path exists."""
+    name_max, path_max = _limits(path)
+    longest = max((len(os.fsencode(part)) for part in path.parts), default=0)
+    if longest > name_max:
+        return f"{_short(path)}: a name of {longest} bytes, longer than the file system allows ({name_max})"
+    if len(os.fsencode(os.path.abspath(path))) >= path_max:
+        return f"{_short(path)}: a path longer than the file system allows ({path_max} bytes)"
+    try:
+        os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
         return None
-    for name, what in OWN_FILES.items():
-        try:
-            if os.path.samestat(written, os.stat(folder / name)):
-                return what
-        except OSError:
-            continue
+    except OSError as exc:
+        return f"{_short(path)}: {exc.strerror or exc}"
     return None
 
 
-def linked_entry(out: Path) -> str | None:
-    """A one-line reason when one of the run's own files or folders in `out`, or anything below
-    those folders (but inside a git worktree, whose links are the project's), is a symbolic link:
-    a run would write through it into a file outside its folder. None when there is none."""
-    out = Path(out)
-    for name in (*OWN_FILES, *OWN_FOLDERS):
-        if (out / name).is_symlink():
-            return _linked(out / name)
-    for name in OWN_FOLDERS:
-        for top, folders, files in os.walk(out / name):
-            here = Path(top)
-            for entry in folders + files:
-                if (here / entry).is_symlink():
-                    return _linked(here / entry)
-            if here == out / "worktrees":
-                folders[:] = []  # each a checkout of the project: its own links are the project's
-    return None
+def _limits(path: Path) -> tuple[int, int]:
+    """The longest name and path of the file system that holds `path` (of its nearest folder that
+    exists), as pathconf says; Linux's 255 and 4096 where it cannot say."""
+    known = next((p for p in Path(os.path.abspath(path)).parents if os.path.isdir(p)), Path("/"))
+    try:
+        return os.pathconf(known, "PC_NAME_MAX"), os.pathconf(known, "PC_PATH_MAX")
+    except (OSError, ValueError):
+        return 255, 4096
 
 
-def _linked(path: Path) -> str:
-    return f"{path} is a symbolic link (to {os.readlink(path)}); a run writes only into files of its own folder"
+def _short(path: Path) -> str:
+    text = str(path)
+    return text if len(text) <= 60 else f"{text[:40]}...{text[-12:]}"

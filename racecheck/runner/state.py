@@ -25,8 +25,10 @@ from pathlib import Path
 import psutil
 
 from racecheck.runner.blocks import Block
+from racecheck.runner.record import outside_plan
 
 RUN_FILE, COMPLETED_FILE, LOCK_FILE, LOCK_NAME = "run.json", "completed.jsonl", "runner.json", "runner.lock"
+LOG_FILE = "trials.jsonl"
 
 
 def read_run(out: Path) -> dict:
@@ -122,10 +124,11 @@ class CompletedLog:
         self._fh.close()
 
 
-def read_completed(out: Path) -> dict[tuple[str, str, int], tuple[str, int | None]]:
+def read_completed(out: Path, *, trials: int | None = None) -> dict[tuple[str, str, int], tuple[str, int | None]]:
     """(suite, arm, trial) -> (worst outcome, records it wrote, None where not noted) of every
     finished block; a line that does not parse (a torn last line) is skipped: its block reruns.
-    ValueError (one line) when the file exists and cannot be read."""
+    ValueError (one line) when the file exists and cannot be read, or, given the run's planned
+    `trials`, names a trial past them (runner/run_folder.py)."""
     done: dict[tuple[str, str, int], tuple[str, int | None]] = {}
     path = Path(out) / COMPLETED_FILE
     try:
@@ -134,16 +137,17 @@ def read_completed(out: Path) -> dict[tuple[str, str, int], tuple[str, int | Non
         return done
     except OSError as exc:
         raise ValueError(f"{path}: unreadable: {exc.strerror or exc}") from None
-    for line in lines:
+    for number, line in enumerate(lines, 1):
         try:
             d = json.loads(line)
             records = d.get("records")
-            done[(d["scenario"], d["arm"], int(d["trial"]))] = (
-                d["outcome"],
-                int(records) if records is not None else None,
-            )
+            key = (d["scenario"], d["arm"], int(d["trial"]))
+            noted = (d["outcome"], int(records) if records is not None else None)
         except (ValueError, KeyError, TypeError, AttributeError):
             continue
+        if trials is not None and not 0 <= key[2] < trials:
+            raise ValueError(f"{path}:{number}: trial {key[2]} {outside_plan(trials)}")
+        done[key] = noted
     return done
 
 

@@ -27,11 +27,12 @@ from collections.abc import Iterator
 from importlib import metadata
 
 from racecheck.exitcodes import InfrastructureError, InputError
-from racecheck.runner import blocks, launch, run_folder, state
+from racecheck.runner import blocks, launch, run_location, state
 from racecheck.runner.blocks import Block, SessionPlan
 from racecheck.runner.gitarms import Worktrees, pythonpath
-from racecheck.runner.record import Outcome, TestOutcome, TrialLog, TrialRecord, read_log, repair_log, worst
+from racecheck.runner.record import Outcome, TestOutcome, TrialLog, TrialRecord, repair_log, worst
 from racecheck.runner.run_config import RunConfig, replay_command, resume_command, split_targets
+from racecheck.runner.run_folder import open_run_folder
 from racecheck.runner.session import Ending, SessionRun
 from racecheck.runner.stopping import LiveCounts
 from racecheck.suites.catalogue import Suite
@@ -98,7 +99,7 @@ class Runner:
         out = self.config.out
         try:
             out.mkdir(parents=True, exist_ok=True)
-            linked = run_folder.linked_entry(out)
+            linked = run_location.linked_entry(out)
             if linked:  # a file the run would write through into one outside its folder
                 raise InputError(f"cannot run in {out}: {linked}")
             killed = self._lock.acquire()
@@ -112,8 +113,8 @@ class Runner:
         if killed:
             self.listener.note(f"killed the session a previous runner left running (pid {killed[0]})")
         try:
+            done = self._load_done() if self.resume else {}  # read before this attempt changes run.json
             self._write_run_json()
-            done = self._load_done() if self.resume else {}
             self.listener.planned(self._planned(done) + len(done), len(done))
             with TrialLog(out / "trials.jsonl") as log:
                 self._log, self._completed = log, state.CompletedLog(out)
@@ -146,8 +147,9 @@ class Runner:
         log = out / "trials.jsonl"
         try:
             bad = repair_log(log)
-            records = list(read_log(log)) if log.exists() else []
-            completed = state.read_completed(out)
+            folder = open_run_folder(out)  # each record and block within the run's plan
+            records = list(folder.records()) if log.exists() else []
+            completed = folder.completed
         except ValueError as exc:
             raise InputError(f"cannot resume {out}: {exc}") from None
         for b in bad:

@@ -109,6 +109,8 @@ def read_profile(spec: str) -> Profile:
 
     if not isinstance(spec, str):
         raise ValueError(f"{spec!r} is not a profile")
+    if not spec.strip():  # parse_profile reads no spec as off: given text must say so
+        raise ValueError(f"{spec!r} is no profile; write 'off' for none")
     return parse_profile(spec)
 
 
@@ -134,10 +136,7 @@ def parse_arm(name: str, spec, where: str) -> Arm:
     expect = spec.get("expect", "")
     if expect not in ("",) + EXPECTS:
         raise CatalogueError(f"{where}: expect must be one of {', '.join(EXPECTS)}")
-    env = spec.get("env", {})
-    if not isinstance(env, dict) or not all(isinstance(v, (str, int, float, bool)) for v in env.values()):
-        raise CatalogueError(f'{where}: env must be a table of NAME = "value"')
-    env = tuple(sorted((k, str(v).lower() if isinstance(v, bool) else str(v)) for k, v in env.items()))
+    env = _environment(spec.get("env", {}), where)
     for key in ("git", "perturb", "summary"):
         if not isinstance(spec.get(key, ""), str) or (key != "summary" and spec.get(key) == ""):
             raise CatalogueError(f"{where}: {key} must be a non-empty string")
@@ -157,14 +156,44 @@ def parse_arm(name: str, spec, where: str) -> Arm:
     return arm
 
 
+def _environment(env, where: str) -> tuple[tuple[str, str], ...]:
+    """An arm's `env` table as sorted (NAME, value) pairs; CatalogueError for one that no process
+    environment can hold: a name that is empty or holds `=` or NUL, a value that holds NUL."""
+    if not isinstance(env, dict) or not all(isinstance(v, (str, int, float, bool)) for v in env.values()):
+        raise CatalogueError(f'{where}: env must be a table of NAME = "value"')
+    pairs = tuple(sorted((k, str(v).lower() if isinstance(v, bool) else str(v)) for k, v in env.items()))
+    for name, value in pairs:
+        if not name or "=" in name or "\0" in name:
+            raise CatalogueError(f"{where}: env: {name!r} is no variable name (it is empty, or holds '=' or NUL)")
+        if "\0" in value:
+            raise CatalogueError(f"{where}: env: the value of {name} holds NUL, which no environment takes")
+    return pairs
+
+
+def check_arm_name(name: str, where: str) -> None:
+    """CatalogueError unless the command line can name the arm back: `--arms` splits at commas
+    and strips spaces (and reads `all` as every arm), `--stop-when` ends an arm at `:`, and a
+    replay line must print it. So an arm's name is printable, without spaces, commas or colons,
+    and not `all`."""
+    if not name or name == "all" or not name.isprintable() or any(c.isspace() or c in ",:" for c in name):
+        raise CatalogueError(
+            f"{where}: arm name {name!r} cannot be given on the command line: an arm's name is printable, "
+            "without spaces, commas or colons, and not 'all'"
+        )
+
+
 def parse_arms(table, where: str) -> dict[str, Arm]:
     if not isinstance(table, dict) or not table:
         raise CatalogueError(f"{where}: needs at least one [arms.NAME] table")
+    for name in table:
+        check_arm_name(name, where)
     return {name: parse_arm(name, spec, where) for name, spec in table.items()}
 
 
 def check_default_arms(value, arms: dict, where: str) -> tuple[str, ...]:
     default = _strings(value, "default_arms", where) if value is not None else tuple(arms)
+    if not default:
+        raise CatalogueError(f"{where}: default_arms is empty; name at least one arm, or leave it out for every arm")
     for a in default:
         if a not in arms:
             raise CatalogueError(f"{where}: default arm {a!r} is not defined")
