@@ -26,6 +26,7 @@ class ItemTrial:
     perturb: str = ""  # the canonical spec of this block (the schedule's), "" for the options'
     patch: object = None  # project suites: this test's installed PatchMode (plugin_patch.py)
     tracker: object = None  # project suites with --racecheck-detect: its TorchRaceTracker
+    unseen_kernels: dict = dataclasses.field(default_factory=dict)  # its kernels of unknown writes
 
 
 ITEM_TRIAL = pytest.StashKey[ItemTrial]()

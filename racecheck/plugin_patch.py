@@ -110,19 +110,26 @@ class ProjectTests:
         if tracker is None:
             return []
         self.factory.stop_tracker(tracker)
+        t.unseen_kernels = dict(getattr(tracker, "unseen_kernels", {}))  # kernels it could not read
         return [r.text() for r in tracker.reports()]
 
     def finish(self, t) -> dict:
         """Uninstall the test's patch; the fields its outcome event gets."""
         self.stop_tracker(t)
+        detector = {"unseen_kernels": t.unseen_kernels} if t.unseen_kernels else {}
         patch, t.patch = t.patch, None
         if patch is None:
-            return {"perturb": t.perturb or "off", "actions": {"sleep": 0, "pressure": 0, "poison": 0}, "delayed": []}
+            return {
+                "perturb": t.perturb or "off",
+                "actions": {"sleep": 0, "pressure": 0, "poison": 0},
+                "delayed": [],
+                **detector,
+            }
         patch.uninstall()
         if patch.systematic is not None and patch.plan is None:
             self._save(t.arm, t.test, list(patch.handoffs))
         delayed = list(patch.plan) if patch.systematic is not None and patch.plan else []
-        fields = {"perturb": t.perturb, "actions": dict(patch.counts), "delayed": delayed}
+        fields = {"perturb": t.perturb, "actions": dict(patch.counts), "delayed": delayed, **detector}
         if patch.systematic is not None and patch.plan is None:
             fields["handoffs"] = len(patch.handoffs)
         return fields

@@ -357,7 +357,9 @@ def run_command(ctx, **opts):
 
 
 def _perturbation_notes(config) -> None:
-    """What the perturbation did: profiles that never acted, the systematic schedule's bound."""
+    """What the perturbation did (profiles that never acted, the systematic schedule's bound) and
+    what the detector could not see."""
+    from racecheck.results.detector_notes import detector_notes
     from racecheck.results.perturb_notes import perturbation_notes
     from racecheck.runner.record import read_log
 
@@ -367,4 +369,6 @@ def _perturbation_notes(config) -> None:
         return
     profiles = {(s.name, a): config.profile_for(s, a) for s in config.scenarios for a in config.arms_for(s)}
     for line in perturbation_notes(records, profiles):
+        click.echo(line)
+    for line in detector_notes(records):
         click.echo(line)

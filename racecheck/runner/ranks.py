@@ -186,6 +186,7 @@ def merge_ranks(reports: list[TestOutcome]) -> TestOutcome:
         detected=max(int(r.detected) for r in reports),
         reports=list(dict.fromkeys(detector)),
         **_patch_fields(reports),
+        **_detector_fields(reports),
     )
 
 
@@ -207,3 +208,12 @@ def _patch_fields(reports: list[TestOutcome]) -> dict:
     if handoffs:
         out["handoffs"] = max(handoffs)
     return out
+
+
+def _detector_fields(reports: list[TestOutcome]) -> dict:
+    """The detector's fields (project suites): launches of kernels it could not read, summed over ranks."""
+    unseen: dict[str, int] = {}
+    for r in reports:
+        for name, n in (r.unseen_kernels or {}).items():
+            unseen[name] = unseen.get(name, 0) + int(n)
+    return {"unseen_kernels": unseen} if unseen else {}

@@ -71,6 +71,9 @@ class TrialRecord:
     actions: dict | None = None
     delayed: list = dataclasses.field(default_factory=list)  # systematic: the hand-off keys delayed
     handoffs: int | None = None  # systematic trial 0: the hand-off points recorded (most over ranks)
+    # The detector (project suites): launches of kernels whose writes it could not tell, by kernel
+    # name, summed over ranks (detect/kernel_launches.py); None where there were none.
+    unseen_kernels: dict | None = None
     detect: bool = False
     detected: int = 0  # detector reports in this test (0 when the detector is off)
     reports: list = dataclasses.field(default_factory=list)  # detector report texts
@@ -223,7 +226,7 @@ class TestOutcome(RankEvent):
 
     __test__ = False  # not a pytest test class, whatever its name
     KIND = RankEventKind.OUTCOME
-    OPTIONAL = ("perturb", "actions", "delayed", "handoffs")
+    OPTIONAL = ("perturb", "actions", "delayed", "handoffs", "unseen_kernels")
     test: str
     params: str = ""
     trial: int
@@ -241,6 +244,7 @@ class TestOutcome(RankEvent):
     actions: dict | None = None
     delayed: list | None = None
     handoffs: int | None = None
+    unseen_kernels: dict | None = None
 
     @property
     def key(self) -> tuple[int, str, str]:

@@ -348,6 +348,7 @@ class Runner:
             actions=merged.actions,
             delayed=merged.delayed or [],
             handoffs=merged.handoffs,
+            unseen_kernels=merged.unseen_kernels,
             versions=self.versions,
             time=_now(),
         )
