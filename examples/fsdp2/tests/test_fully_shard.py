@@ -19,7 +19,6 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA GPU: FSDP2 here runs on CUDA streams and NCCL"
@@ -50,6 +49,8 @@ def microbatches(x, y, n):
 
 
 def train_fsdp2(mesh, batches, *, num_microbatches: int, reshard_after_forward: bool, param_dtype):
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # imported where it is used
+
     model = make_model().cuda()
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     for block in model:

@@ -1,5 +1,5 @@
 """Fixtures of the megatron-fsdp example: the process world, the HSDP mesh, a fresh allocator per
-test, and the `fixed` arm's runtime fix (MFSDP_LAZY_MAIN_GRAD=1).
+test, and the check of the `fixed` arm's switch (MFSDP_LAZY_MAIN_GRAD=1: test_hsdp.py applies the fix).
 
 The suite runs as one process on one GPU (plain pytest) or as one process per GPU under torchrun;
 it needs CUDA and skips without it (test_hsdp.py says so at collection).
@@ -20,17 +20,9 @@ def _lazy_main_grad_requested() -> bool:
 
 
 def pytest_configure(config):
-    if not _lazy_main_grad_requested():
-        return
-    try:
-        import torch
-
-        if not torch.cuda.is_available():
-            return  # the tests skip; megatron-fsdp need not even be installed
-        from lazy_main_grad import install
-    except ImportError as exc:
-        raise pytest.UsageError(f"{LAZY_MAIN_GRAD_ENV}=1 needs megatron-fsdp 0.6.1: {exc}") from None
-    install()
+    # A bad value is a usage error before any test runs; the fix itself is applied by the test
+    # that builds the model (test_hsdp.py), where megatron-fsdp is first imported.
+    _lazy_main_grad_requested()
 
 
 def pytest_report_header(config):
