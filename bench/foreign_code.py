@@ -36,6 +36,7 @@ import concurrent.futures
 import csv
 import dataclasses
 import json
+import os
 import re
 import subprocess
 import sys
@@ -122,18 +123,22 @@ FSDP2_PROFILES = (
 
 @dataclasses.dataclass(frozen=True)
 class Run:
-    """One `racecheck run` of one example."""
+    """One `racecheck run` of one example: its arms (default: ARMS[suite]) and, for mode detect,
+    the detector's path (RACECHECK_DETECT_PATH; "": its default)."""
 
     suite: str
     mode: str  # as in the table: natural, profile:SPEC, systematic, random, detect
     targets: tuple[str, ...]
+    arms: str = ""
+    path: str = ""
 
     @property
     def name(self) -> str:
         tag = self.mode.replace("profile:", "profile-").translate(str.maketrans("@:,/>", "_____"))
         which = "-".join(t.partition("::")[2] or Path(t).stem for t in self.targets)
         which = re.sub(r"[^a-z0-9_.-]", "_", which.lower())  # a node id's parameters: a plain file name
-        return f"{self.suite}.{tag}.{which}"
+        extra = "".join(f".{x}" for x in (self.arms.replace(",", "-"), self.path) if x)
+        return f"{self.suite}.{tag}.{which}{extra}"
 
     def flags(self) -> list[str]:
         if self.mode == "natural":
@@ -176,7 +181,7 @@ def execute(
         "racecheck",
         "run",
         "--arms",
-        ARMS[run.suite],
+        run.arms or ARMS[run.suite],
         "--trials",
         str(trials),
         "--chunk",
@@ -197,7 +202,8 @@ def execute(
     with open(log, "w") as stream:
         stream.write(" ".join(argv) + "\n")
         stream.flush()
-        proc = subprocess.Popen(argv, cwd=EXAMPLES / run.suite, stdout=stream, stderr=subprocess.STDOUT)
+        env = {**os.environ, **({"RACECHECK_DETECT_PATH": run.path} if run.path else {})}
+        proc = subprocess.Popen(argv, cwd=EXAMPLES / run.suite, stdout=stream, stderr=subprocess.STDOUT, env=env)
         try:
             rc = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -226,6 +232,7 @@ def rows_of(run: Run, folder: Path) -> list[dict]:
             "arm": r["arm"],
             "expect": r.get("expect", ""),
             "mode": run.mode,
+            "path": run.path,
             "trials": r["trials"],
             "failures": r["failures"],
             "detected": r.get("detected", ""),
