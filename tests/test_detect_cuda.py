@@ -222,7 +222,6 @@ def test_kernels_below_the_dispatcher_are_tracked(path, kind, mistake):
     from racecheck.detect import TorchRaceTracker
 
     work = _side_work(kind)
-    torch._dynamo.utils.counters.clear()
     side = torch.cuda.Stream()
     with TorchRaceTracker(path=path) as tracker:
         x = torch.randn(N, device="cuda")
@@ -239,7 +238,7 @@ def test_kernels_below_the_dispatcher_are_tracked(path, kind, mistake):
         torch.cuda.synchronize()
     expected = {None: [], "drop_early": [RaceKind.REUSE], "no_wait": [RaceKind.READ_AFTER_WRITE]}[mistake]
     assert [r.kind for r in tracker.reports()] == expected, tracker.render()
+    # A Triton kernel was seen: the compiled functions ran compiled, not as an eager fallback
+    # (whose operators are the dispatcher's).
     assert tracker.stats["kernels"] >= 1 and not tracker.unseen_kernels and not tracker.errors
-    if kind != "triton":
-        assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1  # it compiled
     del got, filler

@@ -61,5 +61,7 @@ def test_side_stream_work_matches_the_default_stream(kind, ordering, generator):
     held = None  # noqa: F841 - the hold ends once the default stream waited
     got = out.clone()  # read on the default stream
     torch.cuda.synchronize()
-    assert torch.equal(got, expected), f"{(got != expected).sum().item()} of {N} values differ"
+    # Close, not equal: a Triton kernel may fuse x * scale + shift into one rounding. A race leaves
+    # other values altogether (the filler's -7 scaled, or memory not yet written).
+    torch.testing.assert_close(got, expected)
     del filler
