@@ -91,6 +91,7 @@ MODE_TARGETS = {
     ("fsdp2", "systematic"): FSDP2_PROFILE_TARGETS,
     ("fsdp2", "random"): FSDP2_PROFILE_TARGETS,
     ("megatron_fsdp", "systematic"): ("tests/test_hsdp.py::test_hsdp_losses_match_baseline[1-False]",),
+    ("megatron_fsdp", "random"): ("tests/test_hsdp.py::test_hsdp_losses_match_baseline[1-False]",),
 }
 # Correct code under every action racecheck takes, alone and combined: the named profiles of
 # patch mode, each delay at a hand-off or collective joined with pressure and with poison, and
@@ -150,7 +151,16 @@ class Run:
         return ["--perturb", self.mode]  # systematic, random
 
 
-def plan(suites: list[str], modes: list[str]) -> list[Run]:
+def plan(suites: list[str], modes: list[str], *, split_arms: bool = False) -> list[Run]:
+    """The runs of `modes` over `suites`; with `split_arms` one run per arm, so that with --jobs
+    an arm's trials run beside the other arm's rather than after them."""
+    runs = _plan(suites, modes)
+    if split_arms:
+        runs = [dataclasses.replace(r, arms=arm) for r in runs for arm in (r.arms or ARMS[r.suite]).split(",")]
+    return runs
+
+
+def _plan(suites: list[str], modes: list[str]) -> list[Run]:
     runs: list[Run] = []
     for suite in suites:
         for mode in modes:
@@ -449,6 +459,7 @@ def main() -> int:
     )
     parser.add_argument("--random-trials", type=int, default=30, help="trials of the random mode")
     parser.add_argument("--jobs", type=int, default=1, help="runs other than natural ones at a time")
+    parser.add_argument("--split-arms", action="store_true", help="one run per arm (they go --jobs at a time)")
     parser.add_argument("--profiles", default=None, metavar="REGEX", help="only the profile runs whose spec matches")
     parser.add_argument(
         "--from-runs",
@@ -508,7 +519,7 @@ def main() -> int:
         if run.mode == "systematic":
             bounds.update({(run.suite, *k): v for k, v in bounds_of(folder).items()})
 
-    runs = plan(suites, modes)
+    runs = plan(suites, modes, split_arms=args.split_arms)
     if args.profiles is not None:
         runs = [r for r in runs if not r.mode.startswith("profile:") or re.search(args.profiles, r.mode)]
     for run in (r for r in runs if r.mode == "natural"):  # alone: nothing else on the GPU

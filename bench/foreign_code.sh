@@ -27,6 +27,6 @@ python3 -c "import racecheck.cli, megatron_fsdp.experimental, pytest_repeat, tqd
 # The device call has a hard limit: start no run after FOREIGN_SECONDS, and pack what there is.
 python3 bench/foreign_code.py --out "$OUT/foreign" --max-seconds "${FOREIGN_SECONDS:-480}" "$@"
 rc=$?
-cp reports/gpu/foreign_code.csv reports/gpu/foreign_code.md "$OUT/" 2>/dev/null
+cp reports/gpu/foreign_code.csv reports/gpu/foreign_code.md reports/gpu/foreign_code_bounds.csv "$OUT/" 2>/dev/null
 tar -czf "$OUT/foreign_code.tar.gz" -C "$OUT" foreign && rm -rf "$OUT/foreign"
 exit $rc
