@@ -4,6 +4,9 @@ refuses the run's writes. Each run loses no finished trial and ends with its doc
 
 from __future__ import annotations
 
+import os
+import re
+
 import pytest
 from run_kit import racecheck, records, write_suite
 
@@ -33,3 +36,42 @@ def test_a_test_that_exits_0_is_a_crash_and_the_tests_after_it_still_run(tmp_pat
         "test_b_exits_0": ("crash", "crash: the process died without a report (exit code 0)"),
         "test_c_ok": ("passed", ""),
     }
+
+
+LOUD = """
+def test_loud():
+    print("x" * 6_000_000)  # pytest shows it with the failure
+    assert False, "the end"
+"""
+
+
+def test_a_test_that_prints_without_end_leaves_a_bounded_log_that_says_what_it_cut(tmp_path):
+    from racecheck.runner.session_log import HEAD_BYTES, TAIL_BYTES
+
+    root = write_suite(tmp_path / "p", arms={"a": {}}, tests={"test_x.py": LOUD})
+    res = racecheck("run", "--trials", 1, "--out", tmp_path / "out", "-q", cwd=root)
+    assert res.code == 0 and [r.outcome for r in records(tmp_path / "out")] == ["failed"], res
+    (log,) = (tmp_path / "out" / "logs").iterdir()
+    text = log.read_bytes()
+    assert len(text) <= HEAD_BYTES + TAIL_BYTES + 100
+    cut = re.findall(rb"\n\[\.\.\. (\d+\.\d) MB cut \.\.\.\]\n", text)
+    assert len(cut) == 1 and 1.5 < float(cut[0]) < 2.5, cut  # 6 MB printed, 4 MiB kept
+    assert text.startswith(b"F") and b"AssertionError: the end" in text[:HEAD_BYTES]  # the traceback
+    assert text.count(b"x" * 1000) > 1000  # and the print, cut in two
+    assert re.search(rb"\n1 failed[^\n]* in [\d.]+s\n$", text[-TAIL_BYTES:])  # pytest's last line
+    folder = sum(p.stat().st_size for p in (tmp_path / "out").rglob("*") if p.is_file())
+    assert folder < len(text) + 100_000  # the output is kept once
+
+
+def test_a_session_log_is_complete_when_its_session_ends_though_a_leftover_holds_the_pipe(tmp_path):
+    from racecheck.runner.session_log import SessionLog
+
+    log = SessionLog(tmp_path / "s.log", head=10, tail=8)
+    leftover = os.dup(log.writer)  # a process that outlived its session holds its output's pipe
+    log.release_writer()
+    try:
+        os.write(leftover, b"0123456789" + b"abc\n" * 10)
+        log.close(grace=0)
+    finally:
+        os.close(leftover)
+    assert (tmp_path / "s.log").read_bytes() == b"0123456789\n[... 32 bytes cut ...]\nabc\nabc\n"
