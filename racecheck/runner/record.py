@@ -12,13 +12,14 @@ import enum
 import functools
 import json
 import os
-import re
 import time
 import types
 import typing
 from collections.abc import Iterator
 from pathlib import Path
 from typing import ClassVar, TextIO
+
+from racecheck.printable import printable
 
 
 class Outcome(enum.StrEnum):
@@ -80,19 +81,12 @@ class TrialRecord:
     time: str = ""
 
     def __post_init__(self) -> None:
-        # [Note: printable records] The text a test's failure brings (its message, the detector's
-        # reports, a node id from a file name) may hold lone surrogates: os.fsdecode and
-        # subprocess output turn an undecodable byte into one, and no UTF-8 writer accepts it, so a
-        # single such record broke every report that writes UTF-8 (Markdown, the step summary,
-        # JUnit, HTML, the run's own table). Every record is made here, by the runner and by each
-        # reader of a log, old logs included, so escaping once here keeps every format, present
-        # and future, writable, and a renderer need not know.
+        # Every record is made here, by the runner and by each reader of a log (old logs too):
+        # escaped here once, its text is writable as UTF-8 in every format (printable.py).
         for name in _TEXT_FIELDS:
-            value = getattr(self, name)
-            if isinstance(value, str) and not value.isascii():
-                setattr(self, name, printable(value))
-        if any(isinstance(r, str) and not r.isascii() for r in self.reports):
-            self.reports = [printable(r) if isinstance(r, str) else r for r in self.reports]
+            if isinstance(getattr(self, name), str):
+                setattr(self, name, printable(getattr(self, name)))
+        self.reports = [printable(r) if isinstance(r, str) else r for r in self.reports]
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -127,21 +121,6 @@ class TrialRecord:
 
 
 _TEXT_FIELDS = ("test", "params", "signature", "message", "replay")
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def printable(text: str) -> str:
-    """`text` with each lone surrogate written as an escape: `\\xff` for the byte that
-    surrogateescape (os.fsdecode) turned into U+DCFF, `\\ud800` for any other; the rest as it
-    was. The result encodes as UTF-8 ([Note: printable records])."""
-    return _LONE_SURROGATE.sub(_escape, text)
-
-
-def _escape(match: re.Match) -> str:
-    code = ord(match.group())
-    return f"\\x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"\\u{code:04x}"
-
-
 _OUTCOMES = tuple(o.value for o in Outcome)
 _EXPECTS = ("race", "safe", "")
 
