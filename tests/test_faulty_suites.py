@@ -4,11 +4,15 @@ refuses the run's writes. Each run loses no finished trial and ends with its doc
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import resource
+import subprocess
+import sys
 
 import pytest
-from run_kit import racecheck, records, write_suite
+from run_kit import racecheck, records, summary_counts, write_suite
 
 pytestmark = pytest.mark.usefixtures("fast_sessions")
 
@@ -75,3 +79,69 @@ def test_a_session_log_is_complete_when_its_session_ends_though_a_leftover_holds
     finally:
         os.close(leftover)
     assert (tmp_path / "s.log").read_bytes() == b"0123456789\n[... 32 bytes cut ...]\nabc\nabc\n"
+
+
+REMOVES_ITS_RUN_FOLDER = """
+import shutil
+
+def test_a_ok():
+    pass
+
+def test_b_cleans_up():
+    shutil.rmtree("racecheck-out", ignore_errors=True)  # racecheck's own run folder among them
+
+def test_c_ok():
+    pass
+"""
+
+
+def test_a_test_that_removes_the_run_folder_has_it_written_again_and_the_run_goes_on(tmp_path):
+    root = write_suite(tmp_path / "p", arms={"a": {}}, tests={"test_x.py": REMOVES_ITS_RUN_FOLDER})
+    out = root / "racecheck-out" / "run"
+    res = racecheck("run", "--trials", 2, "--out", out, "-q", cwd=root)
+    assert res.code == 0, res
+    assert "removed from" in res.err and "written again from what the runner holds; the run goes on" in res.err
+    assert sorted((r.trial, r.test.split("::")[-1], r.outcome) for r in records(out)) == [
+        (t, test, "passed") for t in (0, 1) for test in ("test_a_ok", "test_b_cleans_up", "test_c_ok")
+    ]
+    assert summary_counts(out)[("a", "*")] == (0, 2)  # summary.csv, in the folder written again
+    assert len((out / "completed.jsonl").read_text().splitlines()) == 2
+    res = racecheck("run", "--resume", out, "-q", cwd=root)  # run.json and completed.jsonl are whole
+    assert res.code == 0 and summary_counts(out)[("a", "*")] == (0, 2), res
+
+
+def _file_size_limit(limit: int):
+    def limited() -> None:  # in the child: its files, and its children's, stop at `limit` bytes
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return limited
+
+
+def test_a_disk_that_refuses_the_run_stops_it_in_one_line_with_exit_3_and_resume_finishes_it(tmp_path):
+    """A file-size limit refuses the trial log's fourth record (EFBIG, as a full disk gives ENOSPC),
+    in a runner of its own; Python ignores SIGXFSZ, so the write fails instead of the process."""
+    tests = {"test_x.py": "def test_one():\n    pass\n\ndef test_two():\n    pass\n"}
+    root = write_suite(tmp_path / "p", arms={"a": {}}, tests=tests)
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "racecheck", "run", "--trials", "4", "--out", str(out), "-q"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        preexec_fn=_file_size_limit(2048),  # run.json fits, and three records of the log
+        timeout=120,
+    )
+    assert proc.returncode == 3, proc
+    assert proc.stderr.startswith(f"racecheck: infrastructure error: cannot write {out / 'trials.jsonl'}: ")
+    assert proc.stderr.count("\n") == 1 and f"continue with: racecheck run --resume {out}" in proc.stderr
+    lines = (out / "trials.jsonl").read_text().splitlines()
+    assert 0 < len(lines) < 8 and all(json.loads(line)["outcome"] == "passed" for line in lines)  # none torn
+    res = racecheck("run", "--resume", out, "-q", cwd=root)
+    assert res.code == 0 and summary_counts(out)[("a", "*")] == (0, 4), res
+    (out / "summary.csv").unlink()
+    (out / "summary.csv").mkdir()  # the last write of a run refused too (as root: no read-only file)
+    res = racecheck("run", "--resume", out, "-q", cwd=root)
+    assert res.code == 3 and res.err == (
+        f"racecheck: infrastructure error: cannot write {out / 'summary.csv'}: Is a directory; every trial is "
+        f"kept in {out / 'trials.jsonl'} ('racecheck report {out} --format csv' gives the summary)\n"
+    ), res

@@ -341,7 +341,7 @@ def list_command(scenarios_dir, config_file):
 
 def summarize_run(out_dir: Path, *, footer: str | None = None) -> bool:
     """Write OUT/summary.csv and, with a footer, print the table and the footer; False when the
-    log holds no record."""
+    log holds no record. InfrastructureError (exit 3) where summary.csv cannot be written."""
     from racecheck.results.failures import failure_list
     from racecheck.results.render_terminal import render_terminal
     from racecheck.results.tally import write_summary
@@ -350,6 +350,11 @@ def summarize_run(out_dir: Path, *, footer: str | None = None) -> bool:
         summary = write_summary(out_dir)
     except (FileNotFoundError, ValueError):
         return False
+    except OSError as exc:  # a full or read-only disk: the trials are in trials.jsonl all the same
+        raise InfrastructureError(
+            f"cannot write {Path(out_dir) / 'summary.csv'}: {exc.strerror or exc}; every trial is kept in "
+            f"{Path(out_dir) / 'trials.jsonl'} ('racecheck report {out_dir} --format csv' gives the summary)"
+        ) from None
     if footer is not None:
         click.echo(render_terminal(summary) + failure_list(out_dir))
         click.echo(f"\n{footer}")

@@ -56,6 +56,7 @@ from racecheck.runner import interrupts, launch
 from racecheck.runner.blocks import Block, SessionPlan
 from racecheck.runner.ranks import RankMerger, RankTail
 from racecheck.runner.record import Collected, CollectError, Finished, Outcome, RankEvent, Started, TestOutcome, worst
+from racecheck.runner.run_folder import FolderFault
 
 POLL_S = 0.05
 STRAGGLER_GRACE_S = 5.0
@@ -128,7 +129,8 @@ class SessionRun:
 
     # -- events -----------------------------------------------------------------------------------
     def _poll_files(self) -> None:
-        for path in sorted(self.files.parent.glob(f"{self.files.name}-rank-*.jsonl")):
+        # The files already followed too: a test that removed the run folder removed their names.
+        for path in sorted(set(self.files.parent.glob(f"{self.files.name}-rank-*.jsonl")) | set(self._tails)):
             tail = self._tails.setdefault(path, RankTail(path))
             for event in tail.read():
                 self._event(event)
@@ -218,6 +220,8 @@ class SessionRun:
             if self.peers is not None:  # end the other nodes' parts too; their last events land here
                 self.peers.finish()
                 self._poll_files()
+            for tail in self._tails.values():
+                tail.close()
         if self._stop_sent and ending is not Ending.TIMED_OUT:
             ending = Ending.STOPPED
         self._check_suite(ending, proc.returncode)
@@ -270,7 +274,11 @@ class SessionRun:
 
     def _request_stop(self) -> None:
         self._stop_sent = True
-        self.stop_file.write_text(f"{self._started_trial + 1}\n")
+        try:
+            self.stop_file.parent.mkdir(parents=True, exist_ok=True)  # a test may have removed it
+            self.stop_file.write_text(f"{self._started_trial + 1}\n")
+        except OSError as exc:  # the files are OUT/ranks/SID-...
+            raise FolderFault.refused(self.files.parent.parent, self.stop_file, exc) from None
 
     def _close(self, ending: Ending, returncode: int | None) -> None:
         """Record what the ending means for the tests in flight (see the module docstring)."""
