@@ -274,24 +274,29 @@ def merge_command(inputs, out_dir):
     from racecheck.runner.merge import MergeError, expand_inputs, merge
     from racecheck.runner.state import FolderInUse
 
-    try:
-        with interrupts.handled():
+    with interrupts.handled():  # to the last line: a signal during the summary is an interrupt too
+        try:
             inputs = expand_inputs(inputs, out_dir)
             merged = merge(inputs, out_dir)
-    except MergeError as exc:
-        raise click.UsageError(str(exc)) from None
-    except FolderInUse as exc:
-        raise InfrastructureError(str(exc)) from None
-    except KeyboardInterrupt:
-        state = "holds the whole merge" if (out_dir / "trials.jsonl").exists() else "is unchanged"
-        click.echo(f"racecheck: interrupted; {out_dir} {state}", err=True)
-        raise click.exceptions.Exit(ExitCode.INTERRUPTED) from None
-    for note in merged.notes:
-        click.echo(f"racecheck: warning: {note}", err=True)
-    summarize_run(
-        out_dir,
-        footer=f"{merged.records} records from {len(inputs)} runs merged into {out_dir} (trials.jsonl, summary.csv)",
-    )
+            for note in merged.notes:
+                click.echo(f"racecheck: warning: {note}", err=True)
+            summarize_run(
+                out_dir,
+                footer=f"{merged.records} records from {len(inputs)} runs merged into {out_dir} "
+                "(trials.jsonl, summary.csv)",
+            )
+        except MergeError as exc:
+            raise click.UsageError(str(exc)) from None
+        except FolderInUse as exc:
+            raise InfrastructureError(str(exc)) from None
+        except KeyboardInterrupt:
+            whole = (out_dir / "trials.jsonl").exists()  # the merge's commit point passed
+            if whole:
+                with interrupts.ignored():
+                    summarize_run(out_dir)  # the folder whole: its summary.csv too
+            state = "holds the whole merge" if whole else "is unchanged"
+            click.echo(f"racecheck: interrupted; {out_dir} {state}", err=True)
+            raise click.exceptions.Exit(ExitCode.INTERRUPTED) from None
 
 
 @click.command("list")
