@@ -47,6 +47,7 @@ import dataclasses
 import enum
 import re
 import signal
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -214,14 +215,7 @@ class SessionRun:
                     time.sleep(POLL_S)
                     interrupts.check()
         finally:
-            if proc.poll() is None:  # interrupted (Ctrl-C) or an error above: leave nothing behind
-                launch.kill_tree(proc)
-            launch.finish(proc)  # nor a daemon that a test started and left running
-            if self.peers is not None:  # end the other nodes' parts too; their last events land here
-                self.peers.finish()
-                self._poll_files()
-            for tail in self._tails.values():
-                tail.close()
+            self._end(proc)
         if self._stop_sent and ending is not Ending.TIMED_OUT:
             ending = Ending.STOPPED
         self._check_suite(ending, proc.returncode)
@@ -239,6 +233,17 @@ class SessionRun:
                 f"{last_lines(self.spec.log_path)}"
             )
         return SessionResult(ending, list(self._done), remaining)
+
+    def _end(self, proc: subprocess.Popen) -> None:
+        """However the session ended: nothing of it left running, its log and last events in."""
+        if proc.poll() is None:  # interrupted (Ctrl-C) or an error in the loop: leave nothing behind
+            launch.kill_tree(proc)
+        launch.finish(proc)  # nor a daemon that a test started and left running
+        if self.peers is not None:  # end the other nodes' parts too; their last events land here
+            self.peers.finish()
+            self._poll_files()
+        for tail in self._tails.values():
+            tail.close()
 
     def _only_teardown_left(self) -> bool:
         """Every block of the plan is complete and every rank has logged the end of its session:
