@@ -26,7 +26,7 @@ from racecheck.runner.record import TrialLog, TrialRecord
 from racecheck.runner.run_config import resume_command
 
 TRIALS_FILE = "trials.jsonl"
-_ROUNDS = 5  # times a folder removed again while it is written again is written again
+_ROUNDS = 5  # how often check() writes the folder again while a removal still goes on
 
 
 class FolderFault(InfrastructureError):
