@@ -1,20 +1,19 @@
 """`racecheck merge` takes its --out as a run does: locked against another merge or run, written
-whole or not at all (a SIGTERM leaves no log that passes for a run), never into a folder that
-holds someone else's files; and a shard whose log is empty is refused, one that holds fewer
-trials than it planned is named. The shards are written directly (bench/folder_races.py's
-make_shards), so a merge of thousands of records costs no trial."""
+whole or not at all (a SIGTERM, wherever it lands, leaves the folder as it was or whole, with exit
+130), never into a folder that holds someone else's files; and a shard whose log is empty is
+refused, one that holds fewer trials than it planned is named. The shards are written directly
+(bench/folder_races.py's make_shards), so a merge of thousands of records costs no trial."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
+import pytest
 from run_kit import racecheck
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,31 +60,35 @@ def test_two_merges_into_one_folder_one_merges_and_the_other_is_refused(tmp_path
     assert json.loads((out / "run.json").read_text())["merged_from"] == [str(p) for p in (alpha, beta)[codes.index(0)]]
 
 
-def test_a_merge_stopped_by_sigterm_leaves_the_whole_merge_or_no_log(tmp_path):
-    records = 6000  # enough that the merge before this check was still writing its log when stopped
+# Where a SIGTERM reaches a merge (signal_at.py: sent when the code gets there), and what it leaves.
+SIGNAL_POINTS = {
+    "while it stages its files": (["os.fsync", "after"], "is unchanged"),
+    "between its renames": (["os.replace", "before", "run.json"], "holds the whole merge"),
+    "after its commit": (["racecheck.runner.merge._commit", "after"], "holds the whole merge"),
+    "while it writes the summary": (["racecheck.results.tally.write_summary", "before"], "holds the whole merge"),
+}
+
+
+@pytest.mark.parametrize("point", SIGNAL_POINTS)
+def test_a_merge_stopped_by_sigterm_exits_130_with_its_folder_as_it_was_or_whole(tmp_path, point):
+    signal_at, said = SIGNAL_POINTS[point]
+    records = 24
     shards = make_shards(tmp_path, suite="alpha", records=records)
     out = tmp_path / "merged"
-    proc = _merge(*shards, "--out", out, cwd=tmp_path)
-    deadline = time.monotonic() + 60
-    # Stop it once it holds the folder (runner.json) or has begun its log: inside the merge.
-    while not ((out / "runner.json").exists() or (out / "trials.jsonl").exists()) and proc.poll() is None:
-        assert time.monotonic() < deadline, "the merge never took its folder"
-        time.sleep(0.002)
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
-    lines = _lines(out / "trials.jsonl")
-    if proc.returncode == 0:
-        assert len(lines) == records, "the merge says it finished but its log is not whole"
-    else:
-        assert proc.returncode == 130 and err.strip().startswith("racecheck: interrupted;"), (proc.returncode, err)
-        assert len(lines) in (0, records), len(lines)
+    command = [sys.executable, str(ROOT / "tests" / "signal_at.py"), *signal_at, "--"]
+    proc = subprocess.run(
+        [*command, "merge", *map(str, shards), "--out", str(out)], capture_output=True, text=True, timeout=120
+    )
+    assert (proc.returncode, proc.stderr) == (130, f"racecheck: interrupted; {out} {said}\n"), proc
     assert not [p.name for p in out.iterdir() if p.name.endswith(".merge")]  # no temporary file left
     assert not (out / "runner.json").exists()
-    res = racecheck("report", out, "--format", "json", cwd=tmp_path)
-    if lines:
-        assert res.code == 0, res
-    else:
+    res = racecheck("report", out, "--format", "csv", cwd=tmp_path)
+    if said == "is unchanged":
+        assert not (out / "trials.jsonl").exists() and not (out / "run.json").exists()
         assert res.code == 2 and "no trial log" in res.err, res  # not a run of fewer trials
+    else:
+        assert len(_lines(out / "trials.jsonl")) == records
+        assert res.code == 0 and (out / "summary.csv").read_text() == res.out, res  # the summary, whole
 
 
 def test_a_shard_with_an_empty_log_is_refused_and_one_missing_trials_is_named(tmp_path):

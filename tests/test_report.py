@@ -5,6 +5,7 @@ the diff."""
 from __future__ import annotations
 
 import base64
+import json
 import os
 import re
 import xml.etree.ElementTree as ET
@@ -298,3 +299,28 @@ def test_every_format_has_a_renderer_of_its_own():
 
     assert set(report.RENDERERS) == set(Format)
     assert len(set(report.RENDERERS.values())) == len(Format)  # no format falls through to another
+
+
+def test_failure_text_that_is_no_utf8_is_escaped_in_every_format(tmp_path):
+    """A lone surrogate (a file name's undecodable byte, as os.fsdecode gives it) in a failure's
+    text: every format still writes, as UTF-8, and the JUnit XML stays well-formed."""
+    bad = "bad name " + os.fsdecode(b"caf\xff.txt")
+    fields = dict(run_id="r", scenario="s", arm="a", expect="", trial=0, seed=0, test="t.py::test_x", params="")
+    fields.update(outcome="failed", signature="OSError at t.py:3 in test_x", message=bad, reports=[bad])
+    (tmp_path / "trials.jsonl").write_text(json.dumps(fields) + "\n")  # as the runner's JSON holds it
+    escaped = "bad name caf\\xff.txt"  # the byte, as Python writes one that does not decode
+    assert TrialRecord(**fields).message == TrialRecord(**fields).reports[0] == escaped
+    for fmt in report.Format:
+        target = tmp_path / f"report.{fmt.value}"
+        result = CliRunner().invoke(report_command, [str(tmp_path), "--format", fmt.value, "-o", str(target)])
+        assert result.exit_code == 0, (fmt, result.output, result.exception)
+        text = target.read_bytes().decode("utf-8")
+        shown = json.dumps(escaped)[1:-1] if fmt is report.Format.JSON else escaped
+        if fmt is not report.Format.CSV:  # the summary alone holds no failure text
+            assert shown in text, fmt
+    ET.fromstring((tmp_path / "report.junit").read_bytes())
+    step = tmp_path / "step.md"
+    result = CliRunner().invoke(
+        report_command, [str(tmp_path), "--github-summary"], env={"GITHUB_STEP_SUMMARY": str(step)}
+    )
+    assert result.exit_code == 0 and escaped in step.read_bytes().decode("utf-8"), result.output

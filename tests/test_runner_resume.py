@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -101,6 +102,25 @@ def test_ctrl_c_stops_the_session_keeps_the_outcomes_and_says_how_to_resume(tmp_
         os.kill(session, 0)
     assert not (out / "runner.json").exists() and (out / "summary.csv").exists()
     assert len(records(out)) >= 4
+
+
+def test_a_sigterm_while_the_run_writes_its_table_exits_130_and_leaves_summary_csv_whole(tmp_path):
+    """The signal comes when the run has finished its trials and tallies them (signal_at.py)."""
+    root = write_suite(tmp_path / "p", arms={"often": {}, "never": {}}, tests={"test_seeded.py": SEEDED_TEST})
+    out = tmp_path / "out"
+    late = [sys.executable, str(Path(__file__).with_name("signal_at.py")), "racecheck.results.tally.write_summary"]
+    proc = subprocess.run(
+        [*late, "before", "--", "run", "--trials", "3", "--out", str(out), "-q"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 130, proc
+    last = proc.stderr.splitlines()[-1]  # after the lines of the first failures
+    assert last == f"racecheck: interrupted; finished trials are in {out}; continue with: racecheck run --resume {out}"
+    assert summary_counts(out) == expected_failures({"often": 0.6, "never": 0.0}, range(3))
+    assert (out / "summary.csv").read_text() == racecheck("report", out, "--format", "csv", cwd=root).out
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")

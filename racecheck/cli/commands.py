@@ -285,24 +285,29 @@ def merge_command(inputs, out_dir):
     from racecheck.runner.merge import MergeError, expand_inputs, merge
     from racecheck.runner.state import FolderInUse
 
-    try:
-        with interrupts.handled():
+    with interrupts.handled():  # to the last line: a signal during the summary is an interrupt too
+        try:
             inputs = expand_inputs(inputs, out_dir)
             merged = merge(inputs, out_dir)
-    except MergeError as exc:
-        raise click.UsageError(str(exc)) from None
-    except FolderInUse as exc:
-        raise InfrastructureError(str(exc)) from None
-    except KeyboardInterrupt:
-        state = "holds the whole merge" if (out_dir / "trials.jsonl").exists() else "is unchanged"
-        click.echo(f"racecheck: interrupted; {out_dir} {state}", err=True)
-        raise click.exceptions.Exit(ExitCode.INTERRUPTED) from None
-    for note in merged.notes:
-        click.echo(f"racecheck: warning: {note}", err=True)
-    summarize_run(
-        out_dir,
-        footer=f"{merged.records} records from {len(inputs)} runs merged into {out_dir} (trials.jsonl, summary.csv)",
-    )
+            for note in merged.notes:
+                click.echo(f"racecheck: warning: {note}", err=True)
+            summarize_run(
+                out_dir,
+                footer=f"{merged.records} records from {len(inputs)} runs merged into {out_dir} "
+                "(trials.jsonl, summary.csv)",
+            )
+        except MergeError as exc:
+            raise click.UsageError(str(exc)) from None
+        except FolderInUse as exc:
+            raise InfrastructureError(str(exc)) from None
+        except KeyboardInterrupt:
+            whole = (out_dir / "trials.jsonl").exists()  # the merge's commit point passed
+            if whole:
+                with interrupts.ignored():
+                    summarize_run(out_dir)  # the folder whole: its summary.csv too
+            state = "holds the whole merge" if whole else "is unchanged"
+            click.echo(f"racecheck: interrupted; {out_dir} {state}", err=True)
+            raise click.exceptions.Exit(ExitCode.INTERRUPTED) from None
 
 
 @click.command("list")
@@ -352,7 +357,7 @@ def list_command(scenarios_dir, config_file):
 
 def summarize_run(out_dir: Path, *, footer: str | None = None) -> bool:
     """Write OUT/summary.csv and, with a footer, print the table and the footer; False when the
-    log holds no record."""
+    log holds no record. InfrastructureError (exit 3) where summary.csv cannot be written."""
     from racecheck.results.failures import failure_list
     from racecheck.results.render_terminal import render_terminal
     from racecheck.results.tally import write_summary
@@ -361,6 +366,11 @@ def summarize_run(out_dir: Path, *, footer: str | None = None) -> bool:
         summary = write_summary(out_dir)
     except (FileNotFoundError, ValueError):
         return False
+    except OSError as exc:  # a full or read-only disk: the trials are in trials.jsonl all the same
+        raise InfrastructureError(
+            f"cannot write {Path(out_dir) / 'summary.csv'}: {exc.strerror or exc}; every trial is kept in "
+            f"{Path(out_dir) / 'trials.jsonl'} ('racecheck report {out_dir} --format csv' gives the summary)"
+        ) from None
     if footer is not None:
         click.echo(render_terminal(summary) + failure_list(out_dir))
         click.echo(f"\n{footer}")

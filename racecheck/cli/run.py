@@ -321,16 +321,27 @@ def run_command(ctx, **opts):
     progress = Progress(config, counts=runner.counts, enabled=not opts["quiet"])
     runner.listener = progress
     _import_table_libraries_meanwhile()
-    try:
-        with interrupts.handled(), progress, node_options.hosting(writer):
-            result = runner.run()
-    except KeyboardInterrupt:
-        summarize_run(config.out)
-        click.echo(
-            f"racecheck: interrupted; finished trials are in {config.out}; continue with: {resume_command(config.out)}",
-            err=True,
-        )
-        ctx.exit(ExitCode.INTERRUPTED)
+    with interrupts.handled():  # to the last line: a signal while the table prints is an interrupt too
+        try:
+            with progress, node_options.hosting(writer):
+                result = runner.run()
+            _after_run(ctx, config, result, writer=writer, gate=gate, started=started)
+        except KeyboardInterrupt:
+            with interrupts.ignored():  # a second signal is the same request: summary.csv is written whole
+                summarize_run(config.out)
+            click.echo(
+                f"racecheck: interrupted; finished trials are in {config.out}; "
+                f"continue with: {resume_command(config.out)}",
+                err=True,
+            )
+            ctx.exit(ExitCode.INTERRUPTED)
+
+
+def _after_run(ctx, config, result, *, writer, gate, started: float) -> None:
+    """The table and summary.csv, the notes, and the run's exit: the gate's where asked, 3 where a
+    node was lost or no test finished."""
+    from racecheck.runner.run_config import resume_command
+
     if result.stopped == "node lost":
         summarize_run(config.out)
         raise InfrastructureError(

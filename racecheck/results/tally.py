@@ -220,10 +220,16 @@ def with_skipped(summary: pd.DataFrame, skipped: dict) -> pd.DataFrame:
 
 def write_summary(out_dir: str | os.PathLike) -> pd.DataFrame:
     """Tally `OUT/trials.jsonl`, with a row for every suite the run skipped (run.json), into
-    `OUT/summary.csv`, and return that summary. FileNotFoundError without a log, ValueError for a
-    log without records."""
+    `OUT/summary.csv` (replaced whole, never left cut), and return that summary. FileNotFoundError
+    without a log, ValueError for a log without records, OSError where it cannot be written."""
     summary = with_skipped(summarize(load_records(out_dir)), skipped_suites(out_dir))
-    (Path(out_dir) / SUMMARY_NAME).write_text(summary_to_csv(summary), encoding="utf-8")
+    path = Path(out_dir) / SUMMARY_NAME
+    tmp = path.with_name(f".{SUMMARY_NAME}.{os.getpid()}.tmp")  # whole or not at all: never a cut table
+    try:
+        tmp.write_text(summary_to_csv(summary), encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return summary
 
 

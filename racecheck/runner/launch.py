@@ -31,10 +31,12 @@ from pathlib import Path
 import psutil
 
 from racecheck.runner.lifeline import child_dies_with_us
+from racecheck.runner.session_log import SessionLog
 
 MARK_VAR = "RACECHECK_SESSION_MARK"
 QUICK_EXIT = "racecheck.runner.quick_exit"  # `-m MODULE`, then an exit without the interpreter's teardown
 _marks: dict[int, str] = {}  # a running session's pid -> the mark in its processes' environment
+_logs: dict[int, SessionLog] = {}  # a running session's pid -> its log, until finish()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +47,7 @@ class SessionSpec:
     pytest_args: tuple[str, ...]  # targets and options for pytest, racecheck's own included
     env: dict
     cwd: Path
-    log_path: Path  # combined stdout/stderr of the session
+    log_path: Path  # combined stdout/stderr of the session, bounded (session_log.py)
     user_args: tuple[str, ...] = ()  # the suite's own part of pytest_args (for messages)
     rendezvous: tuple[str, ...] = ()  # torchrun's arguments for a world across nodes (nodes.py)
 
@@ -65,19 +67,25 @@ def start(spec: SessionSpec) -> subprocess.Popen:
     env = {**os.environ, **spec.env, "PYTHONUNBUFFERED": "1", MARK_VAR: mark}
     if spec.world_size == 1 and not spec.rendezvous:
         env.update(one_rank_env())
-    spec.log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(spec.log_path, "ab") as log:
+    log = SessionLog(spec.log_path)  # the session's output, kept once and bounded
+    try:
         proc = subprocess.Popen(
             command(spec),
             cwd=spec.cwd,
             env=env,
-            stdout=log,
+            stdout=log.writer,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
             preexec_fn=child_dies_with_us(signal.SIGTERM),
         )
+    except BaseException:
+        log.release_writer()
+        log.close(grace=0)
+        raise
+    log.release_writer()
     _marks[proc.pid] = mark
+    _logs[proc.pid] = log
     return proc
 
 
@@ -111,10 +119,14 @@ def kill_tree(proc: subprocess.Popen, *, grace: float = 3.0) -> None:
 
 
 def finish(proc: subprocess.Popen, *, grace: float = 1.0) -> None:
-    """Once a session is over, however it ended: kill what it left running (a test's daemon)."""
+    """Once a session is over, however it ended: kill what it left running (a test's daemon),
+    and complete its log (session_log.py), which is then whole for readers."""
     mark = _marks.pop(proc.pid, None)
     if mark is not None:
         _terminate(_marked(mark, pgid=None), grace=grace)
+    log = _logs.pop(proc.pid, None)
+    if log is not None:
+        log.close(grace=grace)
 
 
 def kill_process_tree(pid: int, *, grace: float = 3.0, mark: str | None = None) -> None:

@@ -142,6 +142,8 @@ class Follower:
                 launch.kill_tree(proc)
             launch.finish(proc)
         self._forward(sid, ranks, tails)
+        for tail in tails.values():
+            tail.close()
         code = proc.returncode
         put(
             self.store,

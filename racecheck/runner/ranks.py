@@ -12,38 +12,60 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from typing import BinaryIO
 
+from racecheck.runner.durable import names
 from racecheck.runner.record import Outcome, RankEvent, Started, TestOutcome, worst
 
 
 class RankTail:
     """Reads the complete events appended to one rank's file since the last call (a line that is
-    not a rank event, such as one torn by a kill, is skipped)."""
+    not a rank event, such as one torn by a kill, is skipped). The file is held open from the
+    first read that finds it until close(), and its name is followed: a test that removes the run
+    folder removes the name, and the rank writes the whole file again under it at its next event
+    (record.RankLog), where the tail reads on from the same offset."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._offset = 0
-        self._partial = ""
+        self._fh: BinaryIO | None = None
+        self._offset = 0  # bytes of the rank's file read so far
+        self._partial = b""
 
     def read(self) -> list[RankEvent]:
-        try:
-            with open(self.path, encoding="utf-8") as fh:
-                fh.seek(self._offset)
-                chunk = fh.read()
-                self._offset = fh.tell()
-        except FileNotFoundError:
-            return []
-        text = self._partial + chunk
-        lines = text.split("\n")
+        lines = (self._partial + self._appended()).split(b"\n")
         self._partial = lines.pop()  # an unterminated last line is kept for the next read
         events = []
         for line in lines:
             if line.strip():
                 try:
                     events.append(RankEvent.from_dict(json.loads(line)))
-                except ValueError:  # json.JSONDecodeError included
+                except ValueError:  # json.JSONDecodeError and UnicodeDecodeError included
                     continue
         return events
+
+    def _appended(self) -> bytes:
+        data = b""
+        if self._fh is not None:
+            data = self._fh.read()
+            self._offset += len(data)
+            if names(self.path, self._fh.fileno()):
+                return data
+        try:  # first found, or written again under its name after a removal
+            fh = open(self.path, "rb")
+        except FileNotFoundError:
+            return data
+        if self._fh is not None:
+            self._fh.close()
+        fh.seek(self._offset)
+        self._fh = fh
+        more = fh.read()
+        self._offset += len(more)
+        return data + more
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
 
 
 Key = tuple[int, str, str]  # (trial, arm, test)

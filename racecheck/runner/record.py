@@ -17,7 +17,10 @@ import types
 import typing
 from collections.abc import Iterator
 from pathlib import Path
-from typing import ClassVar, TextIO
+from typing import ClassVar
+
+from racecheck.printable import printable
+from racecheck.runner.durable import AppendFile
 
 
 class Outcome(enum.StrEnum):
@@ -81,6 +84,14 @@ class TrialRecord:
     versions: dict = dataclasses.field(default_factory=dict)
     time: str = ""
 
+    def __post_init__(self) -> None:
+        # Every record is made here, by the runner and by each reader of a log (old logs too):
+        # escaped here once, its text is writable as UTF-8 in every format (printable.py).
+        for name in _TEXT_FIELDS:
+            if isinstance(getattr(self, name), str):
+                setattr(self, name, printable(getattr(self, name)))
+        self.reports = [printable(r) if isinstance(r, str) else r for r in self.reports]
+
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
 
@@ -113,6 +124,7 @@ class TrialRecord:
         return cls(**{f.name: data[f.name] for f in fields if f.name in data})
 
 
+_TEXT_FIELDS = ("test", "params", "signature", "message", "replay")
 _OUTCOMES = tuple(o.value for o in Outcome)
 _EXPECTS = ("race", "safe", "")
 
@@ -265,9 +277,11 @@ _RANK_EVENTS: dict[RankEventKind, type[RankEvent]] = {
 
 class RankLog:
     """One pytest process's rank log: one RankEvent per line, stamped with the process (`RANK`,
-    the xdist worker) and the time, flushed at once. `{rank}` in the pattern becomes the rank; an
+    the xdist worker) and the time, written at once. `{rank}` in the pattern becomes the rank; an
     xdist worker adds its id to the name. The file is opened at the first write, so an xdist
-    controller, which runs no test, leaves none."""
+    controller, which runs no test, leaves none. Should its name be removed under the session (a
+    test deleting the run folder), the next write puts the whole file back under it first
+    (durable.AppendFile.restore), and the runner reads on there (ranks.RankTail)."""
 
     def __init__(self, pattern: str) -> None:
         rank = os.environ.get("RANK", "0")
@@ -277,34 +291,33 @@ class RankLog:
             path = path.with_name(f"{path.stem}-{self.worker}{path.suffix}")
         self.path = path
         self.rank = int(rank)
-        self._fh: TextIO | None = None  # opened at the first event
+        self._file: AppendFile | None = None  # opened at the first event
 
     def write(self, event: RankEvent) -> None:
-        if self._fh is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._fh = open(self.path, "a", encoding="utf-8")
+        if self._file is None:
+            self._file = AppendFile(self.path, sync=False)
+        elif self._file.gone():  # a test removed the run folder: the runner reads on (RankTail)
+            self._file.restore()
         event.rank, event.worker = self.rank, self.worker
         event.time = time.time()
-        self._fh.write(event.to_json() + "\n")
-        self._fh.flush()
+        self._file.append((event.to_json() + "\n").encode("utf-8"))
 
 
 class TrialLog:
-    """Append-only JSONL log; every record is flushed and fsynced as it is written,
-    so an interrupted run (Ctrl-C, SIGKILL) loses no finished outcome."""
+    """Append-only JSONL log; every record is fsynced as it is written, whole or not at all, so an
+    interrupted run (Ctrl-C, SIGKILL) loses no finished outcome and a full disk tears no line
+    (durable.AppendFile, which `file` is: the run folder restores the log from it)."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fh = open(self.path, "a", encoding="utf-8")
+        self.file = AppendFile(self.path)
 
     def append(self, record: TrialRecord) -> None:
-        self._fh.write(record.to_json() + "\n")
-        self._fh.flush()
-        os.fsync(self._fh.fileno())
+        """OSError where the file system refuses the record (the log is left as it was)."""
+        self.file.append((record.to_json() + "\n").encode("utf-8"))
 
     def close(self) -> None:
-        self._fh.close()
+        self.file.close()
 
     def __enter__(self) -> TrialLog:
         return self

@@ -2,10 +2,12 @@
 and end it - normally, by the runner's request at a trial boundary, or by force when it hangs.
 
 How a session ends decides what is recorded for the tests in flight (the `Ending`):
-- FINISHED: pytest exited 0 after its last test, or every block is complete and every rank has
-  logged its end, and the teardown left (which records nothing) is cut short after EXIT_GRACE_S;
-  a test some process started and never reported (an xdist worker that died) becomes `crash`.
-- CRASHED: pytest (or a rank) exited otherwise: the test in flight becomes `crash`, with the exit
+- FINISHED: pytest exited 0 and every rank logged the end of its session, or every block is
+  complete and every rank has logged its end, and the teardown left (which records nothing) is
+  cut short after EXIT_GRACE_S; a test some process started and never reported (an xdist worker
+  that died) becomes `crash`.
+- CRASHED: pytest (or a rank) exited otherwise, or exited 0 without logging the end of its
+  session (a test that called `os._exit(0)`): the test in flight becomes `crash`, with the exit
   code or signal in its signature.
 - TIMED_OUT: no test started or finished for `timeout` seconds: the whole process tree is killed
   and the test in flight becomes `timeout`.
@@ -13,12 +15,15 @@ How a session ends decides what is recorded for the tests in flight (the `Ending
   tree is killed and that test takes the failing rank's outcome ([Note: fail-fast]).
 - STOPPED: the runner asked for a stop (--max-time, early-stop rules, see [Note: graceful stop]);
   nothing is invented for tests in flight: incomplete blocks are simply not completed.
-Only the test in flight is blamed: of the earliest incomplete block, the unfinished test that
-was started first (a rank that died in test B leaves its healthy peers in test C, which they
-entered; C is run again, not recorded as a crash). Tests after it, in its block and in later
-blocks that some fast rank had entered, are left to the next session, which resumes the block
-after the tests it has recorded ([Note: resumed blocks] in blocks.py). A session that recorded no
-outcome at all could not start: that is an infrastructure error, not a trial.
+A block that a session did not complete runs on in the next one (unless the run stops): pytest
+may also stop early with exit code 0 (`-x`, a plugin calling `pytest.exit`), and a test it did
+not report is never taken as run. Only the test in flight is blamed: of the earliest incomplete
+block, the unfinished test that was started first (a rank that died in test B leaves its healthy
+peers in test C, which they entered; C is run again, not recorded as a crash). Tests after it, in
+its block and in later blocks that some fast rank had entered, are left to the next session,
+which resumes the block after the tests it has recorded ([Note: resumed blocks] in blocks.py).
+A session that recorded no outcome at all could not start: that is an infrastructure error, not a
+trial.
 
 [Note: graceful stop] The runner writes a trial index T to the stop file; every process checks it
 at each trial boundary and stops before entering trial T (plugin.py). T is one past the latest
@@ -42,6 +47,7 @@ import dataclasses
 import enum
 import re
 import signal
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -49,6 +55,7 @@ from pathlib import Path
 from racecheck.exitcodes import InfrastructureError, InputError
 from racecheck.runner import interrupts, launch
 from racecheck.runner.blocks import Block, SessionPlan
+from racecheck.runner.held_folder import FolderFault
 from racecheck.runner.ranks import RankMerger, RankTail
 from racecheck.runner.record import Collected, CollectError, Finished, Outcome, RankEvent, Started, TestOutcome, worst
 
@@ -123,7 +130,8 @@ class SessionRun:
 
     # -- events -----------------------------------------------------------------------------------
     def _poll_files(self) -> None:
-        for path in sorted(self.files.parent.glob(f"{self.files.name}-rank-*.jsonl")):
+        # The files already followed too: a test that removed the run folder removed their names.
+        for path in sorted(set(self.files.parent.glob(f"{self.files.name}-rank-*.jsonl")) | set(self._tails)):
             tail = self._tails.setdefault(path, RankTail(path))
             for event in tail.read():
                 self._event(event)
@@ -184,7 +192,7 @@ class SessionRun:
                 failure = self.peers.check() if self.peers is not None else ""
                 self._poll_files()
                 if exited:
-                    ending = Ending.FINISHED if proc.returncode == 0 else Ending.CRASHED
+                    ending = Ending.FINISHED if proc.returncode == 0 and self._every_rank_ended() else Ending.CRASHED
                 elif failure:  # another node's ranks died: this node's cannot finish the world's tests
                     launch.kill_tree(proc)
                     self._poll_files()
@@ -207,12 +215,7 @@ class SessionRun:
                     time.sleep(POLL_S)
                     interrupts.check()
         finally:
-            if proc.poll() is None:  # interrupted (Ctrl-C) or an error above: leave nothing behind
-                launch.kill_tree(proc)
-            launch.finish(proc)  # nor a daemon that a test started and left running
-            if self.peers is not None:  # end the other nodes' parts too; their last events land here
-                self.peers.finish()
-                self._poll_files()
+            self._end(proc)
         if self._stop_sent and ending is not Ending.TIMED_OUT:
             ending = Ending.STOPPED
         self._check_suite(ending, proc.returncode)
@@ -231,6 +234,17 @@ class SessionRun:
             )
         return SessionResult(ending, list(self._done), remaining)
 
+    def _end(self, proc: subprocess.Popen) -> None:
+        """However the session ended: nothing of it left running, its log and last events in."""
+        if proc.poll() is None:  # interrupted (Ctrl-C) or an error in the loop: leave nothing behind
+            launch.kill_tree(proc)
+        launch.finish(proc)  # nor a daemon that a test started and left running
+        if self.peers is not None:  # end the other nodes' parts too; their last events land here
+            self.peers.finish()
+            self._poll_files()
+        for tail in self._tails.values():
+            tail.close()
+
     def _only_teardown_left(self) -> bool:
         """Every block of the plan is complete and every rank has logged the end of its session:
         what is left is interpreter and launcher teardown (seconds for a multi-rank world),
@@ -243,6 +257,11 @@ class SessionRun:
         if self._all_reported_at is None:
             self._all_reported_at = now
         return now - self._all_reported_at > EXIT_GRACE_S
+
+    def _every_rank_ended(self) -> bool:
+        """Whether every rank's pytest logged the end of its session: a process that exits 0
+        without it (`os._exit(0)` in a test) vanished mid-session, as a crash does."""
+        return len({rank for rank, _ in self._finished}) >= self.spec.world_size
 
     def _world_broken(self) -> bool:
         """Whether a rank's failure has left its peers waiting for FAILFAST_S [Note: fail-fast]."""
@@ -260,7 +279,11 @@ class SessionRun:
 
     def _request_stop(self) -> None:
         self._stop_sent = True
-        self.stop_file.write_text(f"{self._started_trial + 1}\n")
+        try:
+            self.stop_file.parent.mkdir(parents=True, exist_ok=True)  # a test may have removed it
+            self.stop_file.write_text(f"{self._started_trial + 1}\n")
+        except OSError as exc:  # the files are OUT/ranks/SID-...
+            raise FolderFault.refused(self.files.parent.parent, self.stop_file, exc) from None
 
     def _close(self, ending: Ending, returncode: int | None) -> None:
         """Record what the ending means for the tests in flight (see the module docstring)."""
@@ -288,8 +311,6 @@ class SessionRun:
             )
         for merged in abandoned:
             self._merged(merged)
-        if ending is Ending.FINISHED and first < len(self.plan.blocks) and self.plan.blocks[first] not in self._done:
-            self._complete(self.plan.blocks[first])  # pytest ran all it would: nothing to resume
 
     def _check_suite(self, ending: Ending, returncode: int | None) -> None:
         """Bad input, reported in one line: collection errors, pytest usage errors, no tests."""

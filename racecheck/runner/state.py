@@ -25,6 +25,7 @@ from pathlib import Path
 import psutil
 
 from racecheck.runner.blocks import Block
+from racecheck.runner.durable import AppendFile, names
 from racecheck.runner.record import outside_plan
 
 RUN_FILE, COMPLETED_FILE, LOCK_FILE, LOCK_NAME = "run.json", "completed.jsonl", "runner.json", "runner.lock"
@@ -95,33 +96,29 @@ def write_run(out: Path, data: dict) -> None:
 
 
 class CompletedLog:
-    """Append-only record of finished blocks (see the module docstring)."""
+    """Append-only record of finished blocks (see the module docstring), written through `file`
+    (durable.AppendFile: each line fsynced, whole or not at all)."""
 
     def __init__(self, out: Path) -> None:
         self.path = Path(out) / COMPLETED_FILE
-        self._fh = open(self.path, "a", encoding="utf-8")
+        self.file = AppendFile(self.path)
 
     def append(self, suite: str, block: Block, outcome: str, run_id: str, *, records: int) -> None:
         """`records`: how many lines of trials.jsonl the block wrote; a resume that finds fewer
-        runs the block again (a record was lost to a torn or removed line)."""
-        self._fh.write(
-            json.dumps(
-                {
-                    "scenario": suite,
-                    "arm": block.arm,
-                    "trial": block.trial,
-                    "outcome": outcome,
-                    "run_id": run_id,
-                    "records": records,
-                }
-            )
-            + "\n"
-        )
-        self._fh.flush()
-        os.fsync(self._fh.fileno())
+        runs the block again (a record was lost to a torn or removed line). OSError where the
+        file system refuses the line."""
+        line = {
+            "scenario": suite,
+            "arm": block.arm,
+            "trial": block.trial,
+            "outcome": outcome,
+            "run_id": run_id,
+            "records": records,
+        }
+        self.file.append((json.dumps(line) + "\n").encode("utf-8"))
 
     def close(self) -> None:
-        self._fh.close()
+        self.file.close()
 
 
 def read_completed(out: Path, *, trials: int | None = None) -> dict[tuple[str, str, int], tuple[str, int | None]]:
@@ -223,6 +220,26 @@ class Lock:
         self._data = {"runner": _identity(os.getpid()), "session": None}
         self._write()
         return killed
+
+    def gone(self) -> bool:
+        """Whether the lock file this runner holds was removed or replaced under it (the run
+        folder deleted by a test): the folder is then no longer held against another runner."""
+        return self._fd is not None and not names(self.out / LOCK_NAME, self._fd)
+
+    def retake(self) -> None:
+        """Hold the folder again after gone(): a new lock file, and runner.json. FolderInUse when
+        another process took the folder meanwhile; OSError when it cannot be written."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.out / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise FolderInUse(f"{self.out} was removed under this run and another racecheck run took it") from None
+        if self._fd is not None:
+            os.close(self._fd)
+        self._fd = fd
+        self._write()
 
     def session(self, pid: int | None) -> None:
         try:

@@ -17,6 +17,7 @@ goes on with the next block in a fresh session (session.py).
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import datetime
 import os
@@ -30,7 +31,8 @@ from racecheck.exitcodes import InfrastructureError, InputError
 from racecheck.runner import blocks, launch, run_location, state
 from racecheck.runner.blocks import Block, SessionPlan
 from racecheck.runner.gitarms import Worktrees, pythonpath
-from racecheck.runner.record import Outcome, TestOutcome, TrialLog, TrialRecord, repair_log, worst
+from racecheck.runner.held_folder import FolderFault, HeldFolder
+from racecheck.runner.record import Outcome, TestOutcome, TrialRecord, repair_log, worst
 from racecheck.runner.run_config import RunConfig, replay_command, resume_command, split_targets
 from racecheck.runner.run_folder import open_run_folder
 from racecheck.runner.session import Ending, SessionRun
@@ -88,11 +90,10 @@ class Runner:
         self._stopped = ""
         self._rules_held: list[str] = []  # suites the stop rules ended early
         self._suite: Suite | None = None
-        self._log: TrialLog | None = None
-        self._completed: state.CompletedLog | None = None
         self._written: collections.Counter = collections.Counter()  # records per block this attempt
         self._worst: dict[tuple, Outcome] = {}  # per block: its worst record so far, over sessions
         self._lock = state.Lock(config.out)
+        self._folder = HeldFolder(config.out, self._lock, note=lambda line: self.listener.note(line))
 
     # -- the run ----------------------------------------------------------------------------------
     def run(self) -> RunResult:
@@ -114,30 +115,31 @@ class Runner:
             self.listener.note(f"killed the session a previous runner left running (pid {killed[0]})")
         try:
             done = self._load_done() if self.resume else {}  # read before this attempt changes run.json
-            self._write_run_json()
+            self._folder.write_run(self._run_json())
             self.listener.planned(self._planned(done) + len(done), len(done))
-            with TrialLog(out / "trials.jsonl") as log:
-                self._log, self._completed = log, state.CompletedLog(out)
-                try:
-                    for suite in self.config.scenarios:
-                        if self._stopped in ("max-time", "node lost"):
-                            break
-                        self._run_suite(suite, self._pending(suite, done))
-                finally:
-                    self._completed.close()
+            self._folder.open_logs()
+            try:
+                for suite in self.config.scenarios:
+                    if self._stopped in ("max-time", "node lost"):
+                        break
+                    self._run_suite(suite, self._pending(suite, done))
+                self._folder.check()  # the last test may have removed it: the summary goes there
+            finally:
+                self._folder.close()
         finally:
             self.worktrees.cleanup()
             self._lock.release()
         stopped = self._stopped or ("stop rules" if self._rules_held else "")
         return RunResult(self.run_id, self._blocks_done, stopped)
 
-    def _write_run_json(self) -> None:
+    def _run_json(self) -> dict:
+        """run.json for this attempt: the run's settings, with this attempt added to a resumed run's."""
         attempt = {"run_id": self.run_id, "started": _now(), "trials": self.config.trials, "versions": self.versions}
         data = state.read_run(self.config.out) if self.resume else {}
         data.update(self.config.to_json())
         data["attempts"] = data.get("attempts", []) + [attempt]
         data.setdefault("run_id", self.run_id)
-        state.write_run(self.config.out, data)
+        return data
 
     def _load_done(self) -> dict:
         """The finished blocks of an earlier attempt, their records priming the live counts. Lines
@@ -236,7 +238,8 @@ class Runner:
         k = self._session_count = self._session_count + 1
         sid = f"{self.run_id}-{k}"
         out = self.config.out
-        spec = self._session_spec(suite, plan, sid)
+        with self._folder.writing("ranks"):
+            spec = self._session_spec(suite, plan, sid)
         peers = None
         if self.nodes is not None:  # every node starts its part of the world (nodes.py)
             spec = dataclasses.replace(spec, rendezvous=self.nodes.spec.torchrun_args(sid, spec.world_size))
@@ -249,13 +252,17 @@ class Runner:
             on_merged=lambda merged: self._record(suite, merged),
             on_block=lambda block, outcome: self._block(suite, block, outcome),
             should_stop=self._should_stop,
-            on_start=self._lock.session,
+            on_start=self._folder.session,
             peers=peers,
         )
         try:
-            return run.run()
-        finally:
-            self._lock.session(None)
+            result = run.run()
+        except BaseException:
+            with contextlib.suppress(FolderFault):  # the fault (or the interrupt) in flight is the one to tell
+                self._folder.session(None)
+            raise
+        self._folder.session(None)
+        return result
 
     def session_spec(self, suite: Suite, plan: SessionPlan, sid: str) -> launch.SessionSpec:
         """What a session of `plan` runs on this node (a follower node runs the writer's plans)."""
@@ -354,8 +361,7 @@ class Runner:
         )
         if Outcome(record.outcome).is_failure:
             record.replay = replay_command(record, suite=suite, config=c)
-        assert self._log is not None, "records arrive only while run() holds the log open"
-        self._log.append(record)
+        self._folder.append_record(record)
         self._written[(suite.name, arm, trial)] += 1
         key = (suite.name, arm, trial)
         self._worst[key] = worst([self._worst.get(key, Outcome.PASSED), record.outcome])
@@ -366,8 +372,7 @@ class Runner:
         # A block resumed after a crash or a hang: its outcome is the worst over its sessions.
         outcome = worst([outcome, self._worst.pop((suite.name, block.arm, block.trial), outcome)])
         written = self._written.pop((suite.name, block.arm, block.trial), 0)
-        assert self._completed is not None, "blocks finish only while run() holds completed.jsonl open"
-        self._completed.append(suite.name, block, outcome.value, self.run_id, records=written)
+        self._folder.append_block(suite.name, block, outcome.value, self.run_id, records=written)
         self._blocks_done += 1
         self.counts.block(suite.name, block.arm, block.trial, outcome.value)
         self.listener.block(suite.name, block, outcome.value)

@@ -1,0 +1,30 @@
+"""Text that every UTF-8 writer accepts, made from text a test's failure brings.
+
+A failure's message, a detector report or a node id made from a file name may hold lone
+surrogates: os.fsdecode and subprocess output (surrogateescape) turn each byte that is not UTF-8
+into one, and no UTF-8 encoder accepts them, so one such record broke every report that writes
+UTF-8 (Markdown and the step summary died with UnicodeEncodeError, the JUnit XML was no longer
+well-formed, the run's own table died on a strict console). A trial record escapes its text here
+once, where every record is made (record.TrialRecord, for the runner and each reader of a log,
+old logs included), rather than in each renderer: every output format, present and future, then
+holds only text it can write, and no renderer needs to know.
+"""
+
+from __future__ import annotations
+
+import re
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def printable(text: str) -> str:
+    """`text` with each lone surrogate written as an escape: `\\xff` for the byte that
+    surrogateescape turned into U+DCFF, `\\ud800` for any other; the rest as it was."""
+    if text.isascii():
+        return text
+    return _LONE_SURROGATE.sub(_escape, text)
+
+
+def _escape(match: re.Match) -> str:
+    code = ord(match.group())
+    return f"\\x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"\\u{code:04x}"
