@@ -27,10 +27,12 @@
 // Python) through an interpreter of its own installed as c10's GPU trace for the time it records,
 // so none of them enters Python either. Python drains the log when it holds DRAIN_AT records,
 // when a report is asked for and when recording stops; a drain hands it the bytes of the record
-// and item arrays, whose fixed layouts native_feed.py unpacks (see Item and Record).
+// and item arrays, whose fixed layouts (op_log.h) feed_apply.py and the native engine read.
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+
+#include "op_log.h"
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
@@ -54,31 +56,12 @@
 
 namespace {
 
+using namespace racecheck_log;  // the record and item layouts (op_log.h)
+
 // What a call of one operator overload records (the plan's kind, see dispatch.py's OpKind).
 enum Kind : int8_t { UNPLANNED = -1, PLAIN = 0, SKIP = 1, TRANSPARENT = 2, COLLECTIVE = 3, RECORD_STREAM = 4 };
-// Access codes of an item.
-enum Access : int8_t { READ = 0, WRITE = 1, RESOLVE = 2 };  // RESOLVE: a return that sizes a fresh block
-// Record types.
-enum Type : int8_t {
-  OP = 0,
-  COLLECTIVE_BEGIN = 1,
-  COLLECTIVE_END = 2,
-  STREAM_RECORDED = 3,
-  HOST_FREED = 4,
-  // CUDA's trace events; `extra` is the address or event, `stream` a cudaStream_t (ALLOCATED:
-  // the c10 id of the stream current at the allocation)
-  ALLOCATED = 5,
-  FREED = 6,
-  EVENT_RECORDED = 7,
-  EVENT_WAITED = 8,
-  EVENT_DELETED = 9,
-  DEVICE_SYNCED = 10,
-  STREAM_SYNCED = 11,
-  EVENT_SYNCED = 12,
-};
 constexpr size_t DRAIN_AT = 4096;  // records that make the log call Python's drain
 
-constexpr int64_t NO_STREAM = INT64_MIN;  // no CUDA tensor, or the CPU tracker: Python's current stream
 constexpr int MAX_WALK = 96;              // frames walked at most (stacks.py's MAX_WALK)
 
 struct Plan {
@@ -87,38 +70,6 @@ struct Plan {
   int8_t returns = -1;                         // -1: returns not recorded; else their Access
   int non_blocking = -1;                       // position of a `non_blocking` argument, if any
 };
-
-// Items and records reach Python as the raw bytes of these arrays (py_drain), which native_feed.py
-// reads with struct formats of its own (ITEM, RECORD): the layouts are fixed, native byte order,
-// their padding spelled out as fields, and the static_asserts below pin them. Change one side,
-// change the other.
-struct Item {
-  uint64_t ptr, nbytes, sptr, snbytes;
-  int8_t access, device;  // device: 0 CPU, 1 CUDA, 2 other
-  int8_t pinned;          // host memory only: page-locked
-  int8_t pad[5];          // (to the 8-byte alignment of the array's next item)
-};
-static_assert(sizeof(Item) == 40, "native_feed.ITEM is '=QQQQbbb5x'");
-static_assert(offsetof(Item, nbytes) == 8 && offsetof(Item, sptr) == 16 && offsetof(Item, snbytes) == 24 &&
-                  offsetof(Item, access) == 32 && offsetof(Item, device) == 33 && offsetof(Item, pinned) == 34,
-              "native_feed.ITEM is '=QQQQbbb5x'");
-
-struct Record {
-  int8_t type;
-  int8_t pad0[3];
-  int32_t op;
-  int64_t stream;
-  int32_t device_index;
-  int32_t pad1;
-  int64_t frame;
-  uint32_t first, count;  // its items
-  int64_t extra;          // OP: non_blocking; STREAM_RECORDED: the stream id; HOST_FREED: the storage
-};
-static_assert(sizeof(Record) == 48, "native_feed.RECORD is '=b3xiqi4xqIIq'");
-static_assert(offsetof(Record, op) == 4 && offsetof(Record, stream) == 8 && offsetof(Record, device_index) == 16 &&
-                  offsetof(Record, frame) == 24 && offsetof(Record, first) == 32 && offsetof(Record, count) == 36 &&
-                  offsetof(Record, extra) == 40,
-              "native_feed.RECORD is '=b3xiqi4xqIIq'");
 
 Record make_record(int8_t type, int32_t op, int64_t stream, int32_t device_index, int64_t frame, uint32_t first,
                    uint32_t count, int64_t extra) {
@@ -797,7 +748,7 @@ PyObject* py_stop(PyObject*, PyObject*) {
 }
 
 // drain(known) -> (records, items, new op names from `known` on): records and items are the bytes
-// of the log's Record and Item arrays (native_feed.py's RECORD and ITEM read them); a record's
+// of the log's Record and Item arrays (feed_apply.py's RECORD and ITEM read them); a record's
 // items are items[first:first + count]. Bytes rather than tuples: a batch is thousands of records,
 // and as many tuples would cost an allocation each and wake Python's cyclic collector.
 PyObject* py_drain(PyObject*, PyObject* args) {
@@ -895,7 +846,7 @@ PyMethodDef methods[] = {
     {"stop", py_stop, METH_NOARGS, "stop recording"},
     {"drain", py_drain, METH_VARARGS,
      "drain(known_ops) -> (records, items, new op names): records and items the bytes of the log's Record and Item "
-     "arrays (native_feed.py's RECORD and ITEM), a record's items items[first:first + count]"},
+     "arrays (feed_apply.py's RECORD and ITEM), a record's items items[first:first + count]"},
     {"watch", py_watch, METH_VARARGS, "watch(storage_ptr) -> whether that host storage's death will be logged"},
     {"record", py_record, METH_VARARGS,
      "record(on): with on False the hooks stay installed and record nothing (a benchmark's floor); start() turns "
