@@ -107,6 +107,8 @@ std::vector<std::unique_ptr<OpName>> ops;
 std::unordered_map<uint64_t, int64_t> frame_ids;  // chain hash -> frame id
 std::vector<Frames> frames;
 std::unordered_map<uint64_t, c10::weak_intrusive_ptr<c10::StorageImpl>> recent_host;  // seen this batch
+// seen in the batch drained last: Python asks to watch them while it applies that batch
+std::unordered_map<uint64_t, c10::weak_intrusive_ptr<c10::StorageImpl>> drained_host;
 std::unordered_map<uint64_t, c10::weak_intrusive_ptr<c10::StorageImpl>> watched_host;  // tracked by Python
 std::atomic<bool> active{false};
 // false: the hooks stay installed and record nothing (record(False): the native path's floor, what
@@ -729,6 +731,7 @@ PyObject* py_start(PyObject*, PyObject* args) {
     records.clear();
     items.clear();
     recent_host.clear();
+    drained_host.clear();
     watched_host.clear();
   }
   handle = at::addGlobalCallback(at::RecordFunctionCallback(on_start, on_end)
@@ -764,6 +767,7 @@ PyObject* py_drain(PyObject*, PyObject* args) {
     if (!watched_host.empty()) host_frees_locked();
     rs.swap(records);
     is.swap(items);
+    drained_host.swap(recent_host);  // watchable while Python applies the batch
     recent_host.clear();
     for (size_t i = static_cast<size_t>(known); i < ops.size(); i++) names.emplace_back(ops[i]->name, ops[i]->overload);
   }
@@ -788,8 +792,11 @@ PyObject* py_watch(PyObject*, PyObject* args) {
   unsigned long long sptr;
   if (!PyArg_ParseTuple(args, "K", &sptr)) return nullptr;
   std::lock_guard<std::mutex> g(mu);
-  auto it = recent_host.find(sptr);
-  if (it == recent_host.end()) Py_RETURN_FALSE;
+  auto it = drained_host.find(sptr);
+  if (it == drained_host.end()) {
+    it = recent_host.find(sptr);
+    if (it == recent_host.end()) Py_RETURN_FALSE;
+  }
   watched_host.insert_or_assign(sptr, it->second);
   Py_RETURN_TRUE;
 }
