@@ -871,4 +871,10 @@ PyModuleDef module = {PyModuleDef_HEAD_INIT, "_op_log", "racecheck's native oper
 
 }  // namespace
 
-PyMODINIT_FUNC PyInit__op_log() { return PyModule_Create(&module); }
+int racecheck_add_engine(PyObject* module);  // hb_module.cpp: the native engine's type
+
+PyMODINIT_FUNC PyInit__op_log() {
+  PyObject* m = PyModule_Create(&module);
+  if (m != nullptr && racecheck_add_engine(m) < 0) Py_CLEAR(m);
+  return m;
+}

@@ -1,4 +1,5 @@
-"""The native operator log (op_log.cpp): how it is built, found and loaded.
+"""The native operator log (op_log.cpp) and the native engine in its extension (hb_*.cpp): how
+that extension is built, found and loaded.
 
 The extension is compiled against the torch it runs with (a C++ extension must match torch's
 headers and ABI), so it is built where torch is installed: once per torch version, Python version
@@ -26,9 +27,13 @@ from types import ModuleType
 
 _HERE = Path(__file__).resolve().parent
 SOURCE = _HERE / "op_log.cpp"
-# The extension's sources, with the header of the layouts they share; a change to any one rebuilds it.
-SOURCES = (SOURCE,)
-HEADERS = (_HERE / "op_log.h",)
+# The extension's sources: the log (op_log.cpp) and the native engine beside it (hb_*.cpp, its
+# Python type in hb_module.cpp), with the headers they share; a change to any one rebuilds it.
+SOURCES = (SOURCE, *(_HERE / f"hb_{part}.cpp" for part in ("allocations", "shadow", "engine", "tracker", "module")))
+HEADERS = tuple(
+    _HERE / name
+    for name in ("op_log.h", "hb_clocks.h", "hb_allocations.h", "hb_shadow.h", "hb_engine.h", "hb_tracker.h")
+)
 MODULE = "_op_log"  # PyInit__op_log in op_log.cpp
 PATH_ENV = "RACECHECK_DETECT_PATH"
 CACHE_ENV = "RACECHECK_NATIVE_CACHE"
