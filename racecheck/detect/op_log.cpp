@@ -801,6 +801,33 @@ PyObject* py_watch(PyObject*, PyObject* args) {
   Py_RETURN_TRUE;
 }
 
+// note(type, stream, extra[, ptr]): a trace event that Python saw (the stand-ins for CUDA's trace
+// callbacks that a CPU tracker is given: tests, patch mode's recording twin), logged in order with
+// the operators as the GPU trace interpreter logs CUDA's: a FREED record with the caller's stack;
+// `ptr` gives the record one item at that address (STREAM_RECORDED's block).
+PyObject* py_note(PyObject*, PyObject* args) {
+  int type;
+  long long stream, extra, ptr = -1;
+  if (!PyArg_ParseTuple(args, "iLL|L", &type, &stream, &extra, &ptr)) return nullptr;
+  if (type < 0 || type >= TYPES || type == OP || type == COLLECTIVE_BEGIN) {
+    PyErr_Format(PyExc_ValueError, "note: record type %d is not a trace event", type);
+    return nullptr;
+  }
+  if (!active.load() || !recording.load()) Py_RETURN_NONE;
+  int64_t frame = type == FREED ? stack_id() : -1;
+  std::lock_guard<std::mutex> g(mu);
+  if (!watched_host.empty()) host_frees_locked();
+  uint32_t count = ptr >= 0 ? 1 : 0;
+  records.push_back(make_record(static_cast<int8_t>(type), -1, stream, -1, frame, static_cast<uint32_t>(items.size()),
+                                count, extra));
+  if (count) {
+    Item it{};
+    it.ptr = it.sptr = static_cast<uint64_t>(ptr);
+    items.push_back(it);
+  }
+  Py_RETURN_NONE;
+}
+
 PyObject* py_record(PyObject*, PyObject* args) {
   int on;
   if (!PyArg_ParseTuple(args, "p", &on)) return nullptr;
@@ -854,6 +881,8 @@ PyMethodDef methods[] = {
     {"drain", py_drain, METH_VARARGS,
      "drain(known_ops) -> (records, items, new op names): records and items the bytes of the log's Record and Item "
      "arrays (feed_apply.py's RECORD and ITEM), a record's items items[first:first + count]"},
+    {"note", py_note, METH_VARARGS,
+     "note(type, stream, extra[, ptr]): log a trace event Python saw (a CPU tracker's stand-in for CUDA's)"},
     {"watch", py_watch, METH_VARARGS, "watch(storage_ptr) -> whether that host storage's death will be logged"},
     {"record", py_record, METH_VARARGS,
      "record(on): with on False the hooks stay installed and record nothing (a benchmark's floor); start() turns "
