@@ -136,6 +136,10 @@ Cost record_cost;  // an operator's start and end callbacks, less the drains the
 Cost gil_cost;     // taking the GIL back to read the stack
 Cost walk_cost;    // walking and interning the stack
 std::atomic<uint64_t> frames_walked{0};
+// The calls RecordFunction showed the log while it recorded, by what became of them (costs()).
+enum Seen { SEEN_CALLEE = 0, SEEN_TRANSPARENT = 1, SEEN_SKIP = 2, SEEN_RECORDED = 3, SEEN_KINDS = 4 };
+std::atomic<uint64_t> seen[SEEN_KINDS];
+void count_seen(Seen what) { seen[what].fetch_add(1, std::memory_order_relaxed); }
 PyObject* planner = nullptr;  // Python: (name, overload) -> plan tuple
 PyObject* drainer = nullptr;  // Python: drain the log (called at DRAIN_AT records)
 bool draining = false;        // under mu: a drain call is on its way
@@ -631,12 +635,14 @@ void end_call(const at::RecordFunction& fn, Call& c);
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   if (!active.load(std::memory_order_relaxed) || !recording.load(std::memory_order_relaxed)) return nullptr;
   if (inside > 0) {  // a callee of a recorded operator, or the tracker's own call
+    count_seen(SEEN_CALLEE);
     saw_callee();
     return nullptr;
   }
   const OpName* op = op_of(fn);
   if (op == nullptr) return nullptr;  // the interpreter is shutting down
   const Plan& plan = op->plan;  // fixed once planned
+  count_seen(plan.kind == TRANSPARENT ? SEEN_TRANSPARENT : plan.kind == SKIP ? SEEN_SKIP : SEEN_RECORDED);
   if (plan.kind == TRANSPARENT) return nullptr;
   Call& c = call;
   c.fn = &fn;
@@ -865,8 +871,10 @@ PyObject* py_costs(PyObject*, PyObject*) {
     return Py_BuildValue("(KK)", static_cast<unsigned long long>(c.calls.load()),
                          static_cast<unsigned long long>(c.ns.load()));
   };
-  return Py_BuildValue("{sNsNsNsK}", "record", pair(record_cost), "gil", pair(gil_cost), "walk", pair(walk_cost),
-                       "frames", static_cast<unsigned long long>(frames_walked.load()));
+  auto n = [](Seen what) { return static_cast<unsigned long long>(seen[what].load()); };
+  return Py_BuildValue("{sNsNsNsKs(KKKK)}", "record", pair(record_cost), "gil", pair(gil_cost), "walk",
+                       pair(walk_cost), "frames", static_cast<unsigned long long>(frames_walked.load()), "seen",
+                       n(SEEN_CALLEE), n(SEEN_TRANSPARENT), n(SEEN_SKIP), n(SEEN_RECORDED));
 }
 
 PyObject* py_planner_error(PyObject*, PyObject*) {
@@ -890,7 +898,8 @@ PyMethodDef methods[] = {
     {"watch_host", py_watch_host, METH_VARARGS, "watch_host(on): keep weak references to host storages seen"},
     {"frames", py_frames, METH_VARARGS, "frames(stack_id) -> ((code, lasti), ...), innermost first"},
     {"costs", py_costs, METH_NOARGS,
-     "{'record': (calls, ns), 'gil': (stacks read, ns), 'walk': (stacks read, ns), 'frames': walked} since the "
+     "{'record': (calls, ns), 'gil': (stacks read, ns), 'walk': (stacks read, ns), 'frames': walked, 'seen': (callees, "
+     "transparent, skipped, recorded calls RecordFunction showed)} since the "
      "module loaded: recorded operators' callbacks (less drains), and within them taking the GIL and walking stacks"},
     {"planner_error", py_planner_error, METH_NOARGS, "the last error the Python planner raised"},
     {"failures", py_failures, METH_NOARGS, "(calls not recorded, the last reason) since the module loaded"},
