@@ -89,6 +89,7 @@ class Engine {
   const std::vector<Report>& reports() const { return reports_; }
   const EngineStats& stats() const { return stats_; }
   uint64_t accesses() const { return accesses_; }
+  size_t slots() const { return allocs_.slots(); }
   int32_t allocation_op() const { return allocation_op_; }
   void collect();  // [Note: allocation slots]: only between batches
 

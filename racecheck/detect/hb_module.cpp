@@ -7,7 +7,7 @@
 //   apply(records, items)          a drained batch's bytes (op_log.h's Record and Item arrays)
 //   name_stream(key, name)
 //   report_data()                  (domains, allocations, reports) as plain tuples
-//   stats(), counts(), take_errors()
+//   stats(), counts(), take_errors()      the counters; the failures since the last call
 //
 // [Note: one batch at a time]
 // Batches are applied in the order they were drained, one at a time. Applying one runs Python
@@ -239,8 +239,9 @@ PyObject* engine_stats(PyObject* obj, PyObject*) {
 PyObject* engine_counts(PyObject* obj, PyObject*) {
   auto* self = reinterpret_cast<EngineObject*>(obj);
   Held held(self);
-  return Py_BuildValue("(KK)", static_cast<unsigned long long>(self->tracker->ops),
-                       static_cast<unsigned long long>(self->tracker->engine.accesses()));
+  return Py_BuildValue("(KKK)", static_cast<unsigned long long>(self->tracker->ops),
+                       static_cast<unsigned long long>(self->tracker->engine.accesses()),
+                       static_cast<unsigned long long>(self->tracker->engine.slots()));
 }
 
 PyObject* engine_take_errors(PyObject* obj, PyObject*) {
@@ -303,7 +304,8 @@ PyMethodDef engine_methods[] = {
     {"name_stream", engine_name_stream, METH_VARARGS, "name_stream(key, name): name a stream in reports"},
     {"report_data", engine_report_data, METH_NOARGS, "(domains, allocations, reports) as tuples (see the source)"},
     {"stats", engine_stats, METH_NOARGS, "(the engine's counters, the tracker's counters)"},
-    {"counts", engine_counts, METH_NOARGS, "(operators with tracked accesses, accesses)"},
+    {"counts", engine_counts, METH_NOARGS,
+     "(operators with tracked accesses, accesses, allocation slots: the generations kept, [Note: allocation slots])"},
     {"take_errors", engine_take_errors, METH_NOARGS, "the failures since the last call"},
     {nullptr, nullptr, 0, nullptr}};
 
