@@ -162,7 +162,10 @@ def child(args, workload: str, mode: str) -> dict:
 def _run_in_child(args, workload: str, mode: str, cpus: set[int], path: str) -> None:
     """The body of a run's process: pinned where asked, its result (or why it failed) to `path`."""
     if cpus:
+        import torch
+
         os.sched_setaffinity(0, cpus)  # the threads it starts inherit it
+        torch.set_num_threads(len(cpus))  # as a process started on these CPUs sizes its thread pool
     try:
         result = child(args, workload, mode)
     except BaseException as exc:  # noqa: BLE001 - the run failed: say why in its row
