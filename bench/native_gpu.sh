@@ -10,7 +10,7 @@
 #            NATIVE_WORKLOADS (mlp-adamw,fsdp2-adamw,fsdp2-compiled), NATIVE_MODES
 #            (plain,native,python,sanitizer), NATIVE_REPEATS (10), NATIVE_WARMUP_ROUNDS (0: the parts
 #            before warm the machine; the compiled workload's caches are warmed by one run first),
-#            NATIVE_ITERS (60, the MLP's timed steps), NATIVE_FSDP2_ITERS (20), NATIVE_SANITIZER_SCALE
+#            NATIVE_ITERS (100, the MLP's timed steps), NATIVE_FSDP2_ITERS (30), NATIVE_SANITIZER_SCALE
 #            (0.25: the sanitizer, about 9x slower, times a quarter of the steps), NATIVE_CPUS (also
 #            every mode pinned to these CPUs, a second table); the bench starts no round that would
 #            end after NATIVE_BUDGET seconds (530) from the start of this script
@@ -57,8 +57,8 @@ check() {
 bench() {
   local left=$((${NATIVE_BUDGET:-530} - SECONDS))
   python3 bench/detector_overhead_native.py --out "$N" --repeats "${NATIVE_REPEATS:-10}" \
-    --warmup-rounds "${NATIVE_WARMUP_ROUNDS:-0}" --iters "${NATIVE_ITERS:-60}" \
-    --fsdp2-iters "${NATIVE_FSDP2_ITERS:-20}" --sanitizer-iters-scale "${NATIVE_SANITIZER_SCALE:-0.25}" \
+    --warmup-rounds "${NATIVE_WARMUP_ROUNDS:-0}" --iters "${NATIVE_ITERS:-100}" \
+    --fsdp2-iters "${NATIVE_FSDP2_ITERS:-30}" --sanitizer-iters-scale "${NATIVE_SANITIZER_SCALE:-0.25}" \
     --workloads "${NATIVE_WORKLOADS:-mlp-adamw,fsdp2-adamw,fsdp2-compiled}" \
     --modes "${NATIVE_MODES:-plain,native,python,sanitizer}" --deadline "$left" \
     ${NATIVE_CPUS:+--cpus "$NATIVE_CPUS"} >"$N/bench.log" 2>&1
