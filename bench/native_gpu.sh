@@ -1,22 +1,30 @@
 #!/usr/bin/env bash
-# On the GPU machine: the PyTorch tracker's native recording path (racecheck/detect/op_log.cpp)
-# beside its Python path, results under $OUT/native:
-#   build    compile the native log against the machine's torch (build.log: compiler, time)
-#   tests    the tracker's CUDA tests and its CPU-driven tests, once per path (tests_<path>.log)
-#   compare  bench/sanitizer_compare.py once per path (COMPARE_PATHS), the diff of the race's reports
-#   bench    bench/detector_overhead_native.py (NATIVE_WORKLOADS, NATIVE_MODES, NATIVE_REPEATS,
-#            NATIVE_WARMUP_ROUNDS, NATIVE_ITERS, NATIVE_FSDP2_ITERS, NATIVE_CPUS: pin every run to
-#            these CPUs): detector_overhead_native.{csv,md}
-#            and every run;
-#            NATIVE_PROFILE=1: each run under cProfile too (profile-WORKLOAD-MODE.txt; times incomparable)
+# On the GPU machine, in one call of about nine minutes: the PyTorch tracker's native path (the log,
+# op_log.cpp, applied by the native engine, hb_*.cpp) checked and measured; results under $OUT/native:
+#   build    compile the extension against the machine's torch (build.log: compiler, time)
+#   check    the tracker's CUDA tests on the native engine, among them the comparison of the native
+#            and the Python engine on the same records, and the engines' comparison that runs on the
+#            CPU too (tests_native.log); the tracker's CUDA tests on the Python engine (tests_python.log)
+#   bench    bench/detector_overhead_native.py, fresh processes, unpinned, every mode interleaved:
+#            detector_overhead_native.{csv,md}, detector_overhead_native_runs.csv, bench.log.
+#            NATIVE_WORKLOADS (mlp-adamw,fsdp2-adamw,fsdp2-compiled), NATIVE_MODES
+#            (plain,native,python,sanitizer), NATIVE_REPEATS (10), NATIVE_WARMUP_ROUNDS (0: the parts
+#            before warm the machine; the compiled workload's caches are warmed by one run first),
+#            NATIVE_ITERS (100, the MLP's timed steps), NATIVE_FSDP2_ITERS (30), NATIVE_SANITIZER_SCALE
+#            (0.25: the sanitizer, about 9x slower, times a quarter of the steps), NATIVE_CPUS (also
+#            every mode pinned to these CPUs, a second table); the bench starts no round that would
+#            end after NATIVE_BUDGET seconds (530) from the start of this script
 #   record   bench/native_replay.py record per workload: the drains of a run, to replay on any
-#            machine (WORKLOAD.dump, record.log)
-#   bash bench/native_gpu.sh [PART ...]   (default: every part, in this order)
+#            machine (WORKLOAD.dump, record.log); not run by default
+#   bash bench/native_gpu.sh [PART ...]   (default: build check bench)
 # ninja, which torch.utils.cpp_extension needs, travels in .whl/ with the other wheels
 # (bench/gpu_check.sh's header).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 3
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+# The compiled workload compiles in every fresh process: from Inductor's caches after the first,
+# in the process itself (no pool of compile workers to start per run).
+export TORCHINDUCTOR_FX_GRAPH_CACHE=1 TORCHINDUCTOR_AUTOGRAD_CACHE=1 TORCHINDUCTOR_COMPILE_THREADS=1
 OUT=${OUT:-$PWD/native-out}
 N=$OUT/native
 mkdir -p "$N"
@@ -25,7 +33,7 @@ source bench/gpu_install.sh
 gpu_install "$N/install.log" || exit 3
 export PATH=/tmp/site/bin:$PATH RACECHECK_NATIVE_CACHE=${RACECHECK_NATIVE_CACHE:-/tmp/racecheck-native}
 parts=("$@")
-[ $# -gt 0 ] || parts=(build tests compare bench)
+[ $# -gt 0 ] || parts=(build check bench)
 
 build() {
   {
@@ -37,36 +45,27 @@ build() {
   } >"$N/build.log" 2>&1
 }
 
-tests() {
-  local p
-  for p in native python; do
-    RACECHECK_DETECT_PATH=$p python3 -m pytest -q -p no:cacheprovider tests/test_detect_cuda.py \
-      tests/test_detect_torch_tracker.py >"$N/tests_$p.log" 2>&1
-  done
-}
-
-compare() {
-  local p
-  for p in ${COMPARE_PATHS:-native python}; do
-    RACECHECK_DETECT_PATH=$p python3 bench/sanitizer_compare.py --out "$N/compare_$p" >"$N/compare_$p.log" 2>&1
-  done
-  if [ -d "$N/compare_python" ]; then
-    diff "$N/compare_python/racecheck_report_race.txt" "$N/compare_native/racecheck_report_race.txt" >"$N/compare_diff.txt" 2>&1
-    echo "diff exit $?" >>"$N/compare_diff.txt"
-  fi
+check() {
+  RACECHECK_DETECT_ENGINE=native python3 -m pytest -q -p no:cacheprovider tests/test_detect_cuda.py \
+    tests/test_detect_engines.py -k "torch_tracker or engine" >"$N/tests_native.log" 2>&1
+  local rc=$?
+  RACECHECK_DETECT_ENGINE=python python3 -m pytest -q -p no:cacheprovider tests/test_detect_cuda.py \
+    -k torch_tracker >"$N/tests_python.log" 2>&1 || rc=$?
+  return $rc
 }
 
 bench() {
-  local modes=plain,native,python,sanitizer,native_hooks,native_record,native_nostacks,dispatch_floor,python_nostacks
-  python3 bench/detector_overhead_native.py --out "$N" --repeats "${NATIVE_REPEATS:-3}" \
-    --warmup-rounds "${NATIVE_WARMUP_ROUNDS:-1}" --iters "${NATIVE_ITERS:-200}" \
-    --fsdp2-iters "${NATIVE_FSDP2_ITERS:-50}" --workloads "${NATIVE_WORKLOADS:-mlp,fsdp2}" \
-    --modes "${NATIVE_MODES:-$modes}" ${NATIVE_CPUS:+--cpus "$NATIVE_CPUS"} ${NATIVE_PROFILE:+--profile "$N"} \
-    >"$N/bench.log" 2>&1
+  local left=$((${NATIVE_BUDGET:-530} - SECONDS))
+  python3 bench/detector_overhead_native.py --out "$N" --repeats "${NATIVE_REPEATS:-10}" \
+    --warmup-rounds "${NATIVE_WARMUP_ROUNDS:-0}" --iters "${NATIVE_ITERS:-100}" \
+    --fsdp2-iters "${NATIVE_FSDP2_ITERS:-30}" --sanitizer-iters-scale "${NATIVE_SANITIZER_SCALE:-0.25}" \
+    --workloads "${NATIVE_WORKLOADS:-mlp-adamw,fsdp2-adamw,fsdp2-compiled}" \
+    --modes "${NATIVE_MODES:-plain,native,python,sanitizer}" --deadline "$left" \
+    ${NATIVE_CPUS:+--cpus "$NATIVE_CPUS"} >"$N/bench.log" 2>&1
 }
 
 record() {
-  local w NATIVE_WORKLOADS=${NATIVE_WORKLOADS:-mlp,fsdp2}
+  local w NATIVE_WORKLOADS=${NATIVE_WORKLOADS:-mlp-adamw,fsdp2-adamw}
   for w in ${NATIVE_WORKLOADS//,/ }; do
     python3 bench/native_replay.py record --workload "$w" --out "$N/$w.dump" >>"$N/record.log" 2>&1 || return 1
   done
@@ -74,8 +73,8 @@ record() {
 
 rc=0
 for part in "${parts[@]}"; do
-  echo "== $part $(date +%T)" >>"$N/parts.log"
+  echo "== $part $(date +%T) (${SECONDS} s)" >>"$N/parts.log"
   "$part" || rc=$?
 done
-echo "== done $(date +%T) rc $rc" >>"$N/parts.log"
+echo "== done $(date +%T) (${SECONDS} s) rc $rc" >>"$N/parts.log"
 exit "$rc"

@@ -1,5 +1,6 @@
 """The tracker's two recording paths side by side on users' code: the run folders that
-bench/paths_gpu.sh made with RACECHECK_DETECT_PATH=native and =python, trial by trial.
+bench/paths_gpu.sh made with RACECHECK_DETECT_PATH=native and =python, trial by trial (or the
+native path's two engines: any two of its variants, each named by its folder).
 
     python3 bench/paths_compare.py NATIVE_DIR PYTHON_DIR [--out FILE.md]
 
@@ -49,14 +50,15 @@ def _table_rows(root: Path) -> dict[tuple, tuple]:
 
 def compare(native: Path, python: Path) -> tuple[list[str], bool]:
     a, b = _trials(native), _trials(python)
+    one, other = native.name, python.name  # the variants, as their folders name them
     lines = [
-        "| run | trials compared | same outcome, detection and reports | detected (native / python) |",
+        f"| run | trials compared | same outcome, detection and reports | detected ({one} / {other}) |",
         "|---|---:|---:|---:|",
     ]
     problems = []
     for name in sorted(set(a) | set(b)):
         if name not in a or name not in b:
-            problems.append(f"- `{name}`: only on the {'native' if name in a else 'python'} path")
+            problems.append(f"- `{name}`: only in {one if name in a else other}")
             continue
         keys = sorted(set(a[name]) & set(b[name]), key=str)
         same = [k for k in keys if _what(a[name][k]) == _what(b[name][k])]
@@ -66,21 +68,21 @@ def compare(native: Path, python: Path) -> tuple[list[str], bool]:
             if k not in same:
                 na, pa = _what(a[name][k]), _what(b[name][k])
                 problems.append(
-                    f"- `{name}` {k}: native {na[:2]} ({len(na[2])} reports), python {pa[:2]} ({len(pa[2])} reports)"
+                    f"- `{name}` {k}: {one} {na[:2]} ({len(na[2])} reports), {other} {pa[:2]} ({len(pa[2])} reports)"
                 )
         if len(set(a[name]) ^ set(b[name])):
-            problems.append(f"- `{name}`: {len(set(a[name]) ^ set(b[name]))} trial(s) ran on one path only")
+            problems.append(f"- `{name}`: {len(set(a[name]) ^ set(b[name]))} trial(s) ran in one of them only")
     ta, tb = _table_rows(native), _table_rows(python)
     if ta or tb:
         lines += [
             "",
-            "| suite | case | arm | mode | trials, failures, detected (native) | (python) |",
+            f"| suite | case | arm | mode | trials, failures, detected ({one}) | ({other}) |",
             "|---|---|---|---|---|---|",
         ]
         for key in sorted(set(ta) | set(tb)):
             lines.append(f"| {' | '.join(key)} | {', '.join(ta.get(key, ('-',)))} | {', '.join(tb.get(key, ('-',)))} |")
             if ta.get(key) != tb.get(key):
-                problems.append(f"- table row {key}: native {ta.get(key)}, python {tb.get(key)}")
+                problems.append(f"- table row {key}: {one} {ta.get(key)}, {other} {tb.get(key)}")
     lines += ["", "Disagreements:" if problems else "No disagreement.", *problems]
     return lines, not problems
 

@@ -242,3 +242,92 @@ def test_kernels_below_the_dispatcher_are_tracked(path, kind, mistake):
     # (whose operators are the dispatcher's).
     assert tracker.stats["kernels"] >= 1 and not tracker.unseen_kernels and not tracker.errors
     del got, filler
+
+
+# -- the native engine against the Python engine, on the same records -------------------------------
+def _motivating_race():
+    default, rs = torch.cuda.current_stream(), torch.cuda.Stream()
+    grad = torch.randn(N, device="cuda")
+    a = torch.zeros(N, device="cuda")
+    rs.wait_stream(default)
+    with torch.cuda.stream(rs):
+        a.add_(grad)
+        b = torch.empty(N, device="cuda")
+        b.copy_(a)
+    del a
+    torch.zeros(N, device="cuda")  # may get a's block: free-while-in-use
+    default.wait_stream(rs)
+    return b
+
+
+def _pinned_read_and_refill():
+    side = torch.cuda.Stream()
+    host = torch.empty(N, pin_memory=True)
+    src = torch.full((N,), 2.0, device="cuda")
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        host.copy_(src, non_blocking=True)
+    total = float(host.sum())  # before the copy is known complete
+    dst = torch.empty(N, device="cuda")
+    with torch.cuda.stream(side):
+        dst.copy_(host, non_blocking=True)
+    host.fill_(3.0)  # while the upload is queued
+    torch.cuda.synchronize()
+    del host  # its death is logged: the pinned block's reuse waits for the side stream
+    return total, dst
+
+
+def _training_with_a_side_read():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.GELU(), torch.nn.Linear(256, 256)).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    x = torch.randn(32, 256, device="cuda")
+    side = torch.cuda.Stream()
+    for _ in range(3):
+        opt.zero_grad(set_to_none=True)
+        model(x).pow(2).mean().backward()
+        opt.step()
+    with torch.cuda.stream(side):
+        model[2].weight.grad.sum()  # not ordered after the backward that wrote it
+    torch.cuda.synchronize()
+
+
+def _both_engines(program) -> tuple[list[str], list[str], list[str]]:
+    """`program` under the tracker's native path and native engine, the batches its log drained
+    kept; those batches applied again by the Python engine to a second tracker that reads the same
+    log (operators, stacks, streams): both report texts, and both trackers' errors."""
+    from racecheck.detect.feed_apply import apply_batch
+    from racecheck.detect.native_feed import NativeFeed
+    from racecheck.detect.torch_tracker import TorchRaceTracker
+
+    torch.cuda.synchronize()
+    tracker = TorchRaceTracker(path="native", engine="native")
+    feed, batches = tracker._feed, []
+    apply = feed._apply
+
+    def kept(records, items):
+        batches.append((bytes(records), bytes(items)))
+        apply(records, items)
+
+    feed._apply = kept
+    with tracker:
+        program()
+        torch.cuda.synchronize()
+    native = [r.text() for r in tracker.reports()]
+    reference = TorchRaceTracker(path="python")  # its engine is the Python one, fed the same records
+    reference._current = tracker._current
+    ref_feed = NativeFeed(feed.log, reference, engine="python")
+    ref_feed.engine, reference._feed = reference.engine, ref_feed
+    ref_feed.plans, ref_feed._streams, ref_feed._stacks = feed.plans, feed._streams, feed._stacks
+    for handle, name in tracker._names.items():
+        reference.name_stream(handle, name)
+    for records, items in batches:
+        apply_batch(ref_feed, reference, reference.engine, records, items)
+    return native, [r.text() for r in reference.reports()], tracker.errors + reference.errors
+
+
+@pytest.mark.parametrize("program", [_motivating_race, _pinned_read_and_refill, _training_with_a_side_read])
+def test_the_native_and_the_python_engine_report_the_same_on_cuda(program):
+    native, python, errors = _both_engines(program)
+    assert errors == []
+    assert native and native == python

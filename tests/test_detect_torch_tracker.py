@@ -16,7 +16,7 @@ import pytest
 import torch
 from run_kit import free_port, racecheck
 
-from racecheck.detect import RaceKind
+from racecheck.detect import RaceKind, feed_apply
 from racecheck.detect.cpu_trace import AllocatorTrace
 from racecheck.detect.dispatch import plan_for
 from racecheck.detect.torch_tracker import TorchRaceTracker, _InFlight
@@ -51,15 +51,22 @@ def cur():
     return Streams()
 
 
-@pytest.fixture(params=["python", "native"])
+# A tracker's three ways: the TorchDispatchMode with the Python engine, and the native operator log
+# applied by the native engine or by the Python one (the reference).
+PATHS = {"python": ("python", None), "native": ("native", "native"), "native-pyengine": ("native", "python")}
+
+
+@pytest.fixture(params=list(PATHS))
 def path(request):
-    """Every tracker test on both paths: the TorchDispatchMode and the native operator log."""
+    """Every tracker test on every path."""
     return request.param
 
 
 def make_tracker(cur: Streams, path: str) -> TorchRaceTracker:
-    t = TorchRaceTracker(device_type="cpu", current_stream=cur, stream_handle=lambda s: s, path=path)
-    assert t.path == path  # native: the log was built here (a test machine has a compiler)
+    kind, engine = PATHS[path]
+    t = TorchRaceTracker(device_type="cpu", current_stream=cur, stream_handle=lambda s: s, path=kind, engine=engine)
+    assert t.path == kind  # native: the log was built here (a test machine has a compiler)
+    assert t._feed is None or t._feed.engine_kind == engine
     cur.on_switch = t.flush
     return t
 
@@ -99,6 +106,15 @@ def wait(tracker, event: int, stream: int) -> None:
     tracker.handler._handle_event_wait(event, stream)
 
 
+def record_stream(tracker, t: torch.Tensor, stream: int) -> None:
+    """`t.record_stream(stream)` as the tracker sees it: what the dispatch mode does for
+    aten.record_stream, or the native log's record of it."""
+    if tracker._feed is None:
+        tracker._record_stream((t, stream))
+    else:
+        tracker._feed.note(feed_apply.STREAM_RECORDED, -1, stream, t.untyped_storage().data_ptr())
+
+
 def motivating(tracker, cur, *, fix: str | None):
     """main_grad A on default, accumulated and read by the reduce-scatter stream, then dropped;
     the next default-stream allocation gets A's block."""
@@ -111,7 +127,7 @@ def motivating(tracker, cur, *, fix: str | None):
     b = alloc(tracker, cur, RS)
     b.copy_(a)  # the reduce-scatter reads A
     if fix == "record_stream":
-        tracker._record_stream((a, RS))  # what the dispatch mode does for aten.record_stream
+        record_stream(tracker, a, RS)
     cur.current = DEFAULT
     if fix == "hold_until_wait":
         record(tracker, 2, RS)
@@ -176,6 +192,10 @@ def test_unsynchronized_read_is_reported(tracker, cur):
     assert report.kind is RaceKind.READ_AFTER_WRITE
 
 
+# These two put a collective in flight by hand (the tracker's `_inflight`), which only the Python
+# engine's bookkeeping reads; the native engine's collectives are compared with it record by record
+# in tests/test_detect_engines.py.
+@pytest.mark.parametrize("path", ["python", "native-pyengine"])
 def test_collective_is_charged_to_the_stream_that_waited_during_it(tracker, cur):
     """PyTorch < 2.8 (or async_op=True): ProcessGroupNCCL records an event on the current stream,
     makes its own stream wait for it, launches there and records its end event there."""
@@ -193,6 +213,7 @@ def test_collective_is_charged_to_the_stream_that_waited_during_it(tracker, cur)
     assert report.kind is RaceKind.REUSE and report.earlier.domain.key == NCCL
 
 
+@pytest.mark.parametrize("path", ["python", "native-pyengine"])
 def test_collective_end_event_waited_orders_the_reuse(tracker, cur):
     grad = alloc(tracker, cur, DEFAULT)
     flight = _InFlight(plan_for(torch.ops.aten.add_.Tensor), (grad, grad), {}, DEFAULT)
@@ -416,11 +437,11 @@ def _reports_of(path: str, scenario) -> str:
     ids=["motivating", "training-loop-side-read"],
 )
 def test_both_paths_give_the_same_reports(scenario):
-    """The native log and the dispatch mode feed the engine the same accesses: the reports are the
-    same text, stacks included."""
-    python, native = (_reports_of(path, scenario) for path in ("python", "native"))  # one call site
+    """The native log and the dispatch mode feed the engines the same accesses, and the native
+    engine applies them as the Python one does: the reports are the same text, stacks included."""
+    python, native, native_pyengine = (_reports_of(path, scenario) for path in PATHS)  # one call site
     assert "race" in python.lower()
-    assert native == python
+    assert native == python and native_pyengine == python
 
 
 def test_without_a_compiler_the_tracker_takes_the_python_path(tmp_path):
@@ -535,27 +556,30 @@ for layer in model:
 fully_shard(model)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
 x = torch.randn(2, 8, 32)
-for path in ("python", "native"):
-    with TorchRaceTracker(device_type="cpu", current_stream=lambda: 0, stream_handle=lambda s: 0, path=path) as t:
+for path, engine in (("python", None), ("native", "native"), ("native", "python")):
+    with TorchRaceTracker(device_type="cpu", current_stream=lambda: 0, stream_handle=lambda s: 0, path=path,
+                          engine=engine) as t:
         opt.zero_grad(set_to_none=True)
         model(x).float().pow(2).mean().backward()
         opt.step()
-    print(path, t.ops, len(t.reports()), t.errors[:2])
+    print(path, t.ops, len(t.reports()), t.stats["collectives"], t.engine.accesses, t.errors[:2])
 dist.destroy_process_group()
 """
 
 
-def test_an_fsdp2_step_with_dtensor_parameters_is_tracked_without_errors_on_both_paths():
-    """FSDP2's parameters are DTensors (wrapper subclasses with no memory of their own): both paths
-    pass over them, as they pass over any tensor without bytes, instead of failing on each
-    optimizer operator; the step has no race."""
+def test_an_fsdp2_step_with_dtensor_parameters_is_tracked_without_errors_on_every_path():
+    """FSDP2's parameters are DTensors (wrapper subclasses with no memory of their own): every path
+    passes over them, as it passes over any tensor without bytes, instead of failing on each
+    optimizer operator; the step has no race, and both engines of the native path count the same
+    operators, collectives and accesses."""
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0", "WORLD_SIZE": "1"}
     out = subprocess.run([sys.executable, "-c", FSDP2_STEP], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    rows = [line.split(" ", 3) for line in out.stdout.splitlines()]
-    assert [r[0] for r in rows] == ["python", "native"]
-    for _, ops, reports, errors in rows:
+    rows = [line.split(" ", 5) for line in out.stdout.splitlines()]
+    assert [r[0] for r in rows] == ["python", "native", "native"]
+    for _, ops, reports, _, _, errors in rows:
         assert int(ops) > 50 and reports == "0" and errors == "[]", rows
+    assert rows[1][1:5] == rows[2][1:5], rows  # ops, reports, collectives, accesses
 
 
 @pytest.mark.parametrize("ordered", [False, True])

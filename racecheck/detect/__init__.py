@@ -7,7 +7,9 @@ reported in a single run, whatever the timing.
   against the runtime, from PyTorch's dispatcher and CUDA trace callbacks (torch.cuda._sanitizer's
   machinery, extended so that a free keeps the block's history until its reuse).
 Both feed one engine (engine.py) and produce the same reports (report.py). The engine runs
-compiled when setup.py could build it, else in Python (native.py; `ENGINE` says which).
+compiled when setup.py could build it, else in Python (native.py; `ENGINE` says which). The
+tracker's native path applies its log with the same engine's rules in C++ (native_engine.py), with
+the same reports.
 """
 
 from racecheck.detect.engine import HappensBefore

@@ -21,7 +21,7 @@ import weakref
 from collections.abc import Callable
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 
 from racecheck.detect.dispatch import returned_tensors
 
@@ -41,6 +41,8 @@ class AllocatorTrace(TorchDispatchMode):
         self.on_free(ptr)
 
     def _seen(self, t: torch.Tensor) -> None:
+        if is_traceable_wrapper_subclass(t):  # a DTensor: its local tensor's storage is the memory
+            return
         storage = t.untyped_storage()
         ptr = storage.data_ptr()
         if ptr and ptr not in self.live:

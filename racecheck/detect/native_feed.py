@@ -5,12 +5,17 @@ The log holds what the TorchDispatchMode of the Python path would have seen (ope
 byte ranges their plans read and write) and, on CUDA, what CUDA's trace callbacks would have told
 Python (allocations, frees, event record and wait, synchronizations), in the order the program
 issued them, without a Python frame per operator or event. `NativeFeed.drain` hands each batch to
-feed_apply.py (compiled with the engine), which turns each record into what the Python path does
-for it: an operator's accesses, a collective's begin and end (the in-flight collective that the
-events during it charge, see torch_tracker.py), a record_stream, an allocation or free, an event
-or synchronization, the death of a host buffer the tracker follows. The log calls the drain when
-it is full; the tracker drains for a report, at its exit, and, where Python drives the events (a
-CPU tracker: tests, patch mode's recording twin), before each event and stream switch.
+one of two engines, which turn each record into what the Python path does for it: an operator's
+accesses, a collective's begin and end (the in-flight collective that the events during it charge,
+see torch_tracker.py), a record_stream, an allocation or free, an event or synchronization, the
+death of a host buffer the tracker follows:
+- the native engine (native_engine.py, in C++), the default;
+- the Python engine (engine.py, through feed_apply.py, both compiled by mypyc where they can be),
+  the reference: TorchRaceTracker(engine="python"), or $RACECHECK_DETECT_ENGINE=python.
+The log calls the drain when it is full; the tracker drains for a report and at its exit. Where
+Python drives the trace events (a CPU tracker: tests, patch mode's recording twin), they go into
+the log too (`note`, through NoteHandler), and are applied at once; whoever switches such a
+tracker's current stream drains first (`TorchRaceTracker.flush`).
 
 Stacks stay compact: a record carries the id of its Python stack in the log's table; `LogStack`
 resolves it to user frames only when a report is formatted.
@@ -21,8 +26,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from racecheck.detect import feed_apply as rec
 from racecheck.detect.dispatch import KERNEL_OVERLOAD, OpPlan, kernel_plan, overload_named, plan_for
+from racecheck.detect.engine import HappensBefore
 from racecheck.detect.feed_apply import NO_STREAM, RECORD, apply_batch, native_op
+from racecheck.detect.native_engine import NativeEngine
 from racecheck.detect.stacks import LazyStack, user_frames
 
 if TYPE_CHECKING:
@@ -45,12 +53,31 @@ class LogStack(LazyStack):
         return self._frames
 
 
-class NativeFeed:
-    """One tracker's use of the native log: starts and stops it and applies what it drains."""
+ENGINE_ENV = "RACECHECK_DETECT_ENGINE"
 
-    def __init__(self, log, tracker: TorchRaceTracker) -> None:
+
+def wanted_engine(engine: str | None) -> str:
+    """`native` or `python`: the engine the native path applies its log with (`engine`, else
+    $RACECHECK_DETECT_ENGINE, else native)."""
+    import os
+
+    value = (engine or os.environ.get(ENGINE_ENV, "") or "native").strip().lower()
+    if value not in ("native", "python"):
+        raise ValueError(f"engine {value!r}: expected native or python ({ENGINE_ENV})")
+    return value
+
+
+class NativeFeed:
+    """One tracker's use of the native log: starts and stops it and applies what it drains with
+    its engine (`engine`: "native" or "python", see the module's docstring)."""
+
+    def __init__(self, log, tracker: TorchRaceTracker, *, engine: str = "native") -> None:
         self.log = log
         self.tracker = tracker
+        self.engine: NativeEngine | HappensBefore = (
+            NativeEngine(log, self) if engine == "native" and log is not None else HappensBefore()
+        )
+        self.engine_kind = "native" if isinstance(self.engine, NativeEngine) else "python"
         self.plans: list[OpPlan | None] = []  # by the log's op id
         self._stacks: dict[int, LogStack | tuple] = {-1: ()}
         self._streams: dict[tuple[int, int], int] = {}  # (stream id, device) -> stream handle
@@ -104,9 +131,11 @@ class NativeFeed:
 
     def _stream(self, stream_id: int, device: int) -> int | None:
         """The CUDA stream handle (the tracker's stream key) of a c10 stream id, or None for the
-        current stream."""
+        current stream; a CPU tracker's records carry its keys."""
         if stream_id == NO_STREAM:
             return None
+        if self.tracker.device_type != "cuda":
+            return stream_id
         handle = self._streams.get((stream_id, device))
         if handle is None:
             import torch
@@ -126,9 +155,58 @@ class NativeFeed:
             self._apply(records, items)
 
     def _apply(self, records: bytes, items: bytes) -> None:
-        """Apply a drained batch (feed_apply.py, compiled with the engine)."""
+        """Apply a drained batch: the native engine, or feed_apply.py (compiled with the Python engine)."""
         self.records += len(records) // RECORD.size
-        apply_batch(self, self.tracker, self.tracker.engine, records, items)
+        engine = self.engine
+        if isinstance(engine, NativeEngine):
+            engine.apply(records, items)
+        else:
+            apply_batch(self, self.tracker, engine, records, items)
+
+    def note(self, kind: int, stream: int, extra: int, ptr: int = -1) -> None:
+        """A trace event Python saw, logged in order with the operators and applied at once."""
+        if self.active:
+            self.log.note(kind, stream, extra, ptr)
+            self.drain()
+
+
+class NoteHandler:
+    """The trace handler of a tracker on the native path: the CUDA trace callbacks that a CPU
+    tracker's driver calls by hand (torch_hooks.make_handler's, on the Python path), noted in the
+    log (NativeFeed.note) as CUDA's own reach it on a GPU."""
+
+    def __init__(self, feed: NativeFeed) -> None:
+        self._note = feed.note
+
+    def _handle_event_creation(self, event: int) -> None:
+        """Nothing to track: an event matters once recorded."""
+
+    def _handle_stream_creation(self, stream: int) -> None:
+        """Nothing to track: streams are named at first use."""
+
+    def _handle_event_deletion(self, event: int) -> None:
+        self._note(rec.EVENT_DELETED, NO_STREAM, event)
+
+    def _handle_event_record(self, event: int, stream: int) -> None:
+        self._note(rec.EVENT_RECORDED, stream, event)
+
+    def _handle_event_wait(self, event: int, stream: int) -> None:
+        self._note(rec.EVENT_WAITED, stream, event)
+
+    def _handle_memory_allocation(self, data_ptr: int) -> None:
+        self._note(rec.ALLOCATED, NO_STREAM, data_ptr)  # on the current stream
+
+    def _handle_memory_deallocation(self, data_ptr: int) -> None:
+        self._note(rec.FREED, NO_STREAM, data_ptr)
+
+    def _handle_device_synchronization(self) -> None:
+        self._note(rec.DEVICE_SYNCED, NO_STREAM, 0)
+
+    def _handle_stream_synchronization(self, stream: int) -> None:
+        self._note(rec.STREAM_SYNCED, stream, 0)
+
+    def _handle_event_synchronization(self, event: int) -> None:
+        self._note(rec.EVENT_SYNCED, NO_STREAM, event)
 
 
 class NativeTrackerOps:
@@ -148,8 +226,8 @@ class NativeTrackerOps:
     _current: Any
     _inflight: Any
 
-    def _native_feed(self, path: str | None, *, custom_host: bool) -> NativeFeed | None:
-        """The feed when this tracker runs the native path (see TorchRaceTracker's `path`)."""
+    def _native_feed(self, path: str | None, engine: str | None, *, custom_host: bool) -> NativeFeed | None:
+        """The feed when this tracker runs the native path (see TorchRaceTracker's `path` and `engine`)."""
         from racecheck.detect import op_log
 
         if custom_host:  # a Python predicate over tensors: only the Python path can ask it
@@ -157,14 +235,15 @@ class NativeTrackerOps:
                 raise ValueError("host_memory needs the Python path (path='python')")
             return None
         choice = path or op_log.wanted()
+        kind = wanted_engine(engine)
         if choice == "python":
             return None
         if choice == "native":
-            return NativeFeed(op_log.load_required(), self)  # type: ignore[arg-type]
+            return NativeFeed(op_log.load_required(), self, engine=kind)  # type: ignore[arg-type]
         if self.device_type != "cuda":
             return None  # a CPU tracker's streams are Python's: native only when asked for
         log = op_log.load_available()
-        return None if log is None else NativeFeed(log, self)  # type: ignore[arg-type]
+        return None if log is None else NativeFeed(log, self, engine=kind)  # type: ignore[arg-type]
 
     def _native_op(self, plan: OpPlan, stream: int | None, stack, its: Iterable[tuple], non_blocking: bool) -> None:
         """An operator's log items as the tracker's accesses (feed_apply.native_op); a collective

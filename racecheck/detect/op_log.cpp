@@ -27,10 +27,12 @@
 // Python) through an interpreter of its own installed as c10's GPU trace for the time it records,
 // so none of them enters Python either. Python drains the log when it holds DRAIN_AT records,
 // when a report is asked for and when recording stops; a drain hands it the bytes of the record
-// and item arrays, whose fixed layouts native_feed.py unpacks (see Item and Record).
+// and item arrays, whose fixed layouts (op_log.h) feed_apply.py and the native engine read.
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+
+#include "op_log.h"
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
@@ -55,37 +57,12 @@
 
 namespace {
 
+using namespace racecheck_log;  // the record and item layouts (op_log.h)
+
 // What a call of one operator overload records (the plan's kind, see dispatch.py's OpKind).
 enum Kind : int8_t { UNPLANNED = -1, PLAIN = 0, SKIP = 1, TRANSPARENT = 2, COLLECTIVE = 3, RECORD_STREAM = 4 };
-// Access codes of an item.
-enum Access : int8_t { READ = 0, WRITE = 1, RESOLVE = 2 };  // RESOLVE: a return that sizes a fresh block
-// Record types.
-enum Type : int8_t {
-  OP = 0,
-  COLLECTIVE_BEGIN = 1,
-  COLLECTIVE_END = 2,
-  STREAM_RECORDED = 3,
-  HOST_FREED = 4,
-  // CUDA's trace events; `extra` is the address or event, `stream` a cudaStream_t (ALLOCATED:
-  // the c10 id of the stream current at the allocation)
-  ALLOCATED = 5,
-  FREED = 6,
-  EVENT_RECORDED = 7,
-  EVENT_WAITED = 8,
-  EVENT_DELETED = 9,
-  DEVICE_SYNCED = 10,
-  STREAM_SYNCED = 11,
-  EVENT_SYNCED = 12,
-  // A kernel launched below the dispatcher (a Triton kernel, kernel_launches.py), reported from
-  // Python as it launches: its items are the tensors it reads and writes; `extra` is the
-  // cudaStream_t it runs on.
-  KERNEL = 13,
-};
-// The overload name of a kernel's pseudo-operator in the table (its name is the kernel's).
-constexpr const char* KERNEL_OVERLOAD = "<kernel>";
 constexpr size_t DRAIN_AT = 4096;  // records that make the log call Python's drain
 
-constexpr int64_t NO_STREAM = INT64_MIN;  // no CUDA tensor, or the CPU tracker: Python's current stream
 constexpr int MAX_WALK = 96;              // frames walked at most (stacks.py's MAX_WALK)
 
 struct Plan {
@@ -94,38 +71,6 @@ struct Plan {
   int8_t returns = -1;                         // -1: returns not recorded; else their Access
   int non_blocking = -1;                       // position of a `non_blocking` argument, if any
 };
-
-// Items and records reach Python as the raw bytes of these arrays (py_drain), which native_feed.py
-// reads with struct formats of its own (ITEM, RECORD): the layouts are fixed, native byte order,
-// their padding spelled out as fields, and the static_asserts below pin them. Change one side,
-// change the other.
-struct Item {
-  uint64_t ptr, nbytes, sptr, snbytes;
-  int8_t access, device;  // device: 0 CPU, 1 CUDA, 2 other
-  int8_t pinned;          // host memory only: page-locked
-  int8_t pad[5];          // (to the 8-byte alignment of the array's next item)
-};
-static_assert(sizeof(Item) == 40, "native_feed.ITEM is '=QQQQbbb5x'");
-static_assert(offsetof(Item, nbytes) == 8 && offsetof(Item, sptr) == 16 && offsetof(Item, snbytes) == 24 &&
-                  offsetof(Item, access) == 32 && offsetof(Item, device) == 33 && offsetof(Item, pinned) == 34,
-              "native_feed.ITEM is '=QQQQbbb5x'");
-
-struct Record {
-  int8_t type;
-  int8_t pad0[3];
-  int32_t op;
-  int64_t stream;
-  int32_t device_index;
-  int32_t pad1;
-  int64_t frame;
-  uint32_t first, count;  // its items
-  int64_t extra;          // OP: non_blocking; STREAM_RECORDED: the stream id; HOST_FREED: the storage
-};
-static_assert(sizeof(Record) == 48, "native_feed.RECORD is '=b3xiqi4xqIIq'");
-static_assert(offsetof(Record, op) == 4 && offsetof(Record, stream) == 8 && offsetof(Record, device_index) == 16 &&
-                  offsetof(Record, frame) == 24 && offsetof(Record, first) == 32 && offsetof(Record, count) == 36 &&
-                  offsetof(Record, extra) == 40,
-              "native_feed.RECORD is '=b3xiqi4xqIIq'");
 
 Record make_record(int8_t type, int32_t op, int64_t stream, int32_t device_index, int64_t frame, uint32_t first,
                    uint32_t count, int64_t extra) {
@@ -164,6 +109,8 @@ std::unordered_map<std::string, OpName*> kernel_ops;  // kernel name -> its pseu
 std::unordered_map<uint64_t, int64_t> frame_ids;  // chain hash -> frame id
 std::vector<Frames> frames;
 std::unordered_map<uint64_t, c10::weak_intrusive_ptr<c10::StorageImpl>> recent_host;  // seen this batch
+// seen in the batch drained last: Python asks to watch them while it applies that batch
+std::unordered_map<uint64_t, c10::weak_intrusive_ptr<c10::StorageImpl>> drained_host;
 std::unordered_map<uint64_t, c10::weak_intrusive_ptr<c10::StorageImpl>> watched_host;  // tracked by Python
 std::atomic<bool> active{false};
 // false: the hooks stay installed and record nothing (record(False): the native path's floor, what
@@ -191,6 +138,10 @@ Cost record_cost;  // an operator's start and end callbacks, less the drains the
 Cost gil_cost;     // taking the GIL back to read the stack
 Cost walk_cost;    // walking and interning the stack
 std::atomic<uint64_t> frames_walked{0};
+// The calls RecordFunction showed the log while it recorded, by what became of them (costs()).
+enum Seen { SEEN_CALLEE = 0, SEEN_TRANSPARENT = 1, SEEN_SKIP = 2, SEEN_RECORDED = 3, SEEN_KINDS = 4 };
+std::atomic<uint64_t> seen[SEEN_KINDS];
+void count_seen(Seen what) { seen[what].fetch_add(1, std::memory_order_relaxed); }
 PyObject* planner = nullptr;  // Python: (name, overload) -> plan tuple
 PyObject* drainer = nullptr;  // Python: drain the log (called at DRAIN_AT records)
 bool draining = false;        // under mu: a drain call is on its way
@@ -691,12 +642,14 @@ void end_call(const at::RecordFunction& fn, Call& c);
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   if (!active.load(std::memory_order_relaxed) || !recording.load(std::memory_order_relaxed)) return nullptr;
   if (inside > 0) {  // a callee of a recorded operator, or the tracker's own call
+    count_seen(SEEN_CALLEE);
     saw_callee();
     return nullptr;
   }
   const OpName* op = op_of(fn);
   if (op == nullptr) return nullptr;  // the interpreter is shutting down
   const Plan& plan = op->plan;  // fixed once planned
+  count_seen(plan.kind == TRANSPARENT ? SEEN_TRANSPARENT : plan.kind == SKIP ? SEEN_SKIP : SEEN_RECORDED);
   if (plan.kind == TRANSPARENT) return nullptr;
   Call& c = call;
   c.fn = &fn;
@@ -791,6 +744,7 @@ PyObject* py_start(PyObject*, PyObject* args) {
     records.clear();
     items.clear();
     recent_host.clear();
+    drained_host.clear();
     watched_host.clear();
   }
   handle = at::addGlobalCallback(at::RecordFunctionCallback(on_start, on_end)
@@ -810,7 +764,7 @@ PyObject* py_stop(PyObject*, PyObject*) {
 }
 
 // drain(known) -> (records, items, new op names from `known` on): records and items are the bytes
-// of the log's Record and Item arrays (native_feed.py's RECORD and ITEM read them); a record's
+// of the log's Record and Item arrays (feed_apply.py's RECORD and ITEM read them); a record's
 // items are items[first:first + count]. Bytes rather than tuples: a batch is thousands of records,
 // and as many tuples would cost an allocation each and wake Python's cyclic collector.
 PyObject* py_drain(PyObject*, PyObject* args) {
@@ -826,6 +780,7 @@ PyObject* py_drain(PyObject*, PyObject* args) {
     if (!watched_host.empty()) host_frees_locked();
     rs.swap(records);
     is.swap(items);
+    drained_host.swap(recent_host);  // watchable while Python applies the batch
     recent_host.clear();
     for (size_t i = static_cast<size_t>(known); i < ops.size(); i++) names.emplace_back(ops[i]->name, ops[i]->overload);
   }
@@ -850,10 +805,40 @@ PyObject* py_watch(PyObject*, PyObject* args) {
   unsigned long long sptr;
   if (!PyArg_ParseTuple(args, "K", &sptr)) return nullptr;
   std::lock_guard<std::mutex> g(mu);
-  auto it = recent_host.find(sptr);
-  if (it == recent_host.end()) Py_RETURN_FALSE;
+  auto it = drained_host.find(sptr);
+  if (it == drained_host.end()) {
+    it = recent_host.find(sptr);
+    if (it == recent_host.end()) Py_RETURN_FALSE;
+  }
   watched_host.insert_or_assign(sptr, it->second);
   Py_RETURN_TRUE;
+}
+
+// note(type, stream, extra[, ptr]): a trace event that Python saw (the stand-ins for CUDA's trace
+// callbacks that a CPU tracker is given: tests, patch mode's recording twin), logged in order with
+// the operators as the GPU trace interpreter logs CUDA's: a FREED record with the caller's stack;
+// `ptr` gives the record one item at that address (STREAM_RECORDED's block).
+PyObject* py_note(PyObject*, PyObject* args) {
+  int type;
+  long long stream, extra, ptr = -1;
+  if (!PyArg_ParseTuple(args, "iLL|L", &type, &stream, &extra, &ptr)) return nullptr;
+  if (type < 0 || type >= TYPES || type == OP || type == COLLECTIVE_BEGIN || type == KERNEL) {
+    PyErr_Format(PyExc_ValueError, "note: record type %d is not a trace event", type);
+    return nullptr;
+  }
+  if (!active.load() || !recording.load()) Py_RETURN_NONE;
+  int64_t frame = type == FREED ? stack_id() : -1;
+  std::lock_guard<std::mutex> g(mu);
+  if (!watched_host.empty()) host_frees_locked();
+  uint32_t count = ptr >= 0 ? 1 : 0;
+  records.push_back(make_record(static_cast<int8_t>(type), -1, stream, -1, frame, static_cast<uint32_t>(items.size()),
+                                count, extra));
+  if (count) {
+    Item it{};
+    it.ptr = it.sptr = static_cast<uint64_t>(ptr);
+    items.push_back(it);
+  }
+  Py_RETURN_NONE;
 }
 
 PyObject* py_record(PyObject*, PyObject* args) {
@@ -893,8 +878,10 @@ PyObject* py_costs(PyObject*, PyObject*) {
     return Py_BuildValue("(KK)", static_cast<unsigned long long>(c.calls.load()),
                          static_cast<unsigned long long>(c.ns.load()));
   };
-  return Py_BuildValue("{sNsNsNsK}", "record", pair(record_cost), "gil", pair(gil_cost), "walk", pair(walk_cost),
-                       "frames", static_cast<unsigned long long>(frames_walked.load()));
+  auto n = [](Seen what) { return static_cast<unsigned long long>(seen[what].load()); };
+  return Py_BuildValue("{sNsNsNsKs(KKKK)}", "record", pair(record_cost), "gil", pair(gil_cost), "walk",
+                       pair(walk_cost), "frames", static_cast<unsigned long long>(frames_walked.load()), "seen",
+                       n(SEEN_CALLEE), n(SEEN_TRANSPARENT), n(SEEN_SKIP), n(SEEN_RECORDED));
 }
 
 PyObject* py_planner_error(PyObject*, PyObject*) {
@@ -973,7 +960,9 @@ PyMethodDef methods[] = {
     {"stop", py_stop, METH_NOARGS, "stop recording"},
     {"drain", py_drain, METH_VARARGS,
      "drain(known_ops) -> (records, items, new op names): records and items the bytes of the log's Record and Item "
-     "arrays (native_feed.py's RECORD and ITEM), a record's items items[first:first + count]"},
+     "arrays (feed_apply.py's RECORD and ITEM), a record's items items[first:first + count]"},
+    {"note", py_note, METH_VARARGS,
+     "note(type, stream, extra[, ptr]): log a trace event Python saw (a CPU tracker's stand-in for CUDA's)"},
     {"watch", py_watch, METH_VARARGS, "watch(storage_ptr) -> whether that host storage's death will be logged"},
     {"record", py_record, METH_VARARGS,
      "record(on): with on False the hooks stay installed and record nothing (a benchmark's floor); start() turns "
@@ -981,7 +970,8 @@ PyMethodDef methods[] = {
     {"watch_host", py_watch_host, METH_VARARGS, "watch_host(on): keep weak references to host storages seen"},
     {"frames", py_frames, METH_VARARGS, "frames(stack_id) -> ((code, lasti), ...), innermost first"},
     {"costs", py_costs, METH_NOARGS,
-     "{'record': (calls, ns), 'gil': (stacks read, ns), 'walk': (stacks read, ns), 'frames': walked} since the "
+     "{'record': (calls, ns), 'gil': (stacks read, ns), 'walk': (stacks read, ns), 'frames': walked, 'seen': (callees, "
+     "transparent, skipped, recorded calls RecordFunction showed)} since the "
      "module loaded: recorded operators' callbacks (less drains), and within them taking the GIL and walking stacks"},
     {"planner_error", py_planner_error, METH_NOARGS, "the last error the Python planner raised"},
     {"failures", py_failures, METH_NOARGS, "(calls not recorded, the last reason) since the module loaded"},
@@ -991,4 +981,10 @@ PyModuleDef module = {PyModuleDef_HEAD_INIT, "_op_log", "racecheck's native oper
 
 }  // namespace
 
-PyMODINIT_FUNC PyInit__op_log() { return PyModule_Create(&module); }
+int racecheck_add_engine(PyObject* module);  // hb_module.cpp: the native engine's type
+
+PyMODINIT_FUNC PyInit__op_log() {
+  PyObject* m = PyModule_Create(&module);
+  if (m != nullptr && racecheck_add_engine(m) < 0) Py_CLEAR(m);
+  return m;
+}

@@ -1,4 +1,5 @@
-"""The native operator log (op_log.cpp): how it is built, found and loaded.
+"""The native operator log (op_log.cpp) and the native engine in its extension (hb_*.cpp): how
+that extension is built, found and loaded.
 
 The extension is compiled against the torch it runs with (a C++ extension must match torch's
 headers and ABI), so it is built where torch is installed: once per torch version, Python version
@@ -24,7 +25,15 @@ import sysconfig
 from pathlib import Path
 from types import ModuleType
 
-SOURCE = Path(__file__).with_name("op_log.cpp")
+_HERE = Path(__file__).resolve().parent
+SOURCE = _HERE / "op_log.cpp"
+# The extension's sources: the log (op_log.cpp) and the native engine beside it (hb_*.cpp, its
+# Python type in hb_module.cpp), with the headers they share; a change to any one rebuilds it.
+SOURCES = (SOURCE, *(_HERE / f"hb_{part}.cpp" for part in ("allocations", "shadow", "engine", "tracker", "module")))
+HEADERS = tuple(
+    _HERE / name
+    for name in ("op_log.h", "hb_clocks.h", "hb_allocations.h", "hb_shadow.h", "hb_engine.h", "hb_tracker.h")
+)
 MODULE = "_op_log"  # PyInit__op_log in op_log.cpp
 PATH_ENV = "RACECHECK_DETECT_PATH"
 CACHE_ENV = "RACECHECK_NATIVE_CACHE"
@@ -46,7 +55,7 @@ def build_dir() -> Path:
     import torch
 
     root = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "racecheck" / "native")
-    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
+    digest = hashlib.sha256(b"".join(path.read_bytes() for path in (*SOURCES, *HEADERS))).hexdigest()[:12]
     tag = f"torch{torch.__version__}-{sys.implementation.cache_tag}-{digest}".replace("+", "_")
     return root / tag
 
@@ -78,7 +87,7 @@ def build(*, verbose: bool = False) -> Path:
         directory.mkdir(parents=True, exist_ok=True)
         cpp_extension.load(
             name=MODULE,
-            sources=[str(SOURCE)],
+            sources=[str(path) for path in SOURCES],
             build_directory=str(directory),
             extra_cflags=["-O2", "-DNDEBUG"],  # NDEBUG: torch is built with it, and its headers differ without,
             with_cuda=False,  # device-generic: CUDA's streams are read through c10's device guard

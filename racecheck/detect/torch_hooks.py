@@ -23,13 +23,11 @@ def _handler_base():
 
 def make_handler(tracker: TorchRaceTracker):
     """An EventHandler of torch.cuda._sanitizer whose callbacks feed the racecheck engine instead
-    of the sanitizer's per-pointer history (which a free erases)."""
+    of the sanitizer's per-pointer history (which a free erases). The Python path's: the native
+    path's handler (native_feed.NoteHandler) logs them instead."""
 
     domains = tracker._domains
     live = tracker.engine.live
-    # On the native path the operators issued before a callback are applied first.
-    feed = tracker._feed
-    drain = feed.drain if feed is not None else None
 
     # The base is torch.cuda._sanitizer.EventHandler, imported only here (its import has a side
     # effect, see dispatch.py); a class computed at run time is beyond the type check.
@@ -38,20 +36,16 @@ def make_handler(tracker: TorchRaceTracker):
             """Nothing to track (overrides the sanitizer's bookkeeping): an event matters once recorded."""
 
         def _handle_event_deletion(self, event):
-            if drain is not None:
-                drain()
             tracker._guard(tracker.engine.forget_event, event)
 
         def _handle_event_record(self, event, stream):
-            tracker.event_recorded(event, stream)
+            tracker._guard(tracker._on_event_record, event, stream)
 
         def _handle_event_wait(self, event, stream):
-            tracker.event_waited(event, stream)
+            tracker._guard(tracker._on_event_wait, event, stream)
 
         def _handle_memory_allocation(self, data_ptr):  # the most frequent: no extra call layer
             try:
-                if drain is not None:
-                    drain()
                 # The stack is the allocating operator's: _op captures it when it resolves this.
                 stream = tracker._current()
                 if stream not in domains:
@@ -64,8 +58,6 @@ def make_handler(tracker: TorchRaceTracker):
 
         def _handle_memory_deallocation(self, data_ptr):
             try:
-                if drain is not None:
-                    drain()
                 if tracker._pending.pop(data_ptr, None) is None:  # else: no op ever touched it
                     tracker.engine.free(data_ptr, stack=tracker._capture())
             except Exception as exc:
@@ -75,18 +67,12 @@ def make_handler(tracker: TorchRaceTracker):
             """Nothing to track (overrides the sanitizer's bookkeeping): streams are named at first use."""
 
         def _handle_device_synchronization(self):
-            if drain is not None:
-                drain()
             tracker._guard(tracker._on_host_sync, "device")
 
         def _handle_stream_synchronization(self, stream):
-            if drain is not None:
-                drain()
             tracker._guard(tracker._on_host_sync, "stream", stream)
 
         def _handle_event_synchronization(self, event):
-            if drain is not None:
-                drain()
             tracker._guard(tracker._on_host_sync, "event", event)
 
     return TraceHandler()

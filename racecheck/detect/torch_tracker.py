@@ -50,7 +50,7 @@ from racecheck.detect.dispatch import byte_range, kernel_plan, non_blocking, ret
 from racecheck.detect.engine import HappensBefore
 from racecheck.detect.feed_apply import freeze, resolve_block
 from racecheck.detect.kernel_launches import KernelWatch
-from racecheck.detect.native_feed import NativeTrackerOps
+from racecheck.detect.native_feed import NativeTrackerOps, NoteHandler
 from racecheck.detect.report import RaceReport, render
 from racecheck.detect.torch_hooks import TrackerMode, cuda_current_stream_fn, cuda_stream_handle, make_handler
 
@@ -82,34 +82,38 @@ class TorchRaceTracker(NativeTrackerOps):
         stream_handle: Callable[[object], int] | None = None,
         host_memory: Callable[[torch.Tensor], bool] | None = None,
         path: str | None = None,
+        engine: str | None = None,
     ) -> None:
         """`device_type`, `current_stream`, `stream_handle` and `host_memory` (which tensors are
         host memory, on the CPU where all are) exist for tests on the CPU, which drive the trace
         handler by hand; on CUDA leave them alone. `path`: "native" (op_log.cpp's log, see
         native_feed.py), "python" (a TorchDispatchMode), or None: native on CUDA where the log
-        builds ($RACECHECK_DETECT_PATH overrides). A CPU tracker's streams are Python's: on the
-        native path, whoever switches the current stream calls `flush()` first."""
-        self.engine = HappensBefore()
+        builds ($RACECHECK_DETECT_PATH overrides). `engine`, on the native path: "native" (the
+        C++ engine, the default) or "python" (engine.py, the reference; $RACECHECK_DETECT_ENGINE
+        overrides the default). A CPU tracker's streams are Python's: on the native path, whoever
+        switches the current stream calls `flush()` first."""
         self.device_type = device_type
         self.stacks_on = stacks_on
         self._capture = stacks.capturer() if stacks_on else (lambda: ())
         self._current = current_stream
         self._stream_handle = stream_handle or cuda_stream_handle
         self._names: dict[int, str] = {}
-        self._domains = self.engine.domains
         custom_host = host_memory is not None
         if host_memory is None:
             host_memory = (lambda t: not t.is_cuda) if device_type == "cuda" else (lambda t: False)
         self._is_host = host_memory
-        self._feed = self._native_feed(path, custom_host=custom_host)
+        self._feed = self._native_feed(path, engine, custom_host=custom_host)
         self.path = "python" if self._feed is None else "native"
-        # The host's own work on host memory that streams touch ([Note: host accesses]).
-        self._host = self.engine.domain(_HOST, "host")
+        self.engine = HappensBefore() if self._feed is None else self._feed.engine
+        if isinstance(self.engine, HappensBefore):  # the bookkeeping below is Python's
+            self._domains = self.engine.domains
+            # The host's own work on host memory that streams touch ([Note: host accesses]).
+            self._host = self.engine.domain(_HOST, "host")
         self._host_touched: dict[int, set] = {}  # host allocation start -> stream keys that touched it
         self._host_pinned: dict[int, bool] = {}  # tracked host allocations (all pinned)
         self._pending: dict[int, list] = {}  # ptr -> [stream, clock at allocation, stack]
         self._inflight: _InFlight | None = None
-        self.handler = make_handler(self)
+        self.handler = make_handler(self) if self._feed is None else NoteHandler(self._feed)
         self._mode: TrackerMode | None = None
         self.errors: list[str] = []  # internal failures (callbacks must never raise into PyTorch)
         self.stats: collections.Counter[str] = collections.Counter()
@@ -165,13 +169,11 @@ class TorchRaceTracker(NativeTrackerOps):
     def event_recorded(self, event: int, stream: int) -> None:
         """An event recorded on a stream (handles), as CUDA's trace callbacks report it: for a
         stream API that CUDA does not trace, such as patch mode's recording twin."""
-        self.flush()
-        self._guard(self._on_event_record, event, stream)
+        self.handler._handle_event_record(event, stream)
 
     def event_waited(self, event: int, stream: int) -> None:
         """A stream made to wait for an event (handles), as CUDA's trace callbacks report it."""
-        self.flush()
-        self._guard(self._on_event_wait, event, stream)
+        self.handler._handle_event_wait(event, stream)
 
     # -- results ---------------------------------------------------------------------------
     def reports(self) -> list[RaceReport]:

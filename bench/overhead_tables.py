@@ -1,0 +1,214 @@
+"""The tables of bench/detector_overhead_native.py: medians of its runs per workload, mode and
+placement (unpinned runs first, then those pinned to --cpus), each mode's slowdown over the plain
+step, and where the native path's time goes.
+
+Writes DIR/detector_overhead_native.csv (workload, optimizer, mode, pinned, ms_median, slowdown,
+runs; the modes plain, native, python and sanitizer), DIR/detector_overhead_native_runs.csv (every
+run) and DIR/detector_overhead_native.md.
+"""
+
+from __future__ import annotations
+
+import csv
+import statistics
+from pathlib import Path
+
+from overhead_workloads import OLD_NAMES, WORKLOADS, describe
+
+MODES = (
+    "plain",
+    "native",
+    "python",
+    "sanitizer",
+    "native_hooks",
+    "native_record",
+    "native_nostacks",
+    "native_pyengine",
+    "dispatch_floor",
+    "python_nostacks",
+)
+TABLE_MODES = ("plain", "native", "python", "sanitizer")  # detector_overhead_native.csv's (its contract)
+# Measured inside a native run, per timed step: the log's callbacks (record; of them, taking the
+# GIL back and walking the stack), and Python's drains of the log (applying its records).
+PARTS = ("record_us", "gil_us", "walk_us", "drain_us", "stacks_per_step", "frames_per_stack", "observed_per_step",
+         "recorded_per_step")  # fmt: skip
+RUN_FIELDS = ("workload", "optimizer", "mode", "pinned", "repeat", "iters", "ms_per_step", "reports", "path", "engine",
+              "ops", "errors", "torch", "device", "cpus", *PARTS)  # fmt: skip
+
+
+def placement(run: dict) -> str:
+    return "pinned" if run.get("cpus") else "unpinned"
+
+
+def measured(rows: list[dict]) -> list[dict]:
+    """The runs that count: those with a time, from the measured repeats (not the warm-up rounds)."""
+    return [r for r in rows if r.get("ms_per_step") and r["repeat"] >= 0]
+
+
+def medians(rows: list[dict]) -> dict[tuple[str, str, str], float]:
+    """Per (placement, workload, mode): the median time per step."""
+    groups: dict[tuple[str, str, str], list[float]] = {}
+    for r in measured(rows):
+        groups.setdefault((placement(r), r["workload"], r["mode"]), []).append(r["ms_per_step"])
+    return {key: statistics.median(v) for key, v in groups.items()}
+
+
+def paired(rows: list[dict]) -> dict[tuple[str, str, str], float]:
+    """Per (placement, workload, mode): the median over rounds of its time over plain's in the same
+    round (call, repeat and placement), which leaves out the drift between rounds both runs share."""
+    runs = measured(rows)
+    key = lambda r: (r.get("call"), r["repeat"], placement(r), r["workload"])  # noqa: E731
+    plain = {key(r): r["ms_per_step"] for r in runs if r["mode"] == "plain"}
+    ratios: dict[tuple[str, str, str], list[float]] = {}
+    for r in runs:
+        base = plain.get(key(r))
+        if base:
+            ratios.setdefault((placement(r), r["workload"], r["mode"]), []).append(r["ms_per_step"] / base)
+    return {k: statistics.median(v) for k, v in ratios.items()}
+
+
+def write_runs(out: Path, rows: list[dict]) -> None:
+    with open(out / "detector_overhead_native_runs.csv", "w", newline="") as fh:
+        fields = [*(["call"] if any("call" in r for r in rows) else []), *RUN_FIELDS]
+        w = csv.DictWriter(fh, fieldnames=fields, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({**r, "pinned": r.get("cpus") or "no", "errors": " | ".join(map(str, r.get("errors") or []))})
+
+
+def write_summary(out: Path, rows: list[dict]) -> None:
+    med = medians(rows)
+    counts: dict[tuple[str, str, str], int] = {}
+    for r in measured(rows):
+        k = (placement(r), r["workload"], r["mode"])
+        counts[k] = counts.get(k, 0) + 1
+    pins = {placement(r): r.get("cpus") or "no" for r in measured(rows)}
+    with open(out / "detector_overhead_native.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["workload", "optimizer", "mode", "pinned", "ms_median", "slowdown", "runs"])
+        for where in ("unpinned", "pinned"):
+            for name, work in WORKLOADS.items():
+                base = med.get((where, name, "plain"))
+                for mode in TABLE_MODES:
+                    m = med.get((where, name, mode))
+                    if m is not None:
+                        slowdown = f"{m / base:.2f}" if base else ""
+                        w.writerow([work.model, work.optimizer, mode, pins[where], f"{m:.3f}", slowdown,
+                                    counts[(where, name, mode)]])  # fmt: skip
+
+
+def _split(where: str, name: str, rows: list[dict], med: dict) -> list[str]:
+    """Where the native path's time goes: the parts' modes that ran (differences of medians), and
+    what the native runs measured inside themselves."""
+    part = {mode: med.get((where, name, mode)) for mode in MODES}
+    base, lines = part["plain"], []
+    names = {"native_hooks": "PyTorch's hooks alone", "native_record": "recording", "native": "applying the records"}
+    chain = [m for m in names if part[m] is not None]
+    if base is not None and part["native_record"] is not None and part["native"] is not None:
+        times = [base] + [part[m] for m in chain]
+        diffs = [(names[m], times[k + 1] - times[k]) for k, m in enumerate(chain)]
+        if part["native_nostacks"] is not None:
+            diffs.append(("stacks (in recording and applying)", part["native"] - part["native_nostacks"]))
+        lines.append(
+            f"Where the native path's {part['native'] - base:.3f} ms per step go (differences of the medians): "
+            + ", ".join(f"{label} {d:.3f}" for label, d in diffs)
+            + "."
+        )
+    inside = [r for r in measured(rows) if (placement(r), r["workload"], r["mode"]) == (where, name, "native")]
+    inside = [r for r in inside if r.get("record_us") not in (None, "")]
+    if inside and base is not None and part["native"] is not None:
+        mid = {k: statistics.median(float(r[k]) for r in inside) for k in PARTS}
+        record, stacks, drain = mid["record_us"] / 1e3, (mid["gil_us"] + mid["walk_us"]) / 1e3, mid["drain_us"] / 1e3
+        rest = part["native"] - base - record - drain
+        lines.append(
+            f"Measured inside the native runs (medians, ms per step): recording (the log's callbacks) {record:.3f}, "
+            f"of which stacks {stacks:.3f} ({mid['stacks_per_step']:.0f} walked, {mid['frames_per_stack']:.0f} "
+            f"frames each); applying the records (the drains) {drain:.3f}; the rest of the native path's "
+            f"{part['native'] - base:.3f} ms over plain, PyTorch's hooks (RecordFunction boxing every operator's "
+            f"arguments, CUDA's trace) and what the callbacks' clocks leave out, {rest:.3f}. RecordFunction showed "
+            f"the log {mid['observed_per_step']:.0f} calls per step, {mid['recorded_per_step']:.0f} of them recorded."
+        )
+    return lines
+
+
+def _workload_table(where: str, name: str, rows: list[dict], args) -> list[str]:
+    med, pairs = medians(rows), paired(rows)
+    base = med.get((where, name, "plain"))
+    if base is None:
+        return []
+    lines = [
+        f"### {name}: {describe(name, args)}",
+        "",
+        "| mode | ms per step (median) | slowdown | paired | runs | every run (ms) |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for mode in MODES:
+        runs = sorted(
+            r["ms_per_step"] for r in measured(rows) if (placement(r), r["workload"], r["mode"]) == (where, name, mode)
+        )
+        m = med.get((where, name, mode))
+        if m is not None:
+            pair = pairs.get((where, name, mode))
+            lines.append(
+                f"| {mode} | {m:.3f} | {m / base:.2f}x | {f'{pair:.2f}x' if pair else ''} | {len(runs)} | "
+                f"{', '.join(f'{t:.2f}' for t in runs)} |"
+            )
+    split = _split(where, name, rows, med)
+    return [*lines, *([""] + split if split else []), ""]
+
+
+def write_markdown(out: Path, rows: list[dict], args) -> list[str]:
+    meta = next((r for r in rows if r.get("device")), {})
+    steps = sorted({(r["workload"], r["mode"], r.get("iters")) for r in measured(rows) if r.get("iters")})
+    fewer = sorted({f"{w} {m}: {i}" for w, m, i in steps if m == "sanitizer" and str(i) != str(args.iters)})
+    lines = [
+        "# Detector overhead: the native and the Python recording path, and torch.cuda._sanitizer",
+        "",
+        f"Device: {meta.get('device', '?')}; torch {meta.get('torch', '?')}. Medians of fresh-process runs, every "
+        "mode of every workload interleaved within a round; warm-up rounds (repeat < 0 in the runs CSV) left out. "
+        f"{args.warmup} warm-up steps and {args.iters} timed ones per run ({args.fsdp2_iters} for the FSDP2 "
+        "workloads)" + (f"; the sanitizer's runs time fewer ({'; '.join(fewer)})" if fewer else "") + ". "
+        "Slowdown: the ratio of the medians; paired: the median over rounds of a run's time over plain's in its round.",
+        "",
+    ]
+    for where in ("unpinned", "pinned"):
+        here = [r for r in measured(rows) if placement(r) == where]
+        if not here:
+            continue
+        cpus = sorted({str(r["cpus"]) for r in here if r.get("cpus")})
+        lines += [f"## {where.capitalize()} runs" + (f" (CPUs {' / '.join(cpus)})" if cpus else ""), ""]
+        for name in WORKLOADS:
+            lines += _workload_table(where, name, rows, args)
+    (out / "detector_overhead_native.md").write_text("\n".join(lines))
+    return lines
+
+
+def write_outputs(out: Path, rows: list[dict], args) -> list[str]:
+    write_runs(out, rows)
+    write_summary(out, rows)
+    return write_markdown(out, rows, args)
+
+
+def read_runs(paths: list[Path]) -> list[dict]:
+    """Every run of the runs CSVs; a CSV without a `call` column is one call, numbered after the
+    calls read before it. Runs from before the optimizer was a column take their workload's."""
+    rows: list[dict] = []
+    for path in paths:
+        with open(path, newline="") as fh:
+            runs = list(csv.DictReader(fh))
+        numbered = [int(r["call"]) for r in rows if str(r.get("call", "")).isdigit()]
+        call = str(max(numbered, default=0) + 1)
+        for r in runs:
+            name = OLD_NAMES.get(r["workload"], r["workload"])
+            rows.append(
+                {
+                    **r,
+                    "workload": name,
+                    "optimizer": WORKLOADS[name].optimizer,
+                    "call": r.get("call") or call,
+                    "repeat": int(r["repeat"]),
+                    "ms_per_step": float(r["ms_per_step"]) if r["ms_per_step"] else None,
+                    "errors": [e for e in r["errors"].split(" | ") if e],
+                }
+            )
+    return rows

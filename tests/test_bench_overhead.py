@@ -1,0 +1,80 @@
+"""The detector-overhead benchmark's tables without a GPU (bench/overhead_tables.py): medians per
+workload, mode and placement, the unpinned runs first, each row with its optimizer, and runs
+CSVs from before the optimizer was a column read with the workloads they ran."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def tables():
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import overhead_tables
+
+        yield overhead_tables
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+
+
+def _args(**extra) -> argparse.Namespace:
+    sizes = dict(layers=8, width=2048, batch=64, fsdp2_layers=4, fsdp2_width=512, fsdp2_heads=8, fsdp2_batch=8,
+                 fsdp2_seq=256, compile_backend="inductor")  # fmt: skip
+    return argparse.Namespace(warmup=5, iters=60, fsdp2_iters=20, **sizes, **extra)
+
+
+def _run(workload, mode, repeat, ms, cpus="", iters=60) -> dict:
+    return {"workload": workload, "optimizer": "adamw", "mode": mode, "repeat": repeat, "ms_per_step": ms,
+            "cpus": cpus, "iters": iters, "errors": []}  # fmt: skip
+
+
+def test_the_tables_put_the_unpinned_runs_first_with_their_optimizer(tables, tmp_path):
+    rows = [_run("mlp-adamw", "plain", -1, 100.0)]  # a warm-up run: left out
+    for repeat, (plain, native, sanitizer) in enumerate([(2.0, 2.4, 20.0), (2.2, 2.6, 22.0), (2.1, 3.0, 30.0)]):
+        rows += [_run("mlp-adamw", "plain", repeat, plain), _run("mlp-adamw", "native", repeat, native),
+                 _run("mlp-adamw", "sanitizer", repeat, sanitizer, iters=15)]  # fmt: skip
+    rows += [_run("mlp-adamw", "plain", 0, 1.0, cpus="4-7"), _run("mlp-adamw", "native", 0, 1.5, cpus="4-7")]
+    lines = tables.write_outputs(tmp_path, rows, _args())
+    with open(tmp_path / "detector_overhead_native.csv", newline="") as fh:
+        got = list(csv.reader(fh))
+    assert got == [
+        ["workload", "optimizer", "mode", "pinned", "ms_median", "slowdown", "runs"],
+        ["mlp", "adamw", "plain", "no", "2.100", "1.00", "3"],
+        ["mlp", "adamw", "native", "no", "2.600", "1.24", "3"],
+        ["mlp", "adamw", "sanitizer", "no", "22.000", "10.48", "3"],
+        ["mlp", "adamw", "plain", "4-7", "1.000", "1.00", "1"],
+        ["mlp", "adamw", "native", "4-7", "1.500", "1.50", "1"],
+    ]
+    text = "\n".join(lines)
+    assert text.index("## Unpinned runs") < text.index("## Pinned runs (CPUs 4-7)")
+    assert "the sanitizer's runs time fewer (mlp-adamw sanitizer: 15)" in text
+    assert "| native | 2.600 | 1.24x | 1.20x | 3 |" in text  # paired: the median of 1.2, 1.18 and 1.43
+
+
+def test_runs_from_before_the_optimizer_column_keep_the_workloads_they_ran(tables, tmp_path):
+    old = tmp_path / "old_runs.csv"
+    old.write_text(
+        "workload,mode,repeat,ms_per_step,reports,path,engine,ops,errors,torch,device,cpus\n"
+        "mlp,plain,0,1.8,,,,,,2.11,H200,4-7\n"
+        "mlp,native,0,2.4,0,native,compiled,100,,2.11,H200,4-7\n"
+        "fsdp2,plain,0,17.0,,,,,,2.11,H200,\n"
+    )
+    rows = tables.read_runs([old])
+    assert [(r["workload"], r["optimizer"], r["call"]) for r in rows] == [
+        ("mlp-sgd", "sgd", "1"),
+        ("mlp-sgd", "sgd", "1"),
+        ("fsdp2-adamw", "adamw", "1"),
+    ]
+    tables.write_outputs(tmp_path, rows, _args())
+    with open(tmp_path / "detector_overhead_native.csv", newline="") as fh:
+        got = [row[:5] for row in csv.reader(fh)][1:]
+    assert got == [["fsdp2", "adamw", "plain", "no", "17.000"], ["mlp", "sgd", "plain", "4-7", "1.800"],
+                   ["mlp", "sgd", "native", "4-7", "2.400"]]  # fmt: skip
