@@ -20,6 +20,13 @@ wait for the default stream before that stream next allocates. A fill enqueued o
 reduce-scatter stream at the free, or at the next stream API call, runs ahead of that wait and
 overwrites gradients the optimizer has not read yet. A delay, the other kind of action, only
 postpones the work of one stream; it never changes what a kernel computes.
+
+The instruments that carry the actions out change nothing the program can do either: a wrapper
+keeps the object torch and other libraries look up (an operator stays an OpOverloadPacket with its
+overloads, op_kernels.py; a class stays a class, with its methods wrapped in place), works whether
+the code it wraps was imported before or after it, acts on real calls only (a fake tensor while
+Inductor traces passes through), and uninstalling leaves torch as it was. A failure that only a
+wrapper caused is as false an alarm as a wrong write.
 """
 
 from __future__ import annotations
