@@ -19,6 +19,7 @@ from typing import TextIO
 
 import click
 
+from racecheck.cli.console import say
 from racecheck.cli.params import PROBABILITY, RATE, Folder
 from racecheck.exitcodes import ExitCode, InfrastructureError
 from racecheck.results.rows import Format
@@ -34,7 +35,7 @@ def _load(ctx, out_dir: Path, signature: str | None = None):
     except (FileNotFoundError, ValueError) as exc:
         raise click.BadParameter(str(exc), ctx, param) from None
     for line in records.attrs.get("bad_lines", []):
-        click.echo(f"racecheck: warning: {line}", err=True)
+        say(f"racecheck: warning: {line}")
     try:
         summary = tally.summarize(records, signature=signature)
     except ValueError as exc:
@@ -290,7 +291,7 @@ def merge_command(inputs, out_dir):
             inputs = expand_inputs(inputs, out_dir)
             merged = merge(inputs, out_dir)
             for note in merged.notes:
-                click.echo(f"racecheck: warning: {note}", err=True)
+                say(f"racecheck: warning: {note}")
             summarize_run(
                 out_dir,
                 footer=f"{merged.records} records from {len(inputs)} runs merged into {out_dir} "
@@ -306,7 +307,7 @@ def merge_command(inputs, out_dir):
                 with interrupts.ignored():
                     summarize_run(out_dir)  # the folder whole: its summary.csv too
             state = "holds the whole merge" if whole else "is unchanged"
-            click.echo(f"racecheck: interrupted; {out_dir} {state}", err=True)
+            say(f"racecheck: interrupted; {out_dir} {state}")
             raise click.exceptions.Exit(ExitCode.INTERRUPTED) from None
 
 

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import click
 
+from racecheck.cli.console import say
+
 
 def node_spec(ctx, opts):
     """The NodeSpec of --nnodes/--node-rank/--rdzv-*, or None on one node. A follower's own run
@@ -109,7 +111,7 @@ def follow(ctx, nodes, config) -> None:
         with interrupts.handled():
             follower.run()
     except KeyboardInterrupt:
-        click.echo(f"racecheck: node {nodes.node_rank} interrupted; node 0 ends the session in flight", err=True)
+        say(f"racecheck: node {nodes.node_rank} interrupted; node 0 ends the session in flight")
         ctx.exit(ExitCode.INTERRUPTED)
     except NodeError as exc:
         raise InfrastructureError(f"node {nodes.node_rank}: {exc}") from None

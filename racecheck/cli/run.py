@@ -19,6 +19,7 @@ import click
 from racecheck import limits
 from racecheck.cli import node_options, run_checks, run_options
 from racecheck.cli.commands import gate_criteria, summarize_run
+from racecheck.cli.console import say
 from racecheck.cli.params import Folder, Number
 from racecheck.exitcodes import ExitCode, InfrastructureError
 
@@ -329,11 +330,8 @@ def run_command(ctx, **opts):
         except KeyboardInterrupt:
             with interrupts.ignored():  # a second signal is the same request: summary.csv is written whole
                 summarize_run(config.out)
-            click.echo(
-                f"racecheck: interrupted; finished trials are in {config.out}; "
-                f"continue with: {resume_command(config.out)}",
-                err=True,
-            )
+            resume = resume_command(config.out)
+            say(f"racecheck: interrupted; finished trials are in {config.out}; continue with: {resume}")
             ctx.exit(ExitCode.INTERRUPTED)
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 
 from racecheck.cli import run_checks
+from racecheck.cli.console import say
 from racecheck.exitcodes import InputError
 from racecheck.perturb.profiles import Profile
 
@@ -228,7 +229,7 @@ def check_unchanged(out: Path, kept: dict, config, *, allowed: bool) -> None:
             f"cannot resume {out}: {what}, and its new trials would be tallied with the old ones; start a "
             f"new run, or mix them anyway: {resume_command(out)} --allow-changed-suite"
         )
-    click.echo(f"racecheck: warning: {what}; the run's tally mixes trials of both", err=True)
+    say(f"racecheck: warning: {what}; the run's tally mixes trials of both")
 
 
 def resumed_config(ctx, opts, *, nnodes: int = 1):

@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import shlex
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from racecheck import limits
 from racecheck.exitcodes import InputError
 from racecheck.mesh_config import MeshConfig
 from racecheck.perturb.profiles import Profile
+from racecheck.printable import shell_join
 from racecheck.runner import config_checks
 from racecheck.runner.blocks import Shard
 from racecheck.runner.record import TrialRecord
@@ -340,8 +340,8 @@ def replay_spec(record: TrialRecord, profile: Profile) -> str:
 
 
 def resume_command(out: Path | str) -> str:
-    """The command line that continues the run in `out`, quoted for a POSIX shell."""
-    return shlex.join(["racecheck", "run", "--resume", str(out)])
+    """The command line that continues the run in `out`, quoted for a shell on one line."""
+    return shell_join(["racecheck", "run", "--resume", str(out)])
 
 
 def replay_command(record: TrialRecord, *, suite: Suite, config: RunConfig) -> str:
@@ -366,4 +366,4 @@ def replay_command(record: TrialRecord, *, suite: Suite, config: RunConfig) -> s
         parts += ["--mesh", str(config.mesh)]
     _, options = split_targets(config.pytest_args, suite.run_root)
     parts += ["--", *options, record.test]
-    return shlex.join(parts)
+    return shell_join(parts)
