@@ -1,7 +1,8 @@
 """What racecheck says on its console, whatever the console and the names it quotes: one line for
 a folder whose name holds a line break (and a command line a shell reads back), exit 2 in a
 current folder removed under the shell, a console closed before the command starts, a console on
-a disk that refuses what a command prints (exit 3). Each case was found by bench/hostile_inputs.py."""
+a disk that refuses what a command prints (exit 3), and an arm whose environment no process can
+take (exit 2). Each case was found by bench/hostile_inputs.py."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from run_kit import racecheck
+from run_kit import racecheck, write_suite
 
 from racecheck.printable import shell_join
 
@@ -74,3 +75,12 @@ def test_a_console_on_a_disk_that_refuses_the_output_makes_a_command_that_succee
         "racecheck: infrastructure error: cannot write standard output: No space left on device; "
         "what the command printed is incomplete\n",
     )
+
+
+def test_an_arm_whose_environment_no_process_takes_is_a_usage_error(tmp_path):
+    root = write_suite(
+        tmp_path / "p", arms={"a": {"env": {"X": "x" * 200_000}}}, tests={"test_x.py": "def test_ok():\n    pass\n"}
+    )
+    res = racecheck("run", "--trials", "1", "--out", tmp_path / "out", "-q", cwd=root)
+    assert res.code == 2 and res.err.count("\n") == 1, res
+    assert "more than a process takes (Argument list too long)" in res.err

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import errno
 import re
 import signal
 import subprocess
@@ -183,6 +184,11 @@ class SessionRun:
         try:
             proc = launch.start(self.spec)
         except OSError as exc:
+            if exc.errno == errno.E2BIG:  # the arm's env or pytest arguments: the user's to shorten
+                raise InputError(
+                    f"cannot start pytest: its arguments and environment are more than a process takes "
+                    f"({exc.strerror}); shorten the arm's env values or pytest_args"
+                ) from None
             raise InfrastructureError(f"could not start pytest: {exc}") from None
         ending = None
         try:
