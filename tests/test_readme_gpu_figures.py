@@ -1,0 +1,302 @@
+"""The README's figures measured on GPUs against the committed reports they come from
+(reports/gpu/): the native recording path's benchmark (its table, its calls' rounds, the step's
+parts), the foreign-code table (plain torch, FSDP2, megatron-fsdp, the generated programs), the
+soundness check, FSDP2's free before the wait, the catalogue and CUDA tests of the last round, the
+two paths compared, and the figures of reports/gpu/README.md. Reads files only; runs nothing."""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+
+from readme_kit import FLAT, appears, quoted, rounds_to, rows, text
+
+FOREIGN = rows("gpu/foreign_code.csv")
+ANY = "any test of the run"
+
+
+def foreign(suite: str, arm: str, mode: str, *, case: str = ANY) -> dict:
+    (row,) = [r for r in FOREIGN if (r["suite"], r["case"], r["arm"], r["mode"]) == (suite, case, arm, mode)]
+    return row
+
+
+def per_test(suite: str, arm: str, mode_prefix: str) -> list[dict]:
+    return [r for r in FOREIGN if r["suite"] == suite and r["arm"] == arm and r["case"] != ANY
+            and r["mode"].startswith(mode_prefix)]  # fmt: skip
+
+
+def total(found: list[dict], field: str) -> int:
+    return sum(int(r[field]) for r in found)
+
+
+# -- the native recording path's benchmark ---------------------------------------------------------
+def md_tables(name: str) -> dict[tuple[str, str], tuple[str, str, list[float]]]:
+    """{(workload, mode): (median, slowdown, every run)} of a detector_overhead_native*.md."""
+    found, workload = {}, ""
+    for line in text(name).splitlines():
+        if line.startswith("## "):
+            workload = line[3:].split(":")[0]
+        elif m := re.match(r"^\| (\w+) \| ([\d.]+) \| ([\d.]+)x \| [\d.]+x \| ([\d., ]+) \|$", line):
+            found[(workload, m[1])] = (m[2], m[3], [float(v) for v in m[4].split(", ")])
+    return found
+
+
+def test_the_native_table_is_the_pinned_csv_and_the_unpinned_report():
+    pinned = {
+        (r["workload"], r["mode"]): (r["ms_median"], r["slowdown"]) for r in rows("gpu/detector_overhead_native.csv")
+    }
+    unpinned = md_tables("gpu/detector_overhead_native_unpinned.md")
+    table = re.findall(
+        r"\| (MLP|FSDP2 transformer) [^|]*\| (unpinned|pinned) \| ([\d.]+) \|((?: [\d.]+ \([\d.]+x\) \|){3})", FLAT
+    )
+    assert len(table) == 4
+    for step, placement, plain, rest in table:
+        workload = "mlp" if step == "MLP" else "fsdp2"
+        cells = [(plain, "1.00")] + re.findall(r"([\d.]+) \(([\d.]+)x\)", rest)
+        for mode, cell in zip(("plain", "native", "python", "sanitizer"), cells, strict=True):
+            source = pinned if placement == "pinned" else {k: v[:2] for k, v in unpinned.items()}
+            assert cell == source[(workload, mode)], (placement, workload, mode)
+    low, high = quoted(r"the sanitizer, ([\d.]+)x to ([\d.]+)x slower in the table below")
+    slowdowns = [float(re.findall(r"\(([\d.]+)x\)", rest)[-1]) for *_, rest in table]
+    assert (float(low), float(high)) == (min(slowdowns), max(slowdowns))
+
+
+def test_the_pinned_calls_rounds_are_the_runs_csv_and_the_log():
+    first, second, long, short = quoted(
+        r"ran one warm-up round and its (\d+) measured rounds within its time limit; the second, of the four modes "
+        r"on both steps, was cut by its time limit after (\d+) rounds\. The pinned FSDP2 step's plain and native "
+        r"medians are therefore of (\d+) runs, the other pinned medians below of (\d+):"
+    )
+    repeats = defaultdict(set)
+    for r in rows("gpu/detector_overhead_native_runs.csv"):
+        repeats[r["call"]].add(int(r["repeat"]))
+    assert repeats["1"] == {-1, *range(int(first))} and repeats["2"] == set(range(int(second)))
+    call1, call2 = text("gpu/detector_overhead_native.log").split("## call 2", 1)
+    assert "== done" in call1 and "rc 0" in call1 and "== done" not in call2  # the second was cut
+    runs = md_tables("gpu/detector_overhead_native.md")
+    assert len(runs[("fsdp2", "plain")][2]) == len(runs[("fsdp2", "native")][2]) == int(long)
+    assert {len(runs[(w, m)][2]) for w in ("mlp", "fsdp2") for m in ("python", "sanitizer")} == {int(short)}
+    assert {len(runs[("mlp", m)][2]) for m in ("plain", "native")} == {int(short)}
+
+
+def test_the_native_paths_spread_and_parts_are_its_reports():
+    low, high = quoted(r"the plain FSDP2 step's runs spanned ([\d.]+) to ([\d.]+) ms\)")
+    spread = md_tables("gpu/detector_overhead_native_unpinned.md")[("fsdp2", "plain")][2]
+    assert (float(low), float(high)) == (min(spread), max(spread))
+    within, of, low, high = quoted(r"\((\d+) of its (\d+) runs between ([\d.]+) and ([\d.]+) ms\)")
+    steady = md_tables("gpu/detector_overhead_native.md")[("fsdp2", "plain")][2]
+    assert (int(within), int(of)) == (sum(float(low) <= v <= float(high) for v in steady), len(steady))
+    report = text("gpu/detector_overhead_native.md").split("## fsdp2", 1)[1]
+    figures = quoted(
+        r"Where the pinned FSDP2 step's ([\d.]+) ms went .*? recording nothing\) ([\d.]+) ms, recording ([\d.]+), "
+        r"applying the records ([\d.]+); measured inside each native run, the log's C\+\+ callbacks took ([\d.]+) ms "
+        r"per step \(taking the GIL back to read a stack ([\d.]+), walking (\d+) stacks ([\d.]+)\) and the drains "
+        r"([\d.]+) ms\."
+    )
+    assert [f for f in figures if not appears(f, report)] == []
+    (drains,) = quoted(r"the drains took ([\d.]+) ms per pinned FSDP2 step of width 1024")
+    assert drains == figures[-1]
+    low, high = quoted(r"On the H200 machine that took (\d+) to (\d+) s \(the `build:` lines")
+    logs = text("gpu/detector_overhead_native.log") + text("gpu/detector_overhead_native_unpinned.log")
+    builds = [int(s) for s in re.findall(r"^build: (\d+) s wall$", logs, re.M)]
+    assert (int(low), int(high)) == (min(builds), max(builds))
+
+
+# -- code that is not racecheck's --------------------------------------------------------------------
+def test_the_plain_torch_and_megatron_rows_are_the_foreign_code_csv():
+    natural, hit, of, rand, runs, first, last, k_low, k_high, det, det_of = quoted(
+        r"\| six plain-torch patterns \(`overlap.py`\), `race` \| 0/(\d+) test runs \| (\d+)/(\d+), each under its "
+        r"profile .*? \| (\d+)/(\d+) test runs \| every race found in trial (\d+) to (\d+), within k = (\d+) to "
+        r"(\d+) \| (\d+)/(\d+) reported \|"
+    )
+    assert total(per_test("plain_torch", "race", "natural"), "trials") == int(natural)
+    profiles = per_test("plain_torch", "race", "profile:")
+    assert (total(profiles, "failures"), total(profiles, "trials")) == (int(hit), int(of))
+    random = per_test("plain_torch", "race", "random")
+    assert (total(random, "failures"), total(random, "trials")) == (int(rand), int(runs))
+    bounds = [b for b in rows("gpu/foreign_code_bounds.csv") if b["suite"] == "plain_torch" and b["arm"] == "race"]
+    assert (min(int(b["first"]) for b in bounds), max(int(b["first"]) for b in bounds)) == (int(first), int(last))
+    assert (min(int(b["k"]) for b in bounds), max(int(b["k"]) for b in bounds)) == (int(k_low), int(k_high))
+    assert all(int(b["first"]) <= int(b["k"]) for b in bounds)
+    detect = per_test("plain_torch", "race", "detect")
+    assert (total(detect, "detected"), total(detect, "trials")) == (int(det), int(det_of))
+    correct = quoted(r"\| the same, `correct` \| 0/(\d+) \| 0/(\d+) \| 0/(\d+) \| 0/(\d+) \| 0/(\d+) \|")
+    for mode, trials in zip(("natural", "profile:", "random", "systematic", "detect"), correct, strict=True):
+        found = per_test("plain_torch", "correct", mode)
+        assert (total(found, "failures"), total(found, "trials")) == (0, int(trials)), mode
+    runs, hit, of, hit_runs, runs_of, first, k = quoted(
+        r"\| megatron-fsdp 0.6.1, `asis` \| 0/(\d+) test runs \| (\d+)/(\d+) \((\d+)/(\d+) test runs\) under "
+        r"`sleep@before_reduce_scatter:5ms` \| \| one parametrization: first failure in trial (\d+) of k = (\d+)"
+    )
+    assert total(per_test("megatron_fsdp", "asis", "natural"), "trials") == int(runs)
+    row = foreign("megatron_fsdp", "asis", "profile:sleep@before_reduce_scatter:5ms")
+    assert (row["failures"], row["trials"]) == (hit, of)
+    profiled = per_test("megatron_fsdp", "asis", "profile:")
+    assert (total(profiled, "failures"), total(profiled, "trials")) == (int(hit_runs), int(runs_of))
+    bound = {b["arm"]: b for b in rows("gpu/foreign_code_bounds.csv") if b["suite"] == "megatron_fsdp"}
+    assert (bound["asis"]["first"], bound["asis"]["k"]) == (first, k)
+    natural, profile, systematic, up_to, k, detect = quoted(
+        r"\| the same, `fixed` \| 0/(\d+) \| 0/(\d+) \| \| 0/(\d+) \(trials 1\.\.(\d+) of k = (\d+) points\) \| "
+        r"0/(\d+) \|"
+    )
+    assert total(per_test("megatron_fsdp", "fixed", "natural"), "trials") == int(natural)
+    for mode, trials in (("profile:sleep@before_reduce_scatter:5ms", profile), ("systematic", systematic)):
+        assert (
+            foreign("megatron_fsdp", "fixed", mode)["failures"],
+            foreign("megatron_fsdp", "fixed", mode)["trials"],
+        ) == ("0", trials)
+    assert foreign("megatron_fsdp", "fixed", "detect")["trials"] == detect and bound["fixed"]["k"] == k
+    assert int(up_to) == int(systematic) - 1  # trial 0 records the points, trials 1.. delay them
+
+
+def test_the_fsdp2_row_is_the_foreign_code_csv_and_the_before_after_csv():
+    test = "test_every_parameter_matches_the_replica[False]"
+    mine = {arm: [r for r in FOREIGN if r["suite"] == "fsdp2" and r["case"] == test and r["arm"] == arm]
+            for arm in ("bf16", "fp32")}  # fmt: skip
+    assert all(r["failures"] == "0" for rs in mine.values() for r in rs)
+    delays, trials, allocator = quoted(
+        r"under each named delay profile \(((?:`\w+`, )+`\w+`): (\d+) trials\) and under `pressure` and `poison` "
+        r"\((\d+) trials\)"
+    )
+    for arm, found in mine.items():
+        by_mode = {r["mode"]: int(r["trials"]) for r in found}
+        assert {by_mode[f"profile:{name}"] for name in re.findall(r"`(\w+)`", delays)} == {int(trials)}, arm
+        assert {by_mode["profile:pressure"], by_mode["profile:poison"]} == {int(allocator)}, arm
+    pairs = {arm: {r["mode"]: int(r["trials"]) for r in found if re.search(r",(pressure|poison)@free", r["mode"])}
+             for arm, found in mine.items()}  # fmt: skip
+    low, high = quoted(r"joined with `pressure@free` and with `poison@free` \((\d+) to (\d+) trials each\)")
+    points = r"(stream_enter|stream_wait|before_stream_wait|event_record):3ms|before_\w+:5ms"
+    counted = [n for p in pairs.values() for mode, n in p.items() if re.search(rf"sleep@(?:{points}),", mode)]
+    assert (min(counted), max(counted)) == (int(low), int(high)) and len(counted) == 2 * 2 * (4 + 3)
+    (poisoned,) = quoted(r"under `sleep@after_event_record:3ms,poison@free` \((\d+) trials\)")
+    early = "profile:sleep@after_event_record:3ms,{}@free"
+    assert {p[early.format("poison") + " (seed 100)"] for p in pairs.values()} == {int(poisoned)}
+    (pressed,) = quoted(r"in `bf16` only, `sleep@after_event_record:3ms,pressure@free` \((\d+) trials\)")
+    assert pairs["bf16"][early.format("pressure")] == int(pressed) and early.format("pressure") not in pairs["fp32"]
+    figures = quoted(
+        r"with `pressure@free` \(0/(\d+) / 0/(\d+) trials\) and with `poison@free` \(0/(\d+) / 0/(\d+); two calls, "
+        r"`reports/gpu/verdicts/fsdp2_before_after.csv`\)"
+    )
+    sums = defaultdict(int)
+    for r in rows("gpu/verdicts/fsdp2_before_after.csv"):
+        assert r["failures"] == "0"
+        if r["racecheck"] == "this round":
+            sums[(r["profile"].rsplit(",", 1)[1], r["arm"])] += int(r["trials"])
+    assert figures == tuple(str(sums[(a, arm)]) for a in ("pressure@free", "poison@free") for arm in ("bf16", "fp32"))
+
+
+def test_the_fsdp2_rows_other_columns_are_the_csv_and_the_log():
+    rand_bf16, rand_fp32 = quoted(r"\| 0/(\d+) / 0/(\d+) \(seeds 0 and 100\) \|")
+    for arm, want in (("bf16", rand_bf16), ("fp32", rand_fp32)):
+        seeds = [foreign("fsdp2", arm, mode) for mode in ("random", "random (seed 100)")]
+        assert (total(seeds, "failures"), total(seeds, "trials")) == (0, int(want))
+    bf16, fp32, k_false, k_true = quoted(
+        r"\| 0/(\d+) / 0/(\d+): every single point covered \(k = (\d+) and (\d+) per test\)"
+    )
+    bounds = [b for b in rows("gpu/foreign_code_bounds.csv") if b["suite"] == "fsdp2"]
+    assert sorted({int(b["k"]) for b in bounds}) == [int(k_false), int(k_true)]
+    for arm, want in (("bf16", bf16), ("fp32", fp32)):
+        assert foreign("fsdp2", arm, "systematic")["trials"] == want
+        assert all(int(b["trials"]) >= int(b["k"]) + 1 for b in bounds if b["arm"] == arm)  # every point once
+    bf16, fp32, runs = quoted(
+        r"\| 0/(\d+) / 0/(\d+), with the MLP-block suite \(`test_fully_shard.py`\) in the same trials: 0 reports in "
+        r"(\d+) test runs \|"
+    )
+    assert [foreign("fsdp2", arm, "detect")["trials"] for arm in ("bf16", "fp32")] == [bf16, fp32]
+    log = text("gpu/verdicts/foreign_code_2026-12-02.log").split("### fsdp2.detect.", 1)[1].split("###", 1)[0]
+    cells = re.findall(r"^  test_\S+\s+bf16 (\d+)/(\d+)\s+fp32 (\d+)/(\d+)$", log, re.M)
+    assert sum(int(c[1]) + int(c[3]) for c in cells) == int(runs) and "reported in 0/10" in log
+
+
+def test_the_generated_programs_and_the_soundness_check_are_their_csv():
+    profiles_trials, profiles, detect = quoted(
+        r"\| 0/(\d+) under each of (\d+) profiles \(every patch-mode profile, every pair, `random`\) \| \| \| "
+        r"0/(\d+) \|"
+    )
+    found, of, reported, happened = quoted(
+        r"\| (\d+)/(\d+) of those one delayed point must expose found within k \| (\d+)/(\d+) reported where the race "
+        r"happened \|"
+    )
+    sound = rows("gpu/verdicts/soundness_x1.csv")
+    key = lambda r: tuple(r.values())  # noqa: E731
+    assert sorted(sound, key=key) == sorted((r for r in FOREIGN if r["suite"] == "generated"), key=key)
+    correct = [r for r in sound if r["case"] == "correct" and r["mode"].startswith("profile:")]
+    assert len(correct) == int(profiles) and {r["trials"] for r in correct} == {profiles_trials}
+    assert all(r["failures"] == "0" for r in sound if r["expect"] == "safe")
+    (plain,) = [r for r in sound if r["case"] == "correct" and r["mode"] == "detect"]
+    assert (plain["trials"], plain["detected"]) == (detect, "0")
+    (systematic,) = [r for r in sound if r["mode"] == "systematic"]
+    assert (systematic["failures"], systematic["trials"]) == (found, of)
+    racy = [r for r in sound if r["expect"] == "race" and r["mode"] == "detect"]
+    assert (total(racy, "detected"), total(racy, "trials")) == (int(reported), int(happened))
+    programs, profiles_again, reported2, happened2, found2, of2 = quoted(
+        r"`reports/gpu/verdicts/soundness_x1.csv`\): (\d+) correct programs, 0 failures under each of (\d+) profiles "
+        r"and 0 reports; (\d+) of (\d+) racy programs whose race happened reported, (\d+) of (\d+) found"
+    )
+    assert (programs, profiles_again) == (profiles_trials, profiles)
+    assert (reported2, happened2, found2, of2) == (reported, happened, found, of)
+    hit, of, clean = quoted(
+        r"`examples/plain_torch`'s host-statistics pattern: (\d+)/(\d+) reported, its correct version 0/(\d+)\)"
+    )
+    race = foreign("plain_torch", "race", "detect", case="test_host_statistics")
+    assert (race["detected"], race["trials"]) == (hit, of)
+    correct = foreign("plain_torch", "correct", "detect", case="test_host_statistics")
+    assert (correct["detected"], correct["trials"]) == ("0", clean)
+
+
+def test_the_last_rounds_gpu_logs_say_what_the_readme_says():
+    before_p, of_p, before_q, of_q, now_p, of_np, now_q, of_nq = quoted(
+        r"racecheck before this change fails it (\d+)/(\d+) under `sleep@stream_enter:3ms,sleep@stream_wait:3ms,"
+        r"pressure@free` and (\d+)/(\d+) with `poison@free`; now (\d+)/(\d+) and (\d+)/(\d+),"
+    )
+    said = re.findall(
+        r"(pressure|poison)@free: (\d+)/(\d+) trials failed", text("gpu/verdicts/fsdp2_free_before_wait.log")
+    )
+    assert said == [("pressure", before_p, of_p), ("poison", before_q, of_q), ("pressure", now_p, of_np),
+                    ("poison", now_q, of_nq)]  # fmt: skip
+    race, of, safe = quoted(
+        r"every race arm (\d+)/(\d+) under its profile, every safe arm 0/(\d+) "
+        r"\(`reports/gpu/verdicts/catalogue_x1_2026-12-02.log`\)"
+    )
+    log = text("gpu/verdicts/catalogue_x1_2026-12-02.log")
+    assert set(re.findall(r"\(race\)\s+(\d+/\d+) failed", log)) == {f"{race}/{of}"}
+    assert set(re.findall(r"\(safe\)\s+(\d+/\d+) \(", log)) == {f"0/{safe}"}
+    passed, skipped = quoted(r"the CUDA tests (\d+) passed, (\d+) skipped \(needs 2 GPUs\)")
+    assert f"{passed} passed, {skipped} skipped" in text("gpu/verdicts/cuda_tests_x1_2026-12-02.log")
+    (tests,) = quoted(r"passed on one H200, torch 2.11: (\d+) tests")
+    assert re.search(rf"^{tests} passed", text("gpu/modern_code_cuda_tests.log"), re.M)
+    figures = quoted(
+        r"megatron-fsdp 0.6.1 \((\d+) trials, (\d+) detected on each path\), PyTorch's FSDP2 \((\d+), none\), the "
+        r"soundness check's generated programs \(every row equal\) and (\d+) catalogue trials \((\d+) detected on each "
+        r"path\)"
+    )
+    compared = {
+        m[0]: m[1:]
+        for m in re.findall(r"^\| `(\S+)` \| (\d+) \| (\d+) \| (\d+) / (\d+) \|$", text("gpu/paths_compare.md"), re.M)
+    }
+    mega, fsdp2, cat = (compared[k] for k in ("examples/runs/megatron_fsdp.detect.test_hsdp",
+                        "examples/runs/fsdp2.detect.test_fully_shard-test_transformer", "catalogue"))  # fmt: skip
+    assert figures == (mega[0], mega[2], fsdp2[0], cat[0], cat[2])
+    assert all(v[0] == v[1] and v[2] == v[3] for v in compared.values()) and fsdp2[2] == "0"
+
+
+def test_the_figures_quoted_from_the_gpu_readme_are_there():
+    report = text("gpu/README.md")
+    figures = [
+        *quoted(r"from ([\d.]+)x to ([\d.]+)x \(`reports/gpu/README.md`\)"),
+        *quoted(r"racecheck.fsdp matches the single-process reference in (\d+) of (\d+) parity cases"),
+        *quoted(
+            r"it runs a ([\d.]+)M-parameter transformer in ([\d.]+) ms per step against FSDP2's ([\d.]+) ms in the "
+            r"same run, peak memory ([\d.]+) vs ([\d.]+) GiB"
+        ),
+        *quoted(
+            r"at ([\d.]+)x the plain step time against the sanitizer's ([\d.]+)x on one H200 \(medians of (\d+) runs, "
+            r"side by side: a ratio of ([\d.]+), ([\d.]+) to ([\d.]+) from one repeat to the next, under the target of "
+            r"a third in every repeat; an empty TorchDispatchMode alone costs ([\d.]+)x\)"
+        ),
+        *quoted(r"in pure Python the same runs give ([\d.]+)x, a ratio of ([\d.]+)\."),
+        *quoted(r"\((\d+) s on 2 x H200, `reports/gpu/README.md`\)"),
+        *quoted(r"the detector's overhead \(([\d.]+) and ([\d.]+) s there\)"),
+    ]
+    assert [f for f in figures if not appears(f, report)] == []
+    assert "5 repeats" in report and rounds_to("0.26", 3.07 / 11.94)
