@@ -22,6 +22,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 import xml.etree.ElementTree as ET
 from collections import defaultdict
@@ -31,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 START, END = "<!-- suite-runs:start -->", "<!-- suite-runs:end -->"
 COLUMNS = (
     "date", "commit", "cpus", "load_at_start", "exit", "passed", "skipped", "failed", "errors",
-    "wall_s", "soundness_s", "longest_test", "longest_s",
+    "wall_s", "soundness_s", "longest_test", "longest_s", "skips",
 )  # fmt: skip
 
 
@@ -39,11 +40,14 @@ def counts(junit: Path) -> dict:
     """Passed, skipped, failed and errors of a JUnit XML report, the soundness tests' seconds and
     the longest test."""
     tally: dict[str, float] = defaultdict(float)
+    reasons: dict[str, int] = defaultdict(int)
     longest = ("", 0.0)
     for case in ET.parse(junit).getroot().iter("testcase"):
         seconds = float(case.get("time") or 0)
         kind = next((c.tag for c in case if c.tag in ("skipped", "failure", "error")), "passed")
         tally[kind] += 1
+        for skip in case.iter("skipped"):
+            reasons[(skip.get("message") or "").removeprefix("Skipped: ").split(":")[0]] += 1
         if case.get("classname", "").startswith("tests.test_soundness"):
             tally["soundness_s"] += seconds
         name = f"{case.get('classname', '')}::{case.get('name', '')}"
@@ -56,6 +60,7 @@ def counts(junit: Path) -> dict:
         "soundness_s": f"{tally['soundness_s']:.1f}",
         "longest_test": longest[0].removeprefix("tests."),
         "longest_s": f"{longest[1]:.1f}",
+        "skips": "; ".join(f"{n} {why}" for why, n in sorted(reasons.items(), key=lambda item: -item[1])),
     }
 
 
@@ -96,15 +101,17 @@ def paragraph(rows: list[dict]) -> str:
     last = rows[-1]
     dates = sorted({r["date"] for r in rows})
     when = dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1]}"
-    return (
+    skips = f"; skipped: {last['skips']}" if last.get("skips") else ""
+    text = (
         f"Recorded by `python bench/suite_runs.py` in `reports/suite_runs.csv` ({len(rows)} run(s), {when}, "
         f"on a machine of {last['cpus']} CPUs shared with other work, load average {span('load_at_start', '')} "
         f"at the start): the suite took {span('wall_s')} of wall time; the last run, at {last['commit']}, "
         f"had {last['passed']} passed, {last['skipped']} skipped, {last['failed']} failed and {last['errors']} "
-        f"errors (exit {last['exit']}; the skips are the CUDA tests and the tests whose tool this machine "
-        f"lacks, such as actionlint); the tests of `tests/test_soundness.py` took {span('soundness_s')} of "
-        f"it beside the rest, and the longest test, `{last['longest_test']}`, {span('longest_s')}."
+        f"errors (exit {last['exit']}{skips}); the tests of `tests/test_soundness.py` took "
+        f"{span('soundness_s')} of it beside the rest, and the longest test, `{last['longest_test']}`, "
+        f"{span('longest_s')}."
     )
+    return textwrap.fill(text, width=100, break_long_words=False, break_on_hyphens=False)
 
 
 def splice(readme: Path, rows: list[dict]) -> None:

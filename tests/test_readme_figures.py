@@ -48,7 +48,7 @@ def test_the_modern_code_table_is_what_bench_modern_code_py_makes_of_its_committ
 
 def test_the_suites_times_and_counts_are_what_bench_suite_runs_py_makes_of_its_csv():
     sr = bench("suite_runs")
-    assert block(sr.START, sr.END) == [sr.paragraph(sr.read_rows(REPORTS / "suite_runs.csv"))]
+    assert "\n".join(block(sr.START, sr.END)) == sr.paragraph(sr.read_rows(REPORTS / "suite_runs.csv"))
 
 
 # -- quoted with their report ----------------------------------------------------------------------
