@@ -28,8 +28,8 @@ from racecheck.failure_text import error_line, failure_signature, first_line
 from racecheck.item_trial import ITEM_TRIAL, ItemTrial
 from racecheck.param_targets import Wanted, widen
 from racecheck.perturb.profiles import rank_profile
+from racecheck.protocol.lifeline import die_with_parent
 from racecheck.runner.blocks import Block, read_schedule
-from racecheck.runner.lifeline import die_with_parent
 from racecheck.runner.record import Collected, CollectError, Finished, Outcome, RankLog, Started, TestOutcome, worst
 
 if TYPE_CHECKING:

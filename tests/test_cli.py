@@ -185,7 +185,7 @@ def test_a_mesh_that_does_not_fit_is_a_usage_error(project, args, message):
 def test_the_catalogue_runs_from_any_folder_and_keeps_its_mesh_for_resume_and_replays(tmp_path):
     import json
 
-    from racecheck.mesh_config import MeshConfig
+    from racecheck.protocol.mesh import MeshConfig
     from racecheck.runner.record import TrialRecord
     from racecheck.runner.run_config import RunConfig, replay_command
     from racecheck.suites.catalogue import find_catalogue, load_catalogue

@@ -14,7 +14,7 @@ parent died), and every process that carries the session's mark in its environme
 even after it left the tree and the group; `finish` kills such leftovers after a session that
 ended by itself too. A process that clears its environment and leaves the group escapes all
 three; a container or a cgroup around the whole run (`systemd-run --scope`) contains it. Should
-the runner itself be killed outright, the session gets SIGTERM from the kernel (lifeline.py).
+the runner itself be killed outright, the session gets SIGTERM from the kernel (protocol/lifeline.py).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import psutil
 
-from racecheck.runner.lifeline import child_dies_with_us
+from racecheck.protocol.lifeline import child_dies_with_us
 from racecheck.runner.session_log import SessionLog
 
 MARK_VAR = "RACECHECK_SESSION_MARK"

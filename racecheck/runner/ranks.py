@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import BinaryIO
 
-from racecheck.runner.durable import names
+from racecheck.protocol.durable import names
 from racecheck.runner.record import Outcome, RankEvent, Started, TestOutcome, worst
 
 

@@ -19,8 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import ClassVar
 
-from racecheck.printable import printable
-from racecheck.runner.durable import AppendFile
+from racecheck.protocol.durable import AppendFile
+from racecheck.protocol.printable import printable
 
 
 class Outcome(enum.StrEnum):
@@ -86,7 +86,7 @@ class TrialRecord:
 
     def __post_init__(self) -> None:
         # Every record is made here, by the runner and by each reader of a log (old logs too):
-        # escaped here once, its text is writable as UTF-8 in every format (printable.py).
+        # escaped here once, its text is writable as UTF-8 in every format (protocol/printable.py).
         for name in _TEXT_FIELDS:
             if isinstance(getattr(self, name), str):
                 setattr(self, name, printable(getattr(self, name)))

@@ -26,8 +26,8 @@ from typing import Any
 
 from racecheck import limits
 from racecheck.exitcodes import InputError
-from racecheck.mesh_config import MeshConfig
 from racecheck.perturb.profiles import Profile
+from racecheck.protocol.mesh import MeshConfig
 from racecheck.runner import config_checks
 from racecheck.runner.blocks import Shard
 from racecheck.runner.record import TrialRecord

@@ -1,0 +1,9 @@
+"""What the runner's process and the test processes (the ranks) share, and nothing else: the wire
+between them. Nothing here imports torch, click or any other part of racecheck, so both sides,
+and every layer below them, may import it.
+
+- mesh.py: the HSDP mesh as a value, sent to the ranks in the environment;
+- lifeline.py: a process that dies with its parent;
+- durable.py: append-only files that land whole or not at all (the logs of both sides);
+- printable.py: failure text made writable as UTF-8.
+"""
