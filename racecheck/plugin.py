@@ -6,7 +6,7 @@ the `racecheck_step` fixture, ids ending in `-K-N` for step K of N) and maps the
 with --racecheck-schedule (the trial runner writes it; a block that an earlier session ended in
 lists the tests it has recorded, and those are deselected), or, without one, trial k of no arm.
 Every
-test's outcome is written, as soon as it is known, as one rank event (runner/record.py's
+test's outcome is written, as soon as it is known, as one rank event (protocol/rank_events.py's
 RankEvent) to the per-process log given with --racecheck-log; the trial runner merges the ranks.
 Under pytest-xdist every worker writes its own file (the worker id is added to the name).
 With --racecheck-patch (a project's own suite), every test runs under patch mode and, with
@@ -29,8 +29,10 @@ from racecheck.item_trial import ITEM_TRIAL, ItemTrial
 from racecheck.param_targets import Wanted, widen
 from racecheck.perturb.profiles import rank_profile
 from racecheck.protocol.lifeline import die_with_parent
+from racecheck.protocol.rank_events import Collected, CollectError, Finished, Started, TestOutcome
+from racecheck.protocol.records import Outcome, worst
 from racecheck.runner.blocks import Block, read_schedule
-from racecheck.runner.record import Collected, CollectError, Finished, Outcome, RankLog, Started, TestOutcome, worst
+from racecheck.runner.trial_log import RankLog
 
 if TYPE_CHECKING:
     from racecheck.plugin_patch import ProjectTests

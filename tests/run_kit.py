@@ -16,7 +16,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from racecheck.runner.record import read_log
+from racecheck.runner.trial_log import read_log
 
 # A suite whose arms are told apart inside the process: test `case` of trial t fails when a
 # draw seeded by the trial's seed falls below the arm's rate.

@@ -186,7 +186,7 @@ def test_the_catalogue_runs_from_any_folder_and_keeps_its_mesh_for_resume_and_re
     import json
 
     from racecheck.protocol.mesh import MeshConfig
-    from racecheck.runner.record import TrialRecord
+    from racecheck.protocol.records import TrialRecord
     from racecheck.runner.run_config import RunConfig, replay_command
     from racecheck.suites.catalogue import find_catalogue, load_catalogue
 

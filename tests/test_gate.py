@@ -10,10 +10,11 @@ from click.testing import CliRunner
 
 from racecheck.cli.commands import gate_command, plan_command
 from racecheck.exitcodes import ExitCode
+from racecheck.protocol.records import TrialRecord
 from racecheck.results import tally
 from racecheck.results.gate import Decision, evaluate_gate
 from racecheck.results.stats import trials_for_auto
-from racecheck.runner.record import TrialLog, TrialRecord
+from racecheck.runner.trial_log import TrialLog
 
 TEST = "scenarios/main_grad_reuse/test_main_grad_reuse.py::test_hsdp_losses_match_baseline[{}]"
 PARAMS = ("1-True", "1-False", "3-True", "3-False")

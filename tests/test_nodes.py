@@ -18,8 +18,8 @@ import psutil
 import pytest
 from run_kit import Result, free_port, racecheck, records, summary_counts, write_suite
 
+from racecheck.protocol.records import Outcome
 from racecheck.runner import node_writer
-from racecheck.runner.record import Outcome
 
 # Each rank draws; the world fails a test when any rank's draw was unlucky (an all-reduce, so
 # both nodes must take part). test_rank_one fails on rank 1 alone: its outcome crosses the nodes.

@@ -15,7 +15,7 @@ import shlex
 import pytest
 from run_kit import racecheck, write_suite
 
-from racecheck.runner.record import read_log
+from racecheck.runner.trial_log import read_log
 
 pytestmark = pytest.mark.usefixtures("fast_sessions")
 

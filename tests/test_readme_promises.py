@@ -20,7 +20,7 @@ import pytest
 from run_kit import racecheck, write_suite
 
 from racecheck.runner import session
-from racecheck.runner.record import read_log
+from racecheck.runner.trial_log import read_log
 
 pytestmark = pytest.mark.usefixtures("fast_sessions")
 

@@ -15,8 +15,9 @@ import pytest
 from click.testing import CliRunner
 
 from racecheck.cli.commands import report_command
+from racecheck.protocol.records import TrialRecord
 from racecheck.results import report, tally
-from racecheck.runner.record import TrialLog, TrialRecord
+from racecheck.runner.trial_log import TrialLog
 
 GOLDEN = Path(__file__).parent / "golden"
 FILE = "scenarios/main_grad_reuse/test_main_grad_reuse.py"

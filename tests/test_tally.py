@@ -8,8 +8,9 @@ import pandas as pd
 import pytest
 from scipy.stats import binomtest
 
+from racecheck.protocol.records import TrialRecord
 from racecheck.results import tally
-from racecheck.runner.record import TrialLog, TrialRecord
+from racecheck.runner.trial_log import TrialLog
 
 SCENARIO = "main_grad_reuse"
 TEST = "scenarios/main_grad_reuse/test_main_grad_reuse.py::test_hsdp_losses_match_baseline[{}]"

@@ -372,7 +372,7 @@ def _perturbation_notes(config) -> None:
     what the detector could not see."""
     from racecheck.results.detector_notes import detector_notes
     from racecheck.results.perturb_notes import perturbation_notes
-    from racecheck.runner.record import read_log
+    from racecheck.runner.trial_log import read_log
 
     try:
         records = list(read_log(config.out / "trials.jsonl"))

@@ -1,6 +1,6 @@
 """Append-only files that their writer can always read back: the runner's trial log and record of
-finished blocks (runner/record.TrialLog, runner/state.CompletedLog) and the rank log each process
-of a session writes (runner/record.RankLog) go through AppendFile.
+finished blocks (runner/trial_log.TrialLog, runner/state.CompletedLog) and the rank log each process
+of a session writes (runner/trial_log.RankLog) go through AppendFile.
 
 An AppendFile is held open, for reading as well as appending, for as long as it is written: an
 open file's data lives on when its name is removed, so a run folder that a test deletes under the

@@ -5,7 +5,7 @@ surrogates: os.fsdecode and subprocess output (surrogateescape) turn each byte t
 into one, and no UTF-8 encoder accepts them, so one such record broke every report that writes
 UTF-8 (Markdown and the step summary died with UnicodeEncodeError, the JUnit XML was no longer
 well-formed, the run's own table died on a strict console). A trial record escapes its text here
-once, where every record is made (runner/record.TrialRecord, for the runner and each reader of a log,
+once, where every record is made (protocol/records.TrialRecord, for the runner and each reader of a log,
 old logs included), rather than in each renderer: every output format, present and future, then
 holds only text it can write, and no renderer needs to know.
 """

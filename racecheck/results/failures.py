@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import html
 
-from racecheck.runner.record import Outcome
+from racecheck.protocol.records import Outcome
 
 MESSAGE_CHARS = 200  # of a message's first line, in the list
 TERMINAL_KINDS = 10  # kinds listed in the terminal; the Markdown, JSON and HTML list them all

@@ -30,9 +30,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from racecheck.protocol.records import Outcome, TrialRecord
 from racecheck.results import stats
 from racecheck.results.rows import ALL_TESTS
-from racecheck.runner.record import Outcome, TrialRecord
 from racecheck.runner.run_folder import open_run_folder
 
 LOG_NAME = "trials.jsonl"

@@ -20,10 +20,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from racecheck.exitcodes import InfrastructureError
+from racecheck.protocol.records import TrialRecord
 from racecheck.runner import state
 from racecheck.runner.blocks import Block
-from racecheck.runner.record import TrialLog, TrialRecord
 from racecheck.runner.run_config import resume_command
+from racecheck.runner.trial_log import TrialLog
 
 TRIALS_FILE = "trials.jsonl"
 _ROUNDS = 5  # how often check() writes the folder again while a removal still goes on

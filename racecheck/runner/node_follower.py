@@ -156,7 +156,7 @@ class Follower:
         batch = {}
         for path in sorted(ranks.glob(f"{sid}-rank-*.jsonl")):
             events = tails.setdefault(path, RankTail(path)).read()
-            if events:  # relayed in the rank log's own schema (record.RankEvent)
+            if events:  # relayed in the rank log's own schema (protocol/rank_events.RankEvent)
                 batch[path.name] = [e.to_dict() for e in events]
         if batch:
             index = self.store.add(key(self.spec, "events", sid, self.spec.node_rank, "next"), 1) - 1

@@ -11,9 +11,9 @@ import time
 
 from tqdm import tqdm
 
+from racecheck.protocol.records import Outcome, TrialRecord
 from racecheck.results.failures import first_line
 from racecheck.runner.blocks import Block
-from racecheck.runner.record import Outcome, TrialRecord
 from racecheck.runner.stopping import LiveCounts
 from racecheck.runner.trial_runner import RunListener
 

@@ -28,9 +28,9 @@ from racecheck import limits
 from racecheck.exitcodes import InputError
 from racecheck.perturb.profiles import Profile
 from racecheck.protocol.mesh import MeshConfig
+from racecheck.protocol.records import TrialRecord
 from racecheck.runner import config_checks
 from racecheck.runner.blocks import Shard
-from racecheck.runner.record import TrialRecord
 from racecheck.runner.run_location import absolute
 from racecheck.runner.stopping import StopRule
 from racecheck.suites import source as suite_source

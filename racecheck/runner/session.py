@@ -53,11 +53,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from racecheck.exitcodes import InfrastructureError, InputError
+from racecheck.protocol.rank_events import Collected, CollectError, Finished, RankEvent, Started, TestOutcome
+from racecheck.protocol.records import Outcome, worst
 from racecheck.runner import interrupts, launch
 from racecheck.runner.blocks import Block, SessionPlan
 from racecheck.runner.held_folder import FolderFault
 from racecheck.runner.ranks import RankMerger, RankTail
-from racecheck.runner.record import Collected, CollectError, Finished, Outcome, RankEvent, Started, TestOutcome, worst
 
 POLL_S = 0.05
 STRAGGLER_GRACE_S = 5.0

@@ -26,7 +26,7 @@ import psutil
 
 from racecheck.protocol.durable import AppendFile, names
 from racecheck.runner.blocks import Block
-from racecheck.runner.record import outside_plan
+from racecheck.runner.trial_log import outside_plan
 
 RUN_FILE, COMPLETED_FILE, LOCK_FILE, LOCK_NAME = "run.json", "completed.jsonl", "runner.json", "runner.lock"
 LOG_FILE = "trials.jsonl"

@@ -28,15 +28,17 @@ from collections.abc import Iterator
 from importlib import metadata
 
 from racecheck.exitcodes import InfrastructureError, InputError
+from racecheck.protocol.rank_events import TestOutcome
+from racecheck.protocol.records import Outcome, TrialRecord, worst
 from racecheck.runner import blocks, launch, run_location, state
 from racecheck.runner.blocks import Block, SessionPlan
 from racecheck.runner.gitarms import Worktrees, pythonpath
 from racecheck.runner.held_folder import FolderFault, HeldFolder
-from racecheck.runner.record import Outcome, TestOutcome, TrialRecord, repair_log, worst
 from racecheck.runner.run_config import RunConfig, replay_command, resume_command, split_targets
 from racecheck.runner.run_folder import open_run_folder
 from racecheck.runner.session import Ending, SessionRun
 from racecheck.runner.stopping import LiveCounts
+from racecheck.runner.trial_log import repair_log
 from racecheck.suites.catalogue import Suite
 
 
