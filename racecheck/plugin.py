@@ -31,7 +31,7 @@ from racecheck.perturb.profiles import rank_profile
 from racecheck.protocol.lifeline import die_with_parent
 from racecheck.protocol.rank_events import Collected, CollectError, Finished, Started, TestOutcome
 from racecheck.protocol.records import Outcome, worst
-from racecheck.runner.blocks import Block, read_schedule
+from racecheck.protocol.schedule import Block, read_schedule
 from racecheck.runner.trial_log import RankLog
 
 if TYPE_CHECKING:

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from racecheck.exitcodes import InfrastructureError
 from racecheck.protocol.records import TrialRecord
+from racecheck.protocol.schedule import Block
 from racecheck.runner import state
-from racecheck.runner.blocks import Block
 from racecheck.runner.run_config import resume_command
 from racecheck.runner.trial_log import TrialLog
 

@@ -13,8 +13,9 @@ import time
 from typing import TYPE_CHECKING
 
 from racecheck.exitcodes import InputError
+from racecheck.protocol.schedule import block_from_json
 from racecheck.runner import interrupts, launch, state
-from racecheck.runner.blocks import SessionPlan, block_from_json
+from racecheck.runner.blocks import SessionPlan
 from racecheck.runner.nodes import (
     POLL_S,
     Heartbeat,

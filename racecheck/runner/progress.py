@@ -12,8 +12,8 @@ import time
 from tqdm import tqdm
 
 from racecheck.protocol.records import Outcome, TrialRecord
+from racecheck.protocol.schedule import Block
 from racecheck.results.failures import first_line
-from racecheck.runner.blocks import Block
 from racecheck.runner.stopping import LiveCounts
 from racecheck.runner.trial_runner import RunListener
 

@@ -55,8 +55,9 @@ from pathlib import Path
 from racecheck.exitcodes import InfrastructureError, InputError
 from racecheck.protocol.rank_events import Collected, CollectError, Finished, RankEvent, Started, TestOutcome
 from racecheck.protocol.records import Outcome, worst
+from racecheck.protocol.schedule import Block
 from racecheck.runner import interrupts, launch
-from racecheck.runner.blocks import Block, SessionPlan
+from racecheck.runner.blocks import SessionPlan
 from racecheck.runner.held_folder import FolderFault
 from racecheck.runner.ranks import RankMerger, RankTail
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import psutil
 
 from racecheck.protocol.durable import AppendFile, names
-from racecheck.runner.blocks import Block
+from racecheck.protocol.schedule import Block
 from racecheck.runner.trial_log import outside_plan
 
 RUN_FILE, COMPLETED_FILE, LOCK_FILE, LOCK_NAME = "run.json", "completed.jsonl", "runner.json", "runner.lock"

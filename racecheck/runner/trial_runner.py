@@ -30,8 +30,9 @@ from importlib import metadata
 from racecheck.exitcodes import InfrastructureError, InputError
 from racecheck.protocol.rank_events import TestOutcome
 from racecheck.protocol.records import Outcome, TrialRecord, worst
+from racecheck.protocol.schedule import Block, write_schedule
 from racecheck.runner import blocks, launch, run_location, state
-from racecheck.runner.blocks import Block, SessionPlan
+from racecheck.runner.blocks import SessionPlan
 from racecheck.runner.gitarms import Worktrees, pythonpath
 from racecheck.runner.held_folder import FolderFault, HeldFolder
 from racecheck.runner.run_config import RunConfig, replay_command, resume_command, split_targets
@@ -274,11 +275,10 @@ class Runner:
         c = self.config
         arm = suite.arm(plan.arms[0])  # every arm of a plan has the same process_key
         ranks = c.out / "ranks"
-        # Every block carries its arm's canonical spec: the ranks take it from the schedule.
+        # Every block carries its arm's canonical spec [Note: resolved specs].
         specs = {a: c.spec_for(suite, a) for a in plan.arms}
-        blocks.write_schedule(
-            ranks / f"{sid}.schedule.json",
-            SessionPlan(tuple(dataclasses.replace(b, perturb=specs[b.arm]) for b in plan.blocks)),
+        write_schedule(
+            ranks / f"{sid}.schedule.json", (dataclasses.replace(b, perturb=specs[b.arm]) for b in plan.blocks)
         )
         targets, _ = split_targets(c.pytest_args, suite.run_root)
         user = list(suite.targets if not targets else ()) + list(suite.pytest_args) + list(arm.pytest_args)
