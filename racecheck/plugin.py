@@ -28,6 +28,7 @@ from racecheck.failure_text import error_line, failure_signature, first_line
 from racecheck.item_trial import ITEM_TRIAL, ItemTrial
 from racecheck.param_targets import Wanted, widen
 from racecheck.perturb.profiles import rank_profile
+from racecheck.protocol import names
 from racecheck.protocol.lifeline import die_with_parent
 from racecheck.protocol.rank_events import Collected, CollectError, Finished, Started, TestOutcome
 from racecheck.protocol.records import Outcome, worst
@@ -49,53 +50,12 @@ _WANTED_KEY = pytest.StashKey[Wanted]()
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("racecheck", "racecheck: arms, trials, perturbation and outcome logging")
-    group.addoption(
-        "--racecheck-steps",
-        type=int,
-        default=1,
-        metavar="N",
-        help="run every test N times in this session, one block (trial, arm) per step",
-    )
-    group.addoption(
-        "--racecheck-schedule",
-        default=None,
-        metavar="PATH",
-        help="JSON list of the (trial, arm) block each repeat step runs (the runner's)",
-    )
-    group.addoption(
-        "--racecheck-seed", type=int, default=0, metavar="S", help="base seed; trial t runs with seed S + t"
-    )
-    group.addoption(
-        "--racecheck-detect",
-        action="store_true",
-        default=False,
-        help="run the happens-before detector and report races it finds",
-    )
-    group.addoption(
-        "--racecheck-log",
-        default=None,
-        metavar="PATH",
-        help="per-process JSONL outcome log; '{rank}' in PATH is replaced by the rank",
-    )
-    group.addoption(
-        "--racecheck-stop-file",
-        default=None,
-        metavar="PATH",
-        help="stop before trial T once PATH exists and holds T (the runner's graceful stop)",
-    )
-    group.addoption(
-        "--racecheck-patch",
-        action="store_true",
-        default=False,
-        help="a suite not written against racecheck's runtime: install patch mode around every "
-        "test with its profile, and with --racecheck-detect run it under TorchRaceTracker",
-    )
-    group.addoption(
-        "--racecheck-handoffs",
-        default=None,
-        metavar="DIR",
-        help="where the systematic schedule keeps each test's hand-off points (the runner's)",
-    )
+    for option in names.OPTIONS:  # what the runner gives a session (protocol/names.py)
+        if option.kind is bool:
+            group.addoption(option.flag, action="store_true", default=option.default, help=option.help)
+        else:
+            kind = option.kind if option.kind is not str else None
+            group.addoption(option.flag, type=kind, default=option.default, metavar=option.metavar, help=option.help)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -104,36 +64,35 @@ def pytest_configure(config: pytest.Config) -> None:
         "racecheck_world(n): the test needs a process world of n ranks; "
         "in a world of another size it fails at setup instead of hanging in a collective",
     )
-    count = config.getoption("--racecheck-steps")
+    count = config.getoption(names.STEPS.flag)
     if count < 1:
-        raise pytest.UsageError("--racecheck-steps must be >= 1")
+        raise pytest.UsageError(f"{names.STEPS.flag} must be >= 1")
     # pytest-repeat's public --count, where that plugin is installed, repeats tests outside the
     # steps: every repeat would run block 0. Refuse the mix instead of mislabelling trials.
-    if (config.getoption("count", None) or 1) > 1 and (count > 1 or config.getoption("--racecheck-schedule")):
+    if (config.getoption("count", None) or 1) > 1 and (count > 1 or config.getoption(names.SCHEDULE.flag)):
         raise pytest.UsageError(
             "--count (pytest-repeat) does not map repeats to racecheck's blocks; use --racecheck-steps"
         )
-    schedule = config.getoption("--racecheck-schedule")
+    schedule = config.getoption(names.SCHEDULE.flag)
     if schedule is not None:
         try:
             config.stash[_SCHEDULE_KEY] = read_schedule(schedule)
         except ValueError as exc:
-            raise pytest.UsageError(f"--racecheck-schedule: {exc}") from None
+            raise pytest.UsageError(f"{names.SCHEDULE.flag}: {exc}") from None
         for block in config.stash[_SCHEDULE_KEY]:
             try:
                 rank_profile(block.perturb or None)  # parsed here once; every test reuses it
             except ValueError as exc:
-                raise pytest.UsageError(f"--racecheck-schedule: {exc}") from None
-        if len(config.stash[_SCHEDULE_KEY]) != count:
-            raise pytest.UsageError(
-                f"--racecheck-schedule lists {len(config.stash[_SCHEDULE_KEY])} blocks but --racecheck-steps is {count}"
-            )
-    if config.getoption("--racecheck-patch"):
+                raise pytest.UsageError(f"{names.SCHEDULE.flag}: {exc}") from None
+        listed = len(config.stash[_SCHEDULE_KEY])
+        if listed != count:
+            raise pytest.UsageError(f"{names.SCHEDULE.flag} lists {listed} blocks but {names.STEPS.flag} is {count}")
+    if config.getoption(names.PATCH.flag):
         from racecheck.plugin_patch import configure_project
 
         specs = [b.perturb for b in config.stash.get(_SCHEDULE_KEY, [])]
         config.stash[_PROJECT_KEY] = configure_project(config, specs)
-    path = config.getoption("--racecheck-log")
+    path = config.getoption(names.LOG.flag)
     log = config.stash[_LOG_KEY] = RankLog(path) if path else None
     if log is not None:
         # Under the trial runner: a rank (or xdist worker) dies with its launcher, never orphaned.
@@ -157,7 +116,7 @@ def _blocks(config: pytest.Config, count: int) -> list[Block]:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Repeat the test once per step. Last of all parametrizations, so the step's id comes last
     (`test_x[1-True-3-10]`), and session-scoped, so pytest runs the suite step by step."""
-    count = metafunc.config.getoption("--racecheck-steps")
+    count = metafunc.config.getoption(names.STEPS.flag)
     if count > 1 and STEP_FIXTURE in metafunc.fixturenames:
         metafunc.parametrize(
             STEP_FIXTURE, range(count), indirect=True, scope="session", ids=[step_id(k, count) for k in range(count)]
@@ -193,12 +152,12 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
     """A parametrized target (`f.py::test_x[1-True]`) names no item once every test is repeated
     per step: collect its test whole and keep the parametrizations named (param_targets.py).
     With one step the ids are the test's own, and pytest's arguments stay as given."""
-    if getattr(early_config.known_args_namespace, "racecheck_steps", 1) > 1:
+    if getattr(early_config.known_args_namespace, names.STEPS.dest, 1) > 1:
         args[:], early_config.stash[_WANTED_KEY] = widen(args, early_config.invocation_params.dir)
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list) -> None:
-    count = config.getoption("--racecheck-steps")
+    count = config.getoption(names.STEPS.flag)
     blocks = _blocks(config, count)
     wanted = config.stash.get(_WANTED_KEY, Wanted({}))
     unwanted = [it for it in items if not wanted.keeps(it.path, _inner_id(strip_step(it.nodeid, _step(it), count)))]
@@ -242,7 +201,7 @@ def racecheck_arm(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def racecheck_seed(request: pytest.FixtureRequest) -> int:
     """The seed of this test's trial: --racecheck-seed plus the trial index."""
-    return request.config.getoption("--racecheck-seed") + request.node.stash[ITEM_TRIAL].trial
+    return request.config.getoption(names.SEED.flag) + request.node.stash[ITEM_TRIAL].trial
 
 
 @pytest.fixture
@@ -254,7 +213,7 @@ def racecheck_perturb(request: pytest.FixtureRequest) -> str | None:
 
 @pytest.fixture
 def racecheck_detect(request: pytest.FixtureRequest) -> bool:
-    return request.config.getoption("--racecheck-detect")
+    return request.config.getoption(names.DETECT.flag)
 
 
 @pytest.fixture
@@ -310,7 +269,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem):
     config = item.config
     t = item.stash.get(ITEM_TRIAL, None)
     project = config.stash.get(_PROJECT_KEY, None)
-    seed = config.getoption("--racecheck-seed") + (t.trial if t is not None else 0)
+    seed = config.getoption(names.SEED.flag) + (t.trial if t is not None else 0)
     if project is not None and t is not None:
         project.start(t, spec=t.perturb or "off", seed=seed)
     try:
@@ -347,7 +306,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem):
 
 def _stop_requested(config: pytest.Config, trial: int) -> bool:
     """Whether the runner asked this session to stop before `trial` (a trial boundary)."""
-    path = config.getoption("--racecheck-stop-file")
+    path = config.getoption(names.STOP_FILE.flag)
     if not path:
         return False
     try:

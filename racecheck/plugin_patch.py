@@ -17,6 +17,7 @@ import pytest
 
 from racecheck.perturb.patch_actions import PatchUnavailable, actions_factory
 from racecheck.perturb.profiles import Profile, rank_profile
+from racecheck.protocol import names
 
 
 def configure_project(config: pytest.Config, specs: list) -> ProjectTests:
@@ -29,15 +30,15 @@ def configure_project(config: pytest.Config, specs: list) -> ProjectTests:
         try:
             PatchMode(rank_profile(spec), actions=object())  # the grammar check alone; nothing is installed
         except ValueError as exc:
-            raise pytest.UsageError(f"--racecheck-schedule: {exc}") from None
-    detect = config.getoption("--racecheck-detect")
+            raise pytest.UsageError(f"{names.SCHEDULE.flag}: {exc}") from None
+    detect = config.getoption(names.DETECT.flag)
     factory = None
     if acting or detect:
         try:
             factory = actions_factory(need=f"the profile {acting[0]!r}" if acting else "--detect")
         except PatchUnavailable as exc:
             raise pytest.UsageError(str(exc)) from None
-    project = ProjectTests(factory=factory, handoffs_dir=config.getoption("--racecheck-handoffs"), detect=detect)
+    project = ProjectTests(factory=factory, handoffs_dir=config.getoption(names.HANDOFFS.flag), detect=detect)
     config.pluginmanager.register(project, "racecheck-project")
     return project
 

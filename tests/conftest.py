@@ -25,7 +25,7 @@ import os
 import pytest
 from run_kit import SEEDED_TEST, write_suite
 
-from racecheck.runner.launch import MARK_VAR
+from racecheck.protocol.names import SESSION_MARK_VAR
 
 WORKERS = (os.cpu_count() or 1) + 1
 # Modules by the time they take, longest first (tests/ only; any module not named runs after these).
@@ -55,7 +55,7 @@ LONGEST_FIRST = (
 def pytest_cmdline_main(config):
     # Not in a worker, nor where there is no xdist, nor in a session that racecheck started (on
     # this suite: its runner decides how that session's processes are laid out).
-    if hasattr(config, "workerinput") or not config.pluginmanager.hasplugin("xdist") or MARK_VAR in os.environ:
+    if hasattr(config, "workerinput") or not config.pluginmanager.hasplugin("xdist") or SESSION_MARK_VAR in os.environ:
         return
     option = config.option
     whole_suite = config.args_source is not pytest.Config.ArgsSource.ARGS

@@ -27,6 +27,8 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
+from racecheck.protocol.names import PATCH_ACTIONS_VAR
+
 if TYPE_CHECKING:
     import torch
 
@@ -39,15 +41,13 @@ def actions_factory(*, need: str):
     """A callable making the actions object of patch mode: the recording twin when
     $RACECHECK_PATCH_ACTIONS is `recording` (tests), CudaActions on a CUDA machine. `need` names
     what asked, for the one-line error raised where there is neither."""
-    from racecheck.perturb.recording import ENV_VAR
-
-    choice = os.environ.get(ENV_VAR, "")
+    choice = os.environ.get(PATCH_ACTIONS_VAR, "")
     if choice == "recording":
         from racecheck.perturb.recording import RecordingActions
 
         return RecordingActions
     if choice:
-        raise PatchUnavailable(f"${ENV_VAR}={choice!r}: the only other choice is 'recording'")
+        raise PatchUnavailable(f"${PATCH_ACTIONS_VAR}={choice!r}: the only other choice is 'recording'")
     import torch
 
     if not torch.cuda.is_available():

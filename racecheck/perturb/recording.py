@@ -21,8 +21,6 @@ import contextlib
 import itertools
 import threading
 
-ENV_VAR = "RACECHECK_PATCH_ACTIONS"
-
 _names = itertools.count(1)
 _handles = itertools.count(0x100, 0x100)  # what cudaStream_t handles are to CUDA (0: default)
 _allocator_callbacks: list = []  # (on_alloc, on_free) pairs attached

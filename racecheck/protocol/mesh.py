@@ -17,9 +17,9 @@ import dataclasses
 import os
 from collections.abc import Mapping
 
-MESH_ENV = "RACECHECK_MESH"
-SHARD_ENV = f"{MESH_ENV}_SHARD"
-REPLICATE_ENV = f"{MESH_ENV}_REPLICATE"
+from racecheck.protocol.names import MESH_REPLICATE_VAR as REPLICATE_ENV
+from racecheck.protocol.names import MESH_SHARD_VAR as SHARD_ENV
+from racecheck.protocol.names import MESH_VAR as MESH_ENV
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from importlib import metadata
 
 from racecheck.exitcodes import InfrastructureError, InputError
+from racecheck.protocol import names
 from racecheck.protocol.rank_events import TestOutcome
 from racecheck.protocol.records import Outcome, TrialRecord, worst
 from racecheck.protocol.schedule import Block, write_schedule
@@ -292,10 +293,10 @@ class Runner:
             "-q",
             "-rN",
             "--no-header",
-            f"--racecheck-schedule={ranks / f'{sid}.schedule.json'}",
-            f"--racecheck-seed={c.seed}",
-            f"--racecheck-log={ranks / sid}-rank-{{rank}}.jsonl",
-            f"--racecheck-stop-file={ranks / sid}.stop",
+            names.arg(names.SCHEDULE, ranks / f"{sid}.schedule.json"),
+            names.arg(names.SEED, c.seed),
+            names.arg(names.LOG, f"{ranks / sid}-rank-{{rank}}.jsonl"),
+            names.arg(names.STOP_FILE, f"{ranks / sid}.stop"),
         ]
         if not any(a == "--tb" or a.startswith("--tb=") for a in user):
             # Python's own tracebacks in the session log: pytest's long ones parse the source of
@@ -303,11 +304,11 @@ class Runner:
             # message come from the exception, not from this text.
             args.append("--tb=native")
         if suite.config_file is not None:  # a project's own suite: patch mode, not the injector
-            args += ["--racecheck-patch", f"--racecheck-handoffs={c.out / 'handoffs'}"]
+            args += [names.arg(names.PATCH), names.arg(names.HANDOFFS, c.out / "handoffs")]
         if len(plan.blocks) > 1:
-            args.append(f"--racecheck-steps={len(plan.blocks)}")
+            args.append(names.arg(names.STEPS, len(plan.blocks)))
         if c.detect:
-            args.append("--racecheck-detect")
+            args.append(names.arg(names.DETECT))
         env = self._lock.session_env()  # proves the session this runner's to a later one (state.Lock)
         cwd = suite.run_root
         if suite.config_file is None:
@@ -318,7 +319,7 @@ class Runner:
             env["PYTHONPATH"] = pythonpath(cwd, os.environ.get("PYTHONPATH"))
             args = [f"--rootdir={cwd}" if a.startswith("--rootdir=") else a for a in args]
         if c.backend != "auto":
-            env["RACECHECK_BACKEND"] = c.backend
+            env[names.BACKEND_VAR] = c.backend
         if c.mesh is not None:  # the world's size travels as torchrun's WORLD_SIZE (launch.py)
             env.update(c.mesh.env())
         env.update(dict(arm.env))
