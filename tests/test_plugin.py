@@ -7,14 +7,14 @@ import json
 
 import pytest
 
-from racecheck.plugin import strip_step
 from racecheck.protocol.schedule import Block, write_schedule
+from racecheck.rank.plugin import strip_step
 
 pytest_plugins = ["pytester"]
 
 RECORDING = """
 import pytest
-from racecheck.item_trial import ITEM_TRIAL
+from racecheck.rank.item_trial import ITEM_TRIAL
 
 @pytest.mark.parametrize("n", [1, 2])
 def test_p(n, racecheck_arm, racecheck_seed, racecheck_perturb, request):

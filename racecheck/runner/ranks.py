@@ -23,7 +23,7 @@ class RankTail:
     not a rank event, such as one torn by a kill, is skipped). The file is held open from the
     first read that finds it until close(), and its name is followed: a test that removes the run
     folder removes the name, and the rank writes the whole file again under it at its next event
-    (trial_log.RankLog), where the tail reads on from the same offset."""
+    (rank/rank_log.RankLog), where the tail reads on from the same offset."""
 
     def __init__(self, path: Path) -> None:
         self.path = path

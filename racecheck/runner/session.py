@@ -26,12 +26,12 @@ A session that recorded no outcome at all could not start: that is an infrastruc
 trial.
 
 [Note: graceful stop] The runner writes a trial index T to the stop file; every process checks it
-at each trial boundary and stops before entering trial T (plugin.py). T is one past the latest
+at each trial boundary and stops before entering trial T (rank/plugin.py). T is one past the latest
 trial any rank has started, so ranks kept in step by their collectives stop at the same boundary.
 Should a rank have passed the boundary unseen, it waits in a collective for peers that have left;
 once another process has finished after the stop, such stragglers are killed after a short grace.
 
-[Note: fail-fast] Under the runner every rank exits 0 after failing tests (plugin.py), so torchrun
+[Note: fail-fast] Under the runner every rank exits 0 after failing tests (rank/plugin.py), so torchrun
 does not tear a world down when one rank fails. A rank whose setup raised before it joined a
 collective (or that failed before one) leaves its peers waiting there until the process group's
 own timeout, which user code sets, often to 30 minutes. The runner watches the world instead: once

@@ -1,6 +1,6 @@
-"""The logs of a run on disk: the rank log each test process writes (RankLog, its events in
-protocol/rank_events.py) and the trial log the runner writes and every command reads (TrialLog,
-read_log, repair_log; its records in protocol/records.py).
+"""The trial log on disk (`OUT/trials.jsonl`): the runner appends its records (TrialLog), every
+command reads them (read_log), and a resumed run first removes its lines that are not JSON
+(repair_log). The records' schema is protocol/records.py's.
 """
 
 from __future__ import annotations
@@ -8,41 +8,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 from racecheck.protocol.durable import AppendFile
-from racecheck.protocol.rank_events import RankEvent
 from racecheck.protocol.records import TrialRecord, show
-
-
-class RankLog:
-    """One pytest process's rank log: one RankEvent per line, stamped with the process (`RANK`,
-    the xdist worker) and the time, written at once. `{rank}` in the pattern becomes the rank; an
-    xdist worker adds its id to the name. The file is opened at the first write, so an xdist
-    controller, which runs no test, leaves none. Should its name be removed under the session (a
-    test deleting the run folder), the next write puts the whole file back under it first
-    (durable.AppendFile.restore), and the runner reads on there (ranks.RankTail)."""
-
-    def __init__(self, pattern: str) -> None:
-        rank = os.environ.get("RANK", "0")
-        self.worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-        path = Path(pattern.replace("{rank}", rank))
-        if self.worker:  # every xdist worker writes its own file; a worker is not a rank
-            path = path.with_name(f"{path.stem}-{self.worker}{path.suffix}")
-        self.path = path
-        self.rank = int(rank)
-        self._file: AppendFile | None = None  # opened at the first event
-
-    def write(self, event: RankEvent) -> None:
-        if self._file is None:
-            self._file = AppendFile(self.path, sync=False)
-        elif self._file.gone():  # a test removed the run folder: the runner reads on (RankTail)
-            self._file.restore()
-        event.rank, event.worker = self.rank, self.worker
-        event.time = time.time()
-        self._file.append((event.to_json() + "\n").encode("utf-8"))
 
 
 class TrialLog:

@@ -1,6 +1,6 @@
 """What the plugin keeps on each collected item (in item.stash, under ITEM_TRIAL): which trial and
 arm the item runs and what happened to it. A module of its own, so that the plugin's parts
-(plugin.py, plugin_patch.py) and test code read it without importing each other."""
+(plugin.py, project.py) and test code read it without importing each other."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ class ItemTrial:
     duration: float = 0.0
     reports: list = dataclasses.field(default_factory=list)  # detector reports attached by fixtures
     perturb: str = ""  # the canonical spec of this block (the schedule's), "" for the options'
-    patch: object = None  # project suites: this test's installed PatchMode (plugin_patch.py)
+    patch: object = None  # project suites: this test's installed PatchMode (project.py)
     tracker: object = None  # project suites with --racecheck-detect: its TorchRaceTracker
     unseen_kernels: dict = dataclasses.field(default_factory=dict)  # its kernels of unknown writes
 

@@ -12,7 +12,7 @@ import pytest
 
 def failure_signature(excinfo: pytest.ExceptionInfo, rootpath: Path) -> str:
     """`ExcType at file.py:LINE in func`, naming the innermost frame in the user's own code."""
-    package_dir = str(Path(__file__).resolve().parent)  # racecheck's own frames
+    package_dir = str(Path(__file__).resolve().parents[1])  # racecheck's own frames
     frame = None
     for entry in excinfo.traceback:
         path = str(entry.path)
@@ -23,10 +23,8 @@ def failure_signature(excinfo: pytest.ExceptionInfo, rootpath: Path) -> str:
         frame = excinfo.traceback[-1]
     where = ""
     if frame is not None:
-        try:
-            rel = Path(str(frame.path)).relative_to(rootpath)
-        except ValueError:
-            rel = Path(str(frame.path)).name
+        file = Path(str(frame.path))
+        rel = file.relative_to(rootpath) if file.is_relative_to(rootpath) else file.name
         where = f" at {rel}:{frame.lineno + 1} in {frame.name}"
     return f"{excinfo.typename}{where}"
 

@@ -10,7 +10,7 @@ test's outcome is written, as soon as it is known, as one rank event (protocol/r
 RankEvent) to the per-process log given with --racecheck-log; the trial runner merges the ranks.
 Under pytest-xdist every worker writes its own file (the worker id is added to the name).
 With --racecheck-patch (a project's own suite), every test runs under patch mode and, with
---racecheck-detect, TorchRaceTracker (plugin_patch.py); a block's profile comes from the schedule.
+--racecheck-detect, TorchRaceTracker (project.py); a block's profile comes from the schedule.
 torch is imported lazily so that loading the plugin costs nothing for suites that do not use it.
 """
 
@@ -24,19 +24,19 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from racecheck.failure_text import error_line, failure_signature, first_line
-from racecheck.item_trial import ITEM_TRIAL, ItemTrial
-from racecheck.param_targets import Wanted, widen
 from racecheck.perturb.profiles import rank_profile
 from racecheck.protocol import names
 from racecheck.protocol.lifeline import die_with_parent
 from racecheck.protocol.rank_events import Collected, CollectError, Finished, Started, TestOutcome
 from racecheck.protocol.records import Outcome, worst
 from racecheck.protocol.schedule import Block, read_schedule
-from racecheck.runner.trial_log import RankLog
+from racecheck.rank.failure_text import error_line, failure_signature, first_line
+from racecheck.rank.item_trial import ITEM_TRIAL, ItemTrial
+from racecheck.rank.param_targets import Wanted, widen
+from racecheck.rank.rank_log import RankLog
 
 if TYPE_CHECKING:
-    from racecheck.plugin_patch import ProjectTests
+    from racecheck.rank.project import ProjectTests
 
 STEP_FIXTURE = "racecheck_step"  # the fixture this plugin parametrizes with the session's steps
 
@@ -88,7 +88,7 @@ def pytest_configure(config: pytest.Config) -> None:
         if listed != count:
             raise pytest.UsageError(f"{names.SCHEDULE.flag} lists {listed} blocks but {names.STEPS.flag} is {count}")
     if config.getoption(names.PATCH.flag):
-        from racecheck.plugin_patch import configure_project
+        from racecheck.rank.project import configure_project
 
         specs = [b.perturb for b in config.stash.get(_SCHEDULE_KEY, [])]
         config.stash[_PROJECT_KEY] = configure_project(config, specs)
@@ -98,7 +98,7 @@ def pytest_configure(config: pytest.Config) -> None:
         # Under the trial runner: a rank (or xdist worker) dies with its launcher, never orphaned.
         die_with_parent(signal.SIGKILL)
         config.pluginmanager.register(_CollectErrors(log), "racecheck-collect-errors")
-        from racecheck.plugin_collect import RunFolders  # no run folder's files are tests
+        from racecheck.rank.collect import RunFolders  # no run folder's files are tests
 
         config.pluginmanager.register(RunFolders(config.invocation_params.dir), "racecheck-run-folders")
     config.stash[_STOPPED_KEY] = False

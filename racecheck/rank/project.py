@@ -137,7 +137,7 @@ class ProjectTests:
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item: pytest.Item):
-        from racecheck.item_trial import ITEM_TRIAL
+        from racecheck.rank.item_trial import ITEM_TRIAL
 
         t = item.stash.get(ITEM_TRIAL, None)
         try:

@@ -1,0 +1,10 @@
+"""What runs inside a pytest process that racecheck started (a rank) or that loads its plugin:
+
+- plugin.py: the pytest plugin (entry point `pytest11`), which repeats the tests once per block of
+  the session's schedule, keeps each item's trial (item_trial.py) and writes its outcome as a rank
+  event (rank_log.py); failure_text.py names a failure, param_targets.py keeps a parametrized
+  target, collect.py keeps run folders out of the collection;
+- project.py: patch mode and the detector around each test of a project's own suite.
+
+It imports nothing of the runner: what the runner says comes through racecheck.protocol.
+"""
