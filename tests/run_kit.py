@@ -1,6 +1,7 @@
 """What racecheck's tests of the runner and the CLI share: a pytest project written for the purpose
 (write_suite, and SEEDED_TEST, whose arms fail at known rates), `racecheck ARGS` run in this
-process (racecheck), and readers of a run folder (records, summary_counts, expected_failures).
+process (racecheck), and readers of a run folder (records, record_frame, run_summary,
+summary_counts, expected_failures).
 Their fixtures are in conftest.py.
 """
 
@@ -121,6 +122,23 @@ def expected_failures(rates: dict, trials, *, seed: int = 0) -> dict:
 
 def records(out: Path) -> list:
     return list(read_log(out / "trials.jsonl"))
+
+
+def record_frame(out: Path):
+    """OUT's records as `racecheck report` reads them: tally.load_records of the opened folder."""
+    from racecheck.results import tally
+    from racecheck.runner.run_folder import open_run_folder
+
+    return tally.load_records(open_run_folder(out, need_run=False))
+
+
+def run_summary(out: Path):
+    """OUT/summary.csv written as `racecheck run` writes it at its end; the summary."""
+    from racecheck.results import tally
+    from racecheck.runner.run_folder import open_run_folder
+
+    folder = open_run_folder(out, need_run=False)
+    return tally.write_summary(folder, tally.load_records(folder))
 
 
 def free_port() -> int:

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 from click.testing import CliRunner
+from run_kit import record_frame
 
 from racecheck.cli.commands import gate_command, plan_command
 from racecheck.exitcodes import ExitCode
@@ -44,7 +45,7 @@ def write_log(out, arms, *, scenario="main_grad_reuse"):
 
 
 def summary_of(tmp_path, arms):
-    return tally.summarize(tally.load_records(write_log(tmp_path, arms)))
+    return tally.summarize(record_frame(write_log(tmp_path, arms)))
 
 
 @pytest.fixture
@@ -53,7 +54,7 @@ def proven(tmp_path):
 
 
 def test_pass(proven):
-    result = evaluate_gate(tally.summarize(tally.load_records(proven)), fixed="fixed", baseline="baseline")
+    result = evaluate_gate(tally.summarize(record_frame(proven)), fixed="fixed", baseline="baseline")
     assert result.decision is Decision.PASS and result.exit_code == ExitCode.OK
     fixed_line, baseline_line = result.lines
     assert "fixed arm 'fixed'" in fixed_line and "no failure in 10 trials" in fixed_line
@@ -62,7 +63,7 @@ def test_pass(proven):
 
 
 def test_fail_when_arms_swapped(proven):
-    result = evaluate_gate(tally.summarize(tally.load_records(proven)), fixed="baseline", baseline="fixed")
+    result = evaluate_gate(tally.summarize(record_frame(proven)), fixed="baseline", baseline="fixed")
     assert result.decision is Decision.FAIL and result.exit_code == ExitCode.GATE_FAILED
     assert all(c.decision is Decision.FAIL for c in result.conditions)
     assert "observed rate 100% > max-rate 0%" in result.lines[0]
@@ -142,7 +143,7 @@ def test_scenarios_and_errors(tmp_path):
                 outcome="failed",
             )
         )
-    summary = tally.summarize(tally.load_records(tmp_path / "a"))
+    summary = tally.summarize(record_frame(tmp_path / "a"))
     both = evaluate_gate(summary, fixed="fixed", baseline="baseline")
     assert both.decision is Decision.FAIL and len(both.conditions) == 4
     assert evaluate_gate(summary, fixed="fixed", baseline="baseline", scenario="s1").decision is Decision.PASS
@@ -257,7 +258,7 @@ def test_arm_that_only_skipped_is_undecided(tmp_path):
                     outcome=outcome,
                 )
             )
-    result = evaluate_gate(tally.summarize(tally.load_records(tmp_path)), fixed="fixed", baseline="baseline")
+    result = evaluate_gate(tally.summarize(record_frame(tmp_path)), fixed="fixed", baseline="baseline")
     assert result.decision is Decision.UNDECIDED
     assert result.lines[0] == "s fixed arm 'fixed': no trial ran (all skipped) -> UNDECIDED"
     assert result.lines[1].endswith("reproduced (at least 1 failing trial) -> PASS")

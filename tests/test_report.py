@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from run_kit import record_frame, run_summary
 
 from racecheck.cli.commands import report_command
 from racecheck.protocol.records import TrialRecord
@@ -94,7 +95,7 @@ def run_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def rendered(run_dir):
-    records = tally.load_records(run_dir)
+    records = record_frame(run_dir)
     summary = tally.summarize(records)
     return {fmt: report.render(fmt, summary=summary, records=records) for fmt in report.Format}
 
@@ -134,7 +135,7 @@ def test_terminal_shows_arms_then_parametrizations(rendered):
 
 
 def test_summary_csv_matches_write_summary(run_dir, rendered):
-    tally.write_summary(run_dir)
+    run_summary(run_dir)
     assert (run_dir / "summary.csv").read_text() == rendered[report.Format.CSV]
 
 
@@ -202,7 +203,7 @@ def test_html_is_self_contained_with_a_png(rendered):
 
 
 def test_markdown_truncates_rows_under_the_limit(run_dir):
-    summary = tally.summarize(tally.load_records(run_dir))
+    summary = tally.summarize(record_frame(run_dir))
     full = report.render_markdown(summary)
     small = report.render_markdown(summary, max_bytes=600)
     assert len(small.encode()) <= 600 < len(full.encode())
@@ -284,7 +285,7 @@ def test_detector_reports_appear_merged_by_their_first_line(tmp_path):
                         reports=reports,
                     )
                 )
-    records = tally.load_records(tmp_path)
+    records = record_frame(tmp_path)
     summary = tally.summarize(records)
     terminal = report.render("terminal", summary=summary, records=records)
     assert "detector reports" in terminal

@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from run_kit import SEEDED_TEST, racecheck, records, summary_counts, write_suite
+from run_kit import SEEDED_TEST, racecheck, record_frame, records, summary_counts, write_suite
 
 from racecheck.cli import run_checks
 from racecheck.exitcodes import InputError
@@ -199,7 +199,7 @@ def test_a_skipped_suite_is_a_row_of_the_summary_and_a_line_of_the_table(tmp_pat
 
     root = write_suite(tmp_path / "p", arms={"never": {}}, tests={"test_seeded.py": SEEDED_TEST})
     assert racecheck("run", "--trials", 1, "--out", tmp_path / "out", "-q", cwd=root).code == 0
-    summary = tally.summarize(tally.load_records(tmp_path / "out"))
+    summary = tally.summarize(record_frame(tmp_path / "out"))
     skipped = {"pair": {"arms": ["race"], "expect": {"race": "race"}, "why": "needs at least 2 ranks"}}
     table = tally.with_skipped(summary, skipped)
     row = table[table["scenario"] == "pair"].iloc[0]

@@ -27,10 +27,12 @@ from racecheck.results.rows import Format
 def _load(ctx, out_dir: Path, signature: str | None = None):
     """The records and summary of OUT, or a one-line usage error naming what is wrong."""
     from racecheck.results import tally
+    from racecheck.runner.run_folder import open_run_folder
 
     param = next(p for p in ctx.command.params if p.name == "out_dir")
     try:
-        records = tally.load_records(out_dir)
+        folder = open_run_folder(out_dir, need_run=False)  # the run's plan, where it has run.json
+        records = tally.load_records(folder)
     except (FileNotFoundError, ValueError) as exc:
         raise click.BadParameter(str(exc), ctx, param) from None
     for line in records.attrs.get("bad_lines", []):
@@ -39,7 +41,7 @@ def _load(ctx, out_dir: Path, signature: str | None = None):
         summary = tally.summarize(records, signature=signature)
     except ValueError as exc:
         raise click.BadParameter(str(exc), ctx, param_hint="--signature") from None
-    return records, tally.with_skipped(summary, tally.skipped_suites(out_dir))
+    return records, tally.with_skipped(summary, tally.skipped_suites(folder))
 
 
 def gate_criteria(*, within: str = ""):
@@ -358,12 +360,14 @@ def list_command(scenarios_dir, config_file):
 def summarize_run(out_dir: Path, *, footer: str | None = None) -> bool:
     """Write OUT/summary.csv and, with a footer, print the table and the footer; False when the
     log holds no record. InfrastructureError (exit 3) where summary.csv cannot be written."""
-    from racecheck.results.failures import failure_list
+    from racecheck.results import failures, tally
     from racecheck.results.render_terminal import render_terminal
-    from racecheck.results.tally import write_summary
+    from racecheck.runner.run_folder import open_run_folder
 
     try:
-        summary = write_summary(out_dir)
+        folder = open_run_folder(out_dir, need_run=False)
+        records = tally.load_records(folder)
+        summary = tally.write_summary(folder, records)
     except (FileNotFoundError, ValueError):
         return False
     except OSError as exc:  # a full or read-only disk: the trials are in trials.jsonl all the same
@@ -372,7 +376,7 @@ def summarize_run(out_dir: Path, *, footer: str | None = None) -> bool:
             f"{Path(out_dir) / 'trials.jsonl'} ('racecheck report {out_dir} --format csv' gives the summary)"
         ) from None
     if footer is not None:
-        click.echo(render_terminal(summary) + failure_list(out_dir))
+        click.echo(render_terminal(summary) + failures.render_terminal(records, logs=f"{out_dir}/logs"))
         click.echo(f"\n{footer}")
     return True
 

@@ -304,9 +304,10 @@ def gate_options(ctx, opts, config):
 def apply_gate(out_dir: Path, gate: dict) -> int:
     from racecheck.results.gate import evaluate_gate
     from racecheck.results.tally import load_records, summarize
+    from racecheck.runner.run_folder import open_run_folder
 
     try:
-        result = evaluate_gate(summarize(load_records(out_dir)), **gate)
+        result = evaluate_gate(summarize(load_records(open_run_folder(out_dir, need_run=False))), **gate)
     except ValueError as exc:
         raise click.UsageError(f"--gate: {exc}") from None
     click.echo("")

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from racecheck.protocol.printable import first_line
+
 
 def failure_signature(excinfo: pytest.ExceptionInfo, rootpath: Path) -> str:
     """`ExcType at file.py:LINE in func`, naming the innermost frame in the user's own code."""
@@ -29,10 +31,9 @@ def failure_signature(excinfo: pytest.ExceptionInfo, rootpath: Path) -> str:
     return f"{excinfo.typename}{where}"
 
 
-def first_line(excinfo: pytest.ExceptionInfo, limit: int = 300) -> str:
-    text = str(excinfo.value).strip().splitlines()
-    line = text[0] if text else excinfo.typename
-    return line[:limit]
+def message_line(excinfo: pytest.ExceptionInfo, limit: int = 300) -> str:
+    """The first line of the failure's message (its exception type's name when it has none)."""
+    return first_line(str(excinfo.value), limit) or excinfo.typename
 
 
 def error_line(text: str, limit: int = 300) -> str:

@@ -30,7 +30,7 @@ from racecheck.protocol.lifeline import die_with_parent
 from racecheck.protocol.rank_events import Collected, CollectError, Finished, Started, TestOutcome
 from racecheck.protocol.records import Outcome, worst
 from racecheck.protocol.schedule import Block, read_schedule
-from racecheck.rank.failure_text import error_line, failure_signature, first_line
+from racecheck.rank.failure_text import error_line, failure_signature, message_line
 from racecheck.rank.item_trial import ITEM_TRIAL, ItemTrial
 from racecheck.rank.param_targets import Wanted, widen
 from racecheck.rank.rank_log import RankLog
@@ -260,7 +260,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         t.outcomes.append(Outcome.FAILED if report.when == "call" else Outcome.ERROR)
         if not t.signature and call.excinfo is not None:
             t.signature = failure_signature(call.excinfo, Path(str(item.config.rootpath)))
-            t.message = first_line(call.excinfo)
+            t.message = message_line(call.excinfo)
     return report
 
 
