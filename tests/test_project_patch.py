@@ -159,7 +159,7 @@ def test_detect_fails_the_racing_arm_with_the_report(tmp_path, monkeypatch):
     got = records(tmp_path / "out")
     race, safe = got["race", 0], got["safe", 0]
     assert race.outcome == "failed" and race.detected == 1 and "test_d.py" in race.reports[0]
-    assert race.message.startswith("racecheck --detect: 1 race report(s)")
+    assert race.message.startswith("racecheck detected a race: read-after-write")
     assert safe.outcome == "passed" and safe.detected == 0 and safe.reports == []
     import pandas as pd
 

@@ -1,6 +1,6 @@
 """The injector: a runtime observer that performs a schedule's actions at the injection points.
 
-Installed in every rank by the scenario fixtures (racecheck.scenario_kit.harness.perturbation), or from the
+Installed in every rank by the per-test harness of the scenarios (racecheck.rank.harness), or from the
 environment for processes that a launcher starts (install_from_env). Configuration, first found
 wins: the block's profile in the session's schedule (`racecheck run --perturb/--no-perturb`, an
 arm's or a suite's `perturb`, resolved by the runner), the environment ($RACECHECK_PERTURB,

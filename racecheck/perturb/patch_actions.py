@@ -18,8 +18,7 @@ this one. An actions object provides:
 - `pool_view()`: the allocator's pools now (racecheck.device.pool_state.PoolView, streams by id);
 - `poison(start, nbytes, sid)`, `pressure(nbytes, sid)`: the allocator actions, on stream id
   `sid`, at the program's allocation there ([Note: sound allocator actions]); hidden from any
-  dispatch mode (the detector sees the program, not the perturbation);
-- `start_tracker()` / `stop_tracker(tracker)` (static): TorchRaceTracker around a test (--detect).
+  dispatch mode (the detector sees the program, not the perturbation).
 """
 
 from __future__ import annotations
@@ -158,24 +157,6 @@ class CudaActions:
         with torch.cuda.stream(side):
             torch.cuda._sleep(cycles)
             return call()
-
-    # -- detection -------------------------------------------------------------------------
-    @staticmethod
-    def start_tracker():
-        from racecheck.detect.torch_tracker import TorchRaceTracker
-
-        tracker = TorchRaceTracker()
-        tracker.__enter__()
-        return tracker
-
-    @staticmethod
-    def stop_tracker(tracker) -> None:
-        import torch
-
-        try:
-            torch.cuda.synchronize()  # inside: the tracker sees the host learn of completion
-        finally:
-            tracker.__exit__(None, None, None)
 
     # -- frees: see [Note: sound allocator actions] in free_actions.py -------------------------
     def current_stream_id(self) -> int:

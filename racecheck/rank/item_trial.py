@@ -1,12 +1,16 @@
 """What the plugin keeps on each collected item (in item.stash, under ITEM_TRIAL): which trial and
 arm the item runs and what happened to it. A module of its own, so that the plugin's parts
-(plugin.py, project.py) and test code read it without importing each other."""
+(plugin.py, harness.py, project.py) and test code read it without importing each other."""
 
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from racecheck.detect.report import RaceReport
 
 
 @dataclasses.dataclass
@@ -22,11 +26,12 @@ class ItemTrial:
     signature: str = ""
     message: str = ""
     duration: float = 0.0
-    reports: list = dataclasses.field(default_factory=list)  # detector reports attached by fixtures
-    perturb: str = ""  # the canonical spec of this block (the schedule's), "" for the options'
-    patch: object = None  # project suites: this test's installed PatchMode (project.py)
-    tracker: object = None  # project suites with --racecheck-detect: its TorchRaceTracker
-    unseen_kernels: dict = dataclasses.field(default_factory=dict)  # its kernels of unknown writes
+    perturb: str = ""  # the canonical spec of this block, "" where the test's own default decides
+    # What its harness (harness.py) found and did: the detector's reports, written as text with
+    # the outcome, and the outcome's fields of the perturbation (patch mode's actions) and the
+    # detector (kernels whose writes it could not tell).
+    reports: list[RaceReport] = dataclasses.field(default_factory=list)
+    fields: dict = dataclasses.field(default_factory=dict)
 
 
 ITEM_TRIAL = pytest.StashKey[ItemTrial]()

@@ -31,6 +31,7 @@ from racecheck.protocol.rank_events import Collected, CollectError, Finished, St
 from racecheck.protocol.records import Outcome, worst
 from racecheck.protocol.schedule import Block, read_schedule
 from racecheck.rank.failure_text import error_line, failure_signature, message_line
+from racecheck.rank.harness import HARNESS, check_call
 from racecheck.rank.item_trial import ITEM_TRIAL, ItemTrial
 from racecheck.rank.param_targets import Wanted, widen
 from racecheck.rank.rank_log import RankLog
@@ -211,17 +212,6 @@ def racecheck_perturb(request: pytest.FixtureRequest) -> str | None:
     return request.node.stash[ITEM_TRIAL].perturb or None
 
 
-@pytest.fixture
-def racecheck_detect(request: pytest.FixtureRequest) -> bool:
-    return request.config.getoption(names.DETECT.flag)
-
-
-@pytest.fixture
-def racecheck_reports(request: pytest.FixtureRequest) -> list:
-    """A list that fixtures append detector report texts to; they land in the outcome record."""
-    return request.node.stash[ITEM_TRIAL].reports
-
-
 def pytest_collection_finish(session: pytest.Session) -> None:
     log = session.config.stash[_LOG_KEY]
     if log is not None:
@@ -265,43 +255,62 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 
 
 @pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    """A race the test's harness found by the end of its call fails it, with the reports as the
+    failure text, also when the body failed on its own (harness.py)."""
+    if HARNESS not in item.stash:  # set up by the runtime fixture, or by the protocol hook below
+        return (yield)
+    failure = None
+    try:
+        result = yield
+    except (KeyboardInterrupt, pytest.skip.Exception):
+        raise
+    except BaseException as exc:  # pytest.fail's outcome is a BaseException too
+        result, failure = None, exc
+    check_call(item, failure)
+    return result
+
+
+@pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem):
     config = item.config
     t = item.stash.get(ITEM_TRIAL, None)
     project = config.stash.get(_PROJECT_KEY, None)
     seed = config.getoption(names.SEED.flag) + (t.trial if t is not None else 0)
-    if project is not None and t is not None:
-        project.start(t, spec=t.perturb or "off", seed=seed)
+    harness = project.start(item, t, seed=seed) if project is not None and t is not None else None
     try:
         result = yield
     finally:
-        extra = project.finish(t) if project is not None and t is not None else {}
+        if harness is not None:
+            harness.finish()
     log = config.stash[_LOG_KEY]
     if log is not None and t is not None:
-        device = "cuda" if project is not None and project.cuda else _device()
-        log.write(
-            TestOutcome(
-                test=t.test,
-                params=t.params,
-                trial=t.trial,
-                arm=t.arm,
-                seed=seed,
-                outcome=worst(t.outcomes).value,
-                signature=t.signature,
-                message=t.message,
-                duration=round(t.duration, 4),
-                device=device,
-                detected=len(t.reports),
-                reports=t.reports,
-                **extra,
-            )
-        )
+        log.write(_outcome(t, seed=seed, device="cuda" if project is not None and project.cuda else _device()))
     following = nextitem.stash.get(ITEM_TRIAL, None) if nextitem is not None else None
     if t is not None and following is not None and following.trial != t.trial:
         if _stop_requested(config, following.trial):
             config.stash[_STOPPED_KEY] = True
             item.session.shouldstop = f"racecheck: stop requested before trial {following.trial}"
     return result
+
+
+def _outcome(t: ItemTrial, *, seed: int, device: str) -> TestOutcome:
+    """The outcome event of the test whose ItemTrial is `t`, its reports written as text."""
+    return TestOutcome(
+        test=t.test,
+        params=t.params,
+        trial=t.trial,
+        arm=t.arm,
+        seed=seed,
+        outcome=worst(t.outcomes).value,
+        signature=t.signature,
+        message=t.message,
+        duration=round(t.duration, 4),
+        device=device,
+        detected=len(t.reports),
+        reports=[r.text() for r in t.reports],
+        **t.fields,
+    )
 
 
 def _stop_requested(config: pytest.Config, trial: int) -> bool:

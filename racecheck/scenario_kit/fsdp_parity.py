@@ -23,7 +23,7 @@ from racecheck.device import Runtime
 from racecheck.fsdp.api import fully_shard
 from racecheck.fsdp.config import MixedPrecisionPolicy
 from racecheck.fsdp.mesh import Mesh
-from racecheck.scenario_kit.harness import max_over_ranks, perturbation, update_errors
+from racecheck.scenario_kit.harness import max_over_ranks, update_errors
 
 GLOBAL_BATCH = 24  # divisible by every world size (1, 2, 4) times every microbatch count (1, 3)
 FP32_RTOL = 1e-4
@@ -168,10 +168,14 @@ def run_case(
 ) -> CaseResult:
     """Train `case` on racecheck.fsdp and on the reference; collective over the world. `perturb`
     is a racecheck.perturb profile installed on the runtime for the case's duration."""
+    from racecheck.perturb.injector import install, uninstall
+    from racecheck.perturb.profiles import rank_profile
+
+    injector = install(runtime, rank_profile(perturb or "off"), seed=seed)
     try:
-        with perturbation(runtime, perturb or "off", seed=seed):
-            result = _run_case(case, mesh=mesh, runtime=runtime, seed=seed)
+        result = _run_case(case, mesh=mesh, runtime=runtime, seed=seed)
     finally:
+        uninstall(runtime, injector)
         runtime.synchronize()
     if perturb:
         result.name = f"{case.name}@{perturb}"
