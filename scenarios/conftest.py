@@ -37,17 +37,12 @@ def world(scenario):
 
 
 @pytest.fixture
-def runtime(request, world, scenario, racecheck_perturb, racecheck_seed):
+def runtime(request, world, scenario):
     """The runtime with this test's perturbation installed (its block's, from the runner's
-    schedule, else $RACECHECK_PERTURB, else the scenario's default profile) and, with
-    --racecheck-detect, the happens-before detector attached for the test: the per-test harness
-    (racecheck.rank.harness), whose reports fail the test."""
-    from racecheck.perturb.injector import resolve_spec
-    from racecheck.perturb.profiles import rank_profile
-    from racecheck.protocol.names import DETECT
+    schedule, else the scenario's default profile) and, with --racecheck-detect, the
+    happens-before detector attached for the test: the per-test harness (racecheck.rank.harness),
+    whose reports fail the test."""
     from racecheck.rank.harness import on_runtime
 
-    profile = rank_profile(resolve_spec(racecheck_perturb, scenario.default_perturb))
-    detect = request.config.getoption(DETECT.flag)
-    with on_runtime(request.node, world, profile, seed=racecheck_seed, detect=detect):
+    with on_runtime(request.node, world, default=scenario.default_profile):
         yield world

@@ -72,10 +72,10 @@ def _parse_perturb(ctx, param, value):
     """--perturb's Profile: the spec is parsed here, once, and travels as the value."""
     if value is None:
         return None
-    from racecheck.suites.catalogue import read_profile
+    from racecheck.perturb.profiles import parse_profile
 
     try:
-        return read_profile(value)
+        return parse_profile(value)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--perturb") from None
 

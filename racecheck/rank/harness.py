@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import pytest
 
+from racecheck.protocol import names
 from racecheck.rank.failure_text import race_failure
 from racecheck.rank.item_trial import ITEM_TRIAL, ItemTrial
 
@@ -131,14 +132,17 @@ class RuntimePerturbation:
 
 
 @contextlib.contextmanager
-def on_runtime(item: pytest.Item, rt: Runtime, profile: Profile, *, seed: int, detect: bool) -> Iterator[Runtime]:
-    """The runtime `rt` for the test `item`, with `profile`'s injector installed (seeded by its
-    trial) and, with `detect`, the race detector attached, for the duration of the block; a race
-    found after the call (a free in a fixture's teardown) fails the test at the end."""
+def on_runtime(item: pytest.Item, rt: Runtime, *, default: Profile) -> Iterator[Runtime]:
+    """The runtime `rt` for the test `item`, with the injector of its block's profile (else the
+    test's `default`) installed, seeded by its trial, and with --racecheck-detect the race
+    detector attached, for the duration of the block; a race found after the call (a free in a
+    fixture's teardown) fails the test at the end."""
     from racecheck.rank.detectors import RuntimeDetector
 
     trial = item.stash[ITEM_TRIAL]
-    harness = Harness(trial, RuntimePerturbation(rt, profile, seed=seed), RuntimeDetector(rt) if detect else None)
+    seed = item.config.getoption(names.SEED.flag) + trial.trial
+    detector = RuntimeDetector(rt) if item.config.getoption(names.DETECT.flag) else None
+    harness = Harness(trial, RuntimePerturbation(rt, trial.profile or default, seed=seed), detector)
     item.stash[HARNESS] = harness
     harness.start()
     try:

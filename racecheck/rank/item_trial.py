@@ -11,6 +11,7 @@ import pytest
 
 if TYPE_CHECKING:
     from racecheck.detect.report import RaceReport
+    from racecheck.perturb.profiles import Profile
 
 
 @dataclasses.dataclass
@@ -27,6 +28,7 @@ class ItemTrial:
     message: str = ""
     duration: float = 0.0
     perturb: str = ""  # the canonical spec of this block, "" where the test's own default decides
+    profile: Profile | None = None  # that spec, parsed once for the session (None: no spec)
     # What its harness (harness.py) found and did: the detector's reports, written as text with
     # the outcome, and the outcome's fields of the perturbation (patch mode's actions) and the
     # detector (kernels whose writes it could not tell).

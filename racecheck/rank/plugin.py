@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from racecheck.perturb.profiles import rank_profile
+from racecheck.perturb.profiles import parse_profile
 from racecheck.protocol import names
 from racecheck.protocol.lifeline import die_with_parent
 from racecheck.protocol.rank_events import Collected, CollectError, Finished, Started, TestOutcome
@@ -45,6 +45,7 @@ STEP_FIXTURE = "racecheck_step"  # the fixture this plugin parametrizes with the
 _LOG_KEY = pytest.StashKey["RankLog | None"]()
 _STOPPED_KEY = pytest.StashKey[bool]()
 _SCHEDULE_KEY = pytest.StashKey[list]()
+_PROFILES_KEY = pytest.StashKey[dict]()  # each spec of the schedule -> its Profile
 _PROJECT_KEY: pytest.StashKey[ProjectTests] = pytest.StashKey()
 _WANTED_KEY = pytest.StashKey[Wanted]()
 
@@ -80,19 +81,19 @@ def pytest_configure(config: pytest.Config) -> None:
             config.stash[_SCHEDULE_KEY] = read_schedule(schedule)
         except ValueError as exc:
             raise pytest.UsageError(f"{names.SCHEDULE.flag}: {exc}") from None
-        for block in config.stash[_SCHEDULE_KEY]:
-            try:
-                rank_profile(block.perturb or None)  # parsed here once; every test reuses it
-            except ValueError as exc:
-                raise pytest.UsageError(f"{names.SCHEDULE.flag}: {exc}") from None
+        # Each spec parsed here once, every test of its blocks runs it [Note: resolved specs].
+        specs = dict.fromkeys(b.perturb for b in config.stash[_SCHEDULE_KEY] if b.perturb)
+        try:
+            config.stash[_PROFILES_KEY] = {spec: parse_profile(spec) for spec in specs}
+        except ValueError as exc:
+            raise pytest.UsageError(f"{names.SCHEDULE.flag}: {exc}") from None
         listed = len(config.stash[_SCHEDULE_KEY])
         if listed != count:
             raise pytest.UsageError(f"{names.SCHEDULE.flag} lists {listed} blocks but {names.STEPS.flag} is {count}")
     if config.getoption(names.PATCH.flag):
         from racecheck.rank.project import configure_project
 
-        specs = [b.perturb for b in config.stash.get(_SCHEDULE_KEY, [])]
-        config.stash[_PROJECT_KEY] = configure_project(config, specs)
+        config.stash[_PROJECT_KEY] = configure_project(config, list(config.stash.get(_PROFILES_KEY, {}).values()))
     path = config.getoption(names.LOG.flag)
     log = config.stash[_LOG_KEY] = RankLog(path) if path else None
     if log is not None:
@@ -160,6 +161,7 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list) -> None:
     count = config.getoption(names.STEPS.flag)
     blocks = _blocks(config, count)
+    profiles = config.stash.get(_PROFILES_KEY, {})
     wanted = config.stash.get(_WANTED_KEY, Wanted({}))
     unwanted = [it for it in items if not wanted.keeps(it.path, _inner_id(strip_step(it.nodeid, _step(it), count)))]
     if unwanted:
@@ -171,7 +173,13 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         params = test[test.index("[") + 1 : -1] if test.endswith("]") and "[" in test else ""
         block = blocks[step]
         item.stash[ITEM_TRIAL] = ItemTrial(
-            step=step, trial=block.trial, arm=block.arm, test=test, params=params, perturb=block.perturb
+            step=step,
+            trial=block.trial,
+            arm=block.arm,
+            test=test,
+            params=params,
+            perturb=block.perturb,
+            profile=profiles.get(block.perturb),
         )
     # A block that an earlier session ended in runs only the tests it has not recorded.
     recorded = {k: set(b.done) for k, b in enumerate(blocks) if b.done}

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from racecheck.perturb.patch_actions import PatchUnavailable, actions_factory
-from racecheck.perturb.profiles import Profile, rank_profile
+from racecheck.perturb.profiles import Profile, check_where
 from racecheck.protocol import names
 from racecheck.rank.harness import HARNESS, Harness
 from racecheck.rank.item_trial import ItemTrial
@@ -27,22 +27,20 @@ if TYPE_CHECKING:
     from racecheck.perturb.patch import PatchMode
 
 
-def configure_project(config: pytest.Config, specs: list) -> ProjectTests:
-    """Per-test patch mode and detection for a project suite whose tests run the profiles
-    `specs`; a profile or the detector that cannot act here is a usage error, in one line."""
-    from racecheck.perturb.patch import PatchMode
-
-    acting = [s for s in specs if s and not rank_profile(s).is_off]
-    for spec in acting:
+def configure_project(config: pytest.Config, profiles: list[Profile]) -> ProjectTests:
+    """Per-test patch mode and detection for a project suite whose tests run `profiles`; a profile
+    or the detector that cannot act here is a usage error, in one line."""
+    acting = [p for p in profiles if not p.is_off]
+    for profile in acting:
         try:
-            PatchMode(rank_profile(spec), actions=object())  # the grammar check alone; nothing is installed
+            check_where(profile, patch_mode=True)
         except ValueError as exc:
             raise pytest.UsageError(f"{names.SCHEDULE.flag}: {exc}") from None
     detect = config.getoption(names.DETECT.flag)
     factory = None
     if acting or detect:
         try:
-            factory = actions_factory(need=f"the profile {acting[0]!r}" if acting else "--detect")
+            factory = actions_factory(need=f"the profile {acting[0].to_spec()!r}" if acting else "--detect")
         except PatchUnavailable as exc:
             raise pytest.UsageError(str(exc)) from None
     return ProjectTests(factory=factory, handoffs_dir=config.getoption(names.HANDOFFS.flag), detect=detect)
@@ -101,7 +99,7 @@ class ProjectTests:
         profile (off without one) and, with --racecheck-detect, the tracker."""
         from racecheck.rank.detectors import TrackerDetector
 
-        profile = rank_profile(t.perturb or "off")
+        profile = t.profile or Profile("off")
         t.perturb = profile.to_spec()
         detector = None
         if self.detect:  # on CUDA, or over patch mode's CPU twin (tests)

@@ -26,7 +26,7 @@ from typing import Any
 
 from racecheck import limits
 from racecheck.exitcodes import InputError
-from racecheck.perturb.profiles import Profile
+from racecheck.perturb.profiles import Profile, parse_profile
 from racecheck.protocol.mesh import MeshConfig
 from racecheck.protocol.records import TrialRecord
 from racecheck.runner import config_checks
@@ -34,7 +34,7 @@ from racecheck.runner.blocks import Shard
 from racecheck.runner.run_location import absolute
 from racecheck.runner.stopping import StopRule
 from racecheck.suites import source as suite_source
-from racecheck.suites.catalogue import Suite, read_profile
+from racecheck.suites.catalogue import Suite
 
 # Fields run.json does not keep: the suites (reloaded from `source`), the folder itself, the
 # limits of one invocation (--max-time, --stop-when), and what fit_worlds finds on the machine
@@ -245,7 +245,7 @@ def read_mesh(value) -> MeshConfig:
 _READ_BACK: dict[str, Callable[[Any], Any]] = {
     "arms": _optional(lambda v: _strings(v) or None),  # [] and null: each suite's default arms
     "trials": _whole(1),
-    "perturb": _optional(read_profile),
+    "perturb": _optional(parse_profile),
     "seed": _whole(),
     "isolation": _one_of(ISOLATIONS),
     "order": _one_of(ORDERS),

@@ -169,9 +169,9 @@ def run_case(
     """Train `case` on racecheck.fsdp and on the reference; collective over the world. `perturb`
     is a racecheck.perturb profile installed on the runtime for the case's duration."""
     from racecheck.perturb.injector import install, uninstall
-    from racecheck.perturb.profiles import rank_profile
+    from racecheck.perturb.profiles import parse_profile
 
-    injector = install(runtime, rank_profile(perturb or "off"), seed=seed)
+    injector = install(runtime, parse_profile(perturb or "off"), seed=seed)
     try:
         result = _run_case(case, mesh=mesh, runtime=runtime, seed=seed)
     finally:

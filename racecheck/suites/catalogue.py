@@ -6,8 +6,7 @@ perturbation profile and named arms. A catalogue scenario is a suite whose targe
 
 Perturbation specs stay as written (`default_perturb`, `Arm.perturb`: what `racecheck list` shows
 and the fingerprint keeps) and are parsed once, at load, into the Profile the run uses
-(`default_profile`, `Arm.profile`) by read_profile: the one reader of spec text in the runner's
-process (a suite's TOML, `--perturb`, run.json).
+(`default_profile`, `Arm.profile`) by perturb/profiles.parse_profile, which imports no torch.
 """
 
 from __future__ import annotations
@@ -18,6 +17,8 @@ import os
 import tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from racecheck.perturb.profiles import parse_profile
 
 if TYPE_CHECKING:
     from racecheck.perturb.profiles import Profile
@@ -55,7 +56,7 @@ class Arm:
     @functools.cached_property
     def profile(self) -> Profile | None:
         """The arm's own profile, parsed once (None: the run's or the suite's applies)."""
-        return None if self.perturb is None else read_profile(self.perturb)
+        return None if self.perturb is None else parse_profile(self.perturb)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,7 +79,7 @@ class Suite:
     @functools.cached_property
     def default_profile(self) -> Profile:
         """`default_perturb`, parsed once."""
-        return read_profile(self.default_perturb)
+        return parse_profile(self.default_perturb)
 
     @property
     def run_root(self) -> Path:
@@ -100,18 +101,6 @@ class Suite:
             raise CatalogueError(
                 f"unknown arm {name!r} for {kind} {self.name!r}; known: {', '.join(self.arms)}"
             ) from None
-
-
-def read_profile(spec: str) -> Profile:
-    """The Profile of perturbation spec text given to the runner (a suite's TOML, `--perturb`,
-    run.json); ValueError with a one-line reason. Parsing imports no torch."""
-    from racecheck.perturb.profiles import parse_profile
-
-    if not isinstance(spec, str):
-        raise ValueError(f"{spec!r} is not a profile")
-    if not spec.strip():  # parse_profile reads no spec as off: given text must say so
-        raise ValueError(f"{spec!r} is no profile; write 'off' for none")
-    return parse_profile(spec)
 
 
 def _strings(value, what: str, where: str) -> tuple[str, ...]:
