@@ -323,7 +323,7 @@ def merge_command(inputs, out_dir):
 )
 def list_command(scenarios_dir, config_file):
     """The catalogue's scenarios (and the project's own suite): arms, expectations, profiles."""
-    from racecheck.suites.catalogue import CatalogueError, find_catalogue, load_catalogue
+    from racecheck.suites.catalogue import CatalogueError, SuiteKind, find_catalogue, load_catalogue
     from racecheck.suites.project import find_config, load_config
 
     suites = []
@@ -339,7 +339,7 @@ def list_command(scenarios_dir, config_file):
     except CatalogueError as exc:
         raise click.UsageError(str(exc)) from None
     for s in suites:
-        where = f"config {s.config_file}" if s.config_file else f"scenario {s.path.name}/"
+        where = f"config {s.config_file}" if s.kind is SuiteKind.PROJECT else f"scenario {s.path.name}/"
         least = f", at least {s.min_world_size}" if 1 < s.min_world_size < s.world_size else ""
         click.echo(f"{s.name}  ({where}; world size {s.world_size}{least}; default perturb {s.default_perturb})")
         if s.summary:

@@ -49,11 +49,13 @@ def cuda_devices(backend: str) -> int | None:
 
 def describe_worlds(config) -> list[str]:
     """One header line per suite: where its ranks run, and why a skipped suite does not."""
+    from racecheck.suites.catalogue import SuiteKind
+
     backend = config.backend if config.backend != "auto" else ("cuda" if cuda_devices("auto") else "cpu")
     lines = []
     for s in config.scenarios:
         world = config.world_for(s)
-        mesh = f", mesh {config.mesh_for(s)}" if s.config_file is None and world > 1 else ""
+        mesh = f", mesh {config.mesh_for(s)}" if s.kind is SuiteKind.SCENARIO and world > 1 else ""
         lines.append(f"{s.name}: {world} rank{'s' * (world != 1)}{mesh} on {backend}")
     lines += [f"{name}: skipped, {info['why']}" for name, info in config.skipped.items()]
     return lines

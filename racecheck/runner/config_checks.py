@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from racecheck import limits
 from racecheck.exitcodes import InputError
+from racecheck.suites.catalogue import SuiteKind
 
 if TYPE_CHECKING:
     from racecheck.runner.run_config import RunConfig
@@ -36,7 +37,7 @@ def fit_worlds(config: RunConfig, gpus: int | None) -> RunConfig:
     for s in config.scenarios:
         if s.world_size <= gpus:
             continue
-        if s.config_file is not None:
+        if s.kind is SuiteKind.PROJECT:
             raise InputError(
                 f"{s.name} has world_size {s.world_size}, and this machine has {_gpus(gpus)}: give "
                 f"--world-size {gpus} if the suite runs on fewer ranks, or --backend sim for a suite "
@@ -143,7 +144,7 @@ def check_perturbation(config: RunConfig) -> None:
 
     for s in config.scenarios:
         profiles = sorted({config.profile_for(s, a) for a in config.arms_for(s)}, key=lambda p: p.to_spec())
-        patch_mode = s.config_file is not None
+        patch_mode = s.kind is SuiteKind.PROJECT
         for p in profiles:
             try:
                 check_where(p, patch_mode=patch_mode)

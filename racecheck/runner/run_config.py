@@ -34,7 +34,7 @@ from racecheck.runner.blocks import Shard
 from racecheck.runner.run_location import absolute
 from racecheck.runner.stopping import StopRule
 from racecheck.suites import source as suite_source
-from racecheck.suites.catalogue import Suite
+from racecheck.suites.catalogue import Suite, SuiteKind
 
 # Fields run.json does not keep: the suites (reloaded from `source`), the folder itself, the
 # limits of one invocation (--max-time, --stop-when), and what fit_worlds finds on the machine
@@ -346,7 +346,8 @@ def resume_command(out: Path | str) -> str:
 
 def replay_command(record: TrialRecord, *, suite: Suite, config: RunConfig) -> str:
     """One command line that reruns exactly this test of this trial under this arm."""
-    if suite.config_file is not None:
+    if suite.kind is SuiteKind.PROJECT:
+        assert suite.config_file is not None
         try:
             where = os.path.relpath(suite.config_file)
         except ValueError:

@@ -41,7 +41,7 @@ from racecheck.runner.run_folder import open_run_folder
 from racecheck.runner.session import Ending, SessionRun
 from racecheck.runner.stopping import LiveCounts
 from racecheck.runner.trial_log import repair_log
-from racecheck.suites.catalogue import Suite
+from racecheck.suites.catalogue import Suite, SuiteKind
 
 
 @dataclasses.dataclass
@@ -303,7 +303,7 @@ class Runner:
             # every frame (seconds per rank for a failing trial); the record's signature and
             # message come from the exception, not from this text.
             args.append("--tb=native")
-        if suite.config_file is not None:  # a project's own suite: patch mode, not the injector
+        if suite.kind is SuiteKind.PROJECT:  # patch mode, not the injector
             args += [names.arg(names.PATCH), names.arg(names.HANDOFFS, c.out / "handoffs")]
         if len(plan.blocks) > 1:
             args.append(names.arg(names.STEPS, len(plan.blocks)))
@@ -311,7 +311,7 @@ class Runner:
             args.append(names.arg(names.DETECT))
         env = self._lock.session_env()  # proves the session this runner's to a later one (state.Lock)
         cwd = suite.run_root
-        if suite.config_file is None:
+        if suite.kind is SuiteKind.SCENARIO:
             env["OMP_NUM_THREADS"] = "1"
             args.append(f"--rootdir={cwd}")
         if arm.git:

@@ -12,6 +12,7 @@ and the fingerprint keeps) and are parsed once, at load, into the Profile the ru
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 import os
 import tomllib
@@ -59,6 +60,16 @@ class Arm:
         return None if self.perturb is None else parse_profile(self.perturb)
 
 
+class SuiteKind(enum.Enum):
+    """What a suite is, which decides how it runs: a catalogue scenario is written on racecheck's
+    runtime (the injector perturbs it; its sessions run one thread a rank, rooted at the
+    catalogue); a project's own suite uses torch.cuda and torch.distributed directly (patch mode
+    perturbs it; it runs in its root as its config says)."""
+
+    SCENARIO = "scenario"
+    PROJECT = "project"
+
+
 @dataclasses.dataclass(frozen=True)
 class Suite:
     """A suite: a catalogue scenario, or a project's suite from its `[tool.racecheck]` config."""
@@ -76,6 +87,11 @@ class Suite:
     config_file: Path | None = None  # the config that defined a config suite (None: catalogue)
     min_world_size: int = 1  # the fewest ranks whose collectives can still show the race
 
+    @property
+    def kind(self) -> SuiteKind:
+        """The one place that tells a project's suite (it has a config file) from a scenario."""
+        return SuiteKind.PROJECT if self.config_file is not None else SuiteKind.SCENARIO
+
     @functools.cached_property
     def default_profile(self) -> Profile:
         """`default_perturb`, parsed once."""
@@ -89,7 +105,7 @@ class Suite:
     def targets(self) -> tuple[str, ...]:
         """Default pytest targets: the scenario folder; a config suite's `tests` (may be empty:
         pytest's own testpaths)."""
-        if self.config_file is not None:
+        if self.kind is SuiteKind.PROJECT:
             return self.tests
         return self.tests or (os.path.relpath(self.path, self.run_root),)
 
@@ -97,7 +113,7 @@ class Suite:
         try:
             return self.arms[name]
         except KeyError:
-            kind = "scenario" if self.config_file is None else "suite"
+            kind = "scenario" if self.kind is SuiteKind.SCENARIO else "suite"
             raise CatalogueError(
                 f"unknown arm {name!r} for {kind} {self.name!r}; known: {', '.join(self.arms)}"
             ) from None
