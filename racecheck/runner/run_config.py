@@ -1,6 +1,7 @@
-"""What a run is (RunConfig) and its run.json form: the one place that knows which settings a run
-folder keeps, how each is written, and how `--resume` and `merge` read them back; and the one
-command line that replays a trial of the run (replay_command), and the one that resumes it.
+"""What a run is (RunConfig) and its run.json form: which settings a run folder keeps, how each is
+written, and how `--resume` and `merge` read them back (as options.py's rows say); the one command
+line that replays a trial of the run (replay_command), and the one that resumes it. A run's config
+is built in one place, RunConfig.from_options (config_build.py).
 
 Settings travel parsed: the run's profile is a Profile, the mesh a MeshConfig. Each (suite, arm)'s
 profile is resolved once per config by one precedence chain (profile_for: the arm's own, else
@@ -20,16 +21,15 @@ import dataclasses
 import functools
 import os
 import shlex
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
-from racecheck import limits
 from racecheck.exitcodes import InputError
-from racecheck.perturb.profiles import Profile, parse_profile
+from racecheck.perturb.profiles import Profile
 from racecheck.protocol.mesh import MeshConfig
 from racecheck.protocol.records import TrialRecord
-from racecheck.runner import config_checks
+from racecheck.runner import config_checks, option_table, options
 from racecheck.runner.blocks import Shard
 from racecheck.runner.run_location import absolute
 from racecheck.runner.stopping import StopRule
@@ -154,6 +154,26 @@ class RunConfig:
         return data
 
     @classmethod
+    def from_options(
+        cls,
+        values: Mapping[str, Any],
+        *,
+        given: Collection[str] = (),
+        nnodes: int = 1,
+        warn: Callable[[str], None] = print,
+    ) -> RunConfig:
+        """The run that `racecheck run`'s option `values` describe (keyed by options.py's names; the
+        names `given` on the command line): a fresh run's, or with `resume_dir` the run of that
+        folder's run.json. Fitted to this machine and checked for `nnodes` nodes, its git revisions
+        resolved, its suites fingerprinted and a fresh run's folder made (config_build.py); `warn`
+        says what a resume it lets mix trials mixes. InputError, naming its option, for a mistake."""
+        from racecheck.runner import config_build
+
+        if values["resume_dir"] is not None:
+            return config_build.resumed(values, given=given, nnodes=nnodes, warn=warn)
+        return config_build.fresh(values, nnodes=nnodes)
+
+    @classmethod
     def from_json(cls, data: dict, *, scenarios: tuple[Suite, ...], out: Path, **given) -> RunConfig:
         """The RunConfig run.json describes, for the suites reloaded from its `source`; `given`
         are the settings the resuming command line gives anew (trials, timeout, max_time, ...).
@@ -178,86 +198,18 @@ def _to_json(value):
     return value
 
 
-ISOLATIONS = ("session", "process")
-ORDERS = ("alternate", "random")
-BACKENDS = ("auto", "sim", "cuda")
-
-
-def _whole(least: int | None = None) -> Callable[[Any], int]:
-    def read(value) -> int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"{value!r} is not a whole number")
-        if least is not None and value < least:
-            raise ValueError(f"{value} is below {least}")
-        return value
-
-    return read
-
-
-def _seconds(value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not limits.is_seconds(value):
-        raise ValueError(f"{value!r} is not {limits.SECONDS_RANGE}")
-    return float(value)
-
-
-def _flag(value) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"{value!r} is not true or false")
-    return value
-
-
-def _strings(value) -> tuple[str, ...]:
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ValueError(f"{str(value)[:40]!r} is not a list of strings")
-    return tuple(value)
-
-
-def _one_of(choices: tuple[str, ...]) -> Callable[[Any], str]:
-    def read(value) -> str:
-        if value not in choices:
-            raise ValueError(f"{value!r} is not one of {', '.join(choices)}")
-        return value
-
-    return read
-
-
-def _optional(read: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    return lambda value: None if value is None else read(value)
-
-
 def _object(value) -> dict:
     if not isinstance(value, dict):
         raise ValueError(f"{str(value)[:40]!r} is not an object")
     return dict(value)
 
 
-def read_mesh(value) -> MeshConfig:
-    """The MeshConfig of `SHARDxREPLICATE` text given to the runner (`--mesh`, run.json);
-    ValueError with a one-line reason. The one reader of the spelling: the ranks rebuild the mesh
-    from its two integers (MeshConfig.from_env)."""
-    if not isinstance(value, str):
-        raise ValueError(f"{value!r} is not of the form SHARDxREPLICATE")
-    return MeshConfig.parse(value)
-
-
-# How each kept field reads back from run.json, checked as the command line checks it: a value
-# that does not read back is a ValueError naming the field (settings_from_json).
+# How each kept field reads back from run.json, checked as the command line checks it: the
+# options' as their rows say (options.read_back), the rest here. A value that does not read back
+# is a ValueError naming the field (settings_from_json).
 _READ_BACK: dict[str, Callable[[Any], Any]] = {
-    "arms": _optional(lambda v: _strings(v) or None),  # [] and null: each suite's default arms
-    "trials": _whole(1),
-    "perturb": _optional(parse_profile),
-    "seed": _whole(),
-    "isolation": _one_of(ISOLATIONS),
-    "order": _one_of(ORDERS),
-    "chunk": _whole(1),
-    "timeout": _seconds,
-    "backend": _one_of(BACKENDS),
-    "detect": _flag,
-    "pytest_args": _strings,
-    "all_arms": _flag,
-    "world_size": _optional(_whole(1)),
-    "mesh": _optional(read_mesh),
-    "shard": lambda v: Shard.parse(str(v)),
+    **{o.name: options.read_back(o) for o in option_table.ALL if o.kept},
+    "all_arms": options.read_flag,
     "shard_source": lambda v: v if isinstance(v, str) else str(v),
     "revisions": _object,
     "source": lambda v: suite_source.without_from_out(_object(v)),
@@ -355,16 +307,10 @@ def replay_command(record: TrialRecord, *, suite: Suite, config: RunConfig) -> s
         parts = ["racecheck", "run", "--config", where]
     else:
         parts = ["racecheck", "run", "--scenario", suite.name]
+    # The run's settings, with the trial's own: its arm, its seed and the spec that replays it.
     spec = replay_spec(record, config.profile_for(suite, record.arm))
-    parts += ["--arms", record.arm, "--trials", "1", "--seed", str(record.seed), "--perturb", spec]
-    if config.detect:
-        parts.append("--detect")
-    if config.backend != "auto":
-        parts += ["--backend", config.backend]
-    if config.world_size:
-        parts += ["--world-size", str(config.world_size)]
-    if config.mesh:
-        parts += ["--mesh", str(config.mesh)]
-    _, options = split_targets(config.pytest_args, suite.run_root)
-    parts += ["--", *options, record.test]
+    values = {name: getattr(config, name) for name in option_table.REPLAYED}
+    parts += option_table.replay_args({**values, "arms": record.arm, "trials": 1, "seed": record.seed, "perturb": spec})
+    _, pytest_options = split_targets(config.pytest_args, suite.run_root)
+    parts += ["--", *pytest_options, record.test]
     return shlex.join(parts)
