@@ -19,7 +19,8 @@ from run_kit import free_port, racecheck
 from racecheck.detect import RaceKind, feed_apply
 from racecheck.detect.cpu_trace import AllocatorTrace
 from racecheck.detect.dispatch import plan_for
-from racecheck.detect.torch_tracker import TorchRaceTracker, _InFlight
+from racecheck.detect.inflight import InFlight
+from racecheck.detect.torch_tracker import TorchRaceTracker
 
 DEFAULT, RS, NCCL = 0, 0x100, 0x200
 N = 1024
@@ -200,7 +201,7 @@ def test_collective_is_charged_to_the_stream_that_waited_during_it(tracker, cur)
     """PyTorch < 2.8 (or async_op=True): ProcessGroupNCCL records an event on the current stream,
     makes its own stream wait for it, launches there and records its end event there."""
     grad = alloc(tracker, cur, DEFAULT)
-    flight = _InFlight(plan_for(torch.ops.aten.add_.Tensor), (grad, grad), {}, DEFAULT)
+    flight = InFlight(plan_for(torch.ops.aten.add_.Tensor), (grad, grad), {}, DEFAULT)
     tracker._inflight = flight
     record(tracker, 7, DEFAULT)
     wait(tracker, 7, NCCL)
@@ -216,7 +217,7 @@ def test_collective_is_charged_to_the_stream_that_waited_during_it(tracker, cur)
 @pytest.mark.parametrize("path", ["python", "native-pyengine"])
 def test_collective_end_event_waited_orders_the_reuse(tracker, cur):
     grad = alloc(tracker, cur, DEFAULT)
-    flight = _InFlight(plan_for(torch.ops.aten.add_.Tensor), (grad, grad), {}, DEFAULT)
+    flight = InFlight(plan_for(torch.ops.aten.add_.Tensor), (grad, grad), {}, DEFAULT)
     tracker._inflight = flight
     record(tracker, 7, DEFAULT)
     wait(tracker, 7, NCCL)
