@@ -187,7 +187,8 @@ def test_the_catalogue_runs_from_any_folder_and_keeps_its_mesh_for_resume_and_re
 
     from racecheck.protocol.mesh import MeshConfig
     from racecheck.protocol.records import TrialRecord
-    from racecheck.runner.run_config import RunConfig, replay_command
+    from racecheck.runner.command_lines import replay_command
+    from racecheck.runner.run_config import RunConfig
     from racecheck.suites.catalogue import find_catalogue, load_catalogue
 
     (tmp_path / "elsewhere").mkdir()  # no catalogue here: the checkout's, whose root its sessions run in

@@ -48,7 +48,7 @@ def run_command(ctx, **opts):
     """Run a suite under its arms, trial by trial, and tally the failures.
 
     Arguments after `--` go to pytest (for example a node id to run one test)."""
-    from racecheck.runner.run_config import resume_command
+    from racecheck.runner.command_lines import resume_command
     from racecheck.runner.trial_runner import Runner
 
     nodes = node_options.node_spec(ctx, opts)  # None on one node; a follower's folder is OUT/nodes/node-R
@@ -104,7 +104,7 @@ def describe_worlds(config) -> list[str]:
 def _after_run(ctx, config, result, *, writer, gate, started: float) -> None:
     """The table and summary.csv, the notes, and the run's exit: the gate's where asked, 3 where a
     node was lost or no test finished."""
-    from racecheck.runner.run_config import resume_command
+    from racecheck.runner.command_lines import resume_command
 
     if result.stopped == "node lost":
         summarize_run(config.out)

@@ -23,10 +23,9 @@ if TYPE_CHECKING:
 DEFAULT_TRIALS = 10
 
 
-def fresh(values: Mapping[str, Any], *, nnodes: int) -> RunConfig:
-    """The RunConfig the option `values` describe, checked for `nnodes` nodes."""
+def fresh(cls: type[RunConfig], values: Mapping[str, Any], *, nnodes: int) -> RunConfig:
+    """The RunConfig (`cls`) the option `values` describe, checked for `nnodes` nodes."""
     from racecheck.perturb.profiles import Profile
-    from racecheck.runner.run_config import RunConfig
     from racecheck.runner.run_location import default_parent, run_name
 
     suites, source = suites_from_options(values)
@@ -38,7 +37,7 @@ def fresh(values: Mapping[str, Any], *, nnodes: int) -> RunConfig:
     shard, shard_source = job_shard(values["shard"])
     # The default is named here and made at the end, once the options are known to be good.
     out = values["out_dir"] or default_parent(suites[0].config_file) / run_name()
-    config = RunConfig(
+    config = cls(
         scenarios=tuple(suites),
         arms=arms,
         trials=values["trials"] or DEFAULT_TRIALS,
@@ -173,7 +172,7 @@ def with_revisions(config: RunConfig) -> RunConfig:
 
 def with_fingerprints(config: RunConfig) -> RunConfig:
     """The config with each suite's fingerprint as it is now (suites/fingerprint.py)."""
-    from racecheck.runner.run_config import split_targets
+    from racecheck.runner.command_lines import split_targets
     from racecheck.suites.fingerprint import fingerprint
 
     prints = {s.name: fingerprint(s, tuple(split_targets(config.pytest_args, s.run_root)[0])) for s in config.scenarios}
@@ -181,12 +180,11 @@ def with_fingerprints(config: RunConfig) -> RunConfig:
 
 
 def resumed(
-    values: Mapping[str, Any], *, given: Collection[str], nnodes: int, warn: Callable[[str], None]
+    cls: type[RunConfig], values: Mapping[str, Any], *, given: Collection[str], nnodes: int, warn: Callable[[str], None]
 ) -> RunConfig:
-    """The RunConfig of OUT/run.json, checked for `nnodes` nodes; only --trials, --timeout,
+    """The RunConfig (`cls`) of OUT/run.json, checked for `nnodes` nodes; only --trials, --timeout,
     --max-time, --stop-when, the gate options, --allow-changed-suite and --quiet may be `given`
     anew on the command line; `warn` says what a resume that is let mix trials mixes."""
-    from racecheck.runner.run_config import RunConfig
     from racecheck.runner.run_folder import open_run_folder
     from racecheck.suites import source as suite_source
     from racecheck.suites.catalogue import CatalogueError
@@ -201,7 +199,7 @@ def resumed(
         folder = open_run_folder(out)  # run.json, its settings, its records' plan (exit 2 if spoiled)
         run, settings = folder.run, folder.settings
         source = suite_source.located(run["source"], out)  # where the suites lie now
-        config = RunConfig.from_json(
+        config = cls.from_json(
             run,
             scenarios=tuple(load_suites(source)),
             source=source,
@@ -224,7 +222,7 @@ def _check_unchanged(out: Path, kept: dict, config: RunConfig, *, allowed: bool,
     """Refuse to resume a run whose suites changed since it started (their fingerprints differ
     from those run.json `kept`; nothing is known of a run.json that kept none), unless `allowed`
     (--allow-changed-suite), which warns instead."""
-    from racecheck.runner.run_config import resume_command
+    from racecheck.runner.command_lines import resume_command
     from racecheck.suites.fingerprint import changes
 
     if not kept:

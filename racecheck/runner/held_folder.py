@@ -23,7 +23,7 @@ from racecheck.exitcodes import InfrastructureError
 from racecheck.protocol.records import TrialRecord
 from racecheck.protocol.schedule import Block
 from racecheck.runner import state
-from racecheck.runner.run_config import resume_command
+from racecheck.runner.command_lines import resume_command
 from racecheck.runner.trial_log import TrialLog
 
 TRIALS_FILE = "trials.jsonl"

@@ -5,7 +5,7 @@ What a folder must be to be read:
 
 - a path the file system can look up (path_problem: not a name longer than it allows, not behind
   a folder that cannot be searched);
-- `run.json` a JSON object whose settings read back (run_config.settings_from_json: `"chunk": 0`
+- `run.json` a JSON object whose settings read back (run_json.settings_from_json: `"chunk": 0`
   does not), whose `attempts` are objects with whole trial counts, and whose `skipped` suites
   are described as the runner writes them. A folder without one is read by `report` and `gate`
   (a bare trial log), which then know no plan to hold its trials to;
@@ -26,7 +26,7 @@ from pathlib import Path
 
 from racecheck.protocol.records import TrialRecord
 from racecheck.runner import state
-from racecheck.runner.run_config import settings_from_json
+from racecheck.runner.run_json import settings_from_json
 from racecheck.runner.trial_log import BadLine, read_log
 
 

@@ -34,9 +34,10 @@ from racecheck.protocol.records import Outcome, TrialRecord, worst
 from racecheck.protocol.schedule import Block, write_schedule
 from racecheck.runner import blocks, launch, run_location, state
 from racecheck.runner.blocks import SessionPlan
+from racecheck.runner.command_lines import replay_command, resume_command, split_targets
 from racecheck.runner.gitarms import Worktrees, pythonpath
 from racecheck.runner.held_folder import FolderFault, HeldFolder
-from racecheck.runner.run_config import RunConfig, replay_command, resume_command, split_targets
+from racecheck.runner.run_config import RunConfig
 from racecheck.runner.run_folder import open_run_folder
 from racecheck.runner.session import Ending, SessionRun
 from racecheck.runner.stopping import LiveCounts
