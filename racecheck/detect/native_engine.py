@@ -12,7 +12,7 @@ tests/test_detect_engines.py checks that both give the same reports.
 from __future__ import annotations
 
 import collections
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from racecheck.detect import stacks
 from racecheck.detect.allocations import Allocation, AllocState
@@ -101,8 +101,3 @@ class NativeEngine:
             return Access(domains[domain], epoch, is_write, op, allocs[slot], stack(access_stack))
 
         return [RaceReport(_KINDS[kind], access(e), access(later), count) for kind, count, e, later in report_rows]
-
-
-def make(log, feed: NativeFeed) -> Any:
-    """The native engine for `feed`, or None where this build of the log has none."""
-    return NativeEngine(log, feed) if hasattr(log, "Engine") else None

@@ -78,12 +78,10 @@ def _now() -> str:
 class Runner:
     """Executes a RunConfig into config.out; with `resume`, skips the blocks OUT already finished."""
 
-    def __init__(
-        self, config: RunConfig, *, listener: RunListener | None = None, resume: bool = False, nodes=None
-    ) -> None:
+    def __init__(self, config: RunConfig, *, resume: bool = False, nodes=None) -> None:
         self.config = config
         self.nodes = nodes  # node_writer.Writer when the world spans nodes, else None
-        self.listener = listener or RunListener()
+        self.listener = RunListener()  # what it reports as it goes: the command line's Progress
         self.resume = resume
         self.run_id = uuid.uuid4().hex[:12]
         self.versions = versions()
