@@ -1,5 +1,8 @@
 """Fixtures that racecheck's own tests share (their helpers are in run_kit.py).
 
+- `rt`: a stream runtime for one test, closed after it (device_kit.new_runtime): the CPU
+  emulation, or the backend that the module's `runtime` mark names
+  (`pytestmark = pytest.mark.runtime("cuda")`) or an indirect parametrization gives;
 - `fast_sessions`: the test sessions a run starts load no third-party pytest plugins (the
   runner loads its own with -p), as a module asks with
   `pytestmark = pytest.mark.usefixtures("fast_sessions")`;
@@ -71,6 +74,16 @@ def pytest_collection_modifyitems(config, items):
         return
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
+@pytest.fixture
+def rt(request):
+    from device_kit import close_runtime, new_runtime  # torch, only where a test needs a runtime
+
+    marker = request.node.get_closest_marker("runtime")
+    runtime = new_runtime(getattr(request, "param", None) or (marker.args[0] if marker else "sim"))
+    yield runtime
+    close_runtime(runtime)
 
 
 @pytest.fixture

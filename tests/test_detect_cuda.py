@@ -9,20 +9,13 @@ import torch
 
 from racecheck.detect import RaceKind
 
-pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.runtime("cuda"),
+]
 
 N = 1 << 20  # 4 MiB buffers
-
-
-@pytest.fixture
-def rt():
-    from racecheck.device.cuda import CudaRuntime
-
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    runtime = CudaRuntime()
-    yield runtime
-    runtime.synchronize()
 
 
 def copy(out, src):

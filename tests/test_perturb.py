@@ -21,13 +21,6 @@ from racecheck.perturb.profiles import PROFILES, RandomConfig, Rule, parse_profi
 GATE_TIMEOUT_S = 10.0
 
 
-@pytest.fixture
-def rt():
-    runtime = SimRuntime()
-    yield runtime
-    runtime.close()
-
-
 def held_read(gate: threading.Event, seen: list):
     """Queued work that waits for the host's gate, then reads its input."""
     return lambda src: (gate.wait(GATE_TIMEOUT_S), seen.append(src.clone()))
