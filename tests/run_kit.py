@@ -1,7 +1,7 @@
 """What racecheck's tests of the runner and the CLI share: a pytest project written for the purpose
 (write_suite, and SEEDED_TEST, whose arms fail at known rates), `racecheck ARGS` run in this
-process (racecheck), and readers of a run folder (records, record_frame, run_summary,
-summary_counts, expected_failures).
+process (racecheck), trial logs written by hand (trial_record, write_log), and readers of a run
+folder (records, record_frame, run_summary, summary_counts, expected_failures).
 Their fixtures are in conftest.py.
 """
 
@@ -17,7 +17,8 @@ import sys
 import textwrap
 from pathlib import Path
 
-from racecheck.runner.trial_log import read_log
+from racecheck.protocol.records import TrialRecord
+from racecheck.runner.trial_log import TrialLog, read_log
 
 # A suite whose arms are told apart inside the process: test `case` of trial t fails when a
 # draw seeded by the trial's seed falls below the arm's rate.
@@ -117,6 +118,22 @@ def expected_failures(rates: dict, trials, *, seed: int = 0) -> dict:
         for c in CASES:
             out[(arm, f"test_draw[{c}]")] = (sum(fails[c]), len(trials))
         out[(arm, "*")] = (sum(any(fails[c][i] for c in CASES) for i in range(len(trials))), len(trials))
+    return out
+
+
+def trial_record(**fields) -> TrialRecord:
+    """A trial record with `fields`, the rest of the required ones a passed test of one trial
+    (run `r`, scenario main_grad_reuse, trial and seed 0, test `t.py::t`, no arm expectation)."""
+    defaults = {"run_id": "r", "scenario": "main_grad_reuse", "arm": "a", "expect": "", "trial": 0, "seed": 0}
+    defaults.update(test="t.py::t", params="", outcome="passed")
+    return TrialRecord(**{**defaults, **fields})
+
+
+def write_log(out: Path, records) -> Path:
+    """OUT/trials.jsonl holding `records`, in order, as the runner appends them; OUT."""
+    with TrialLog(out / "trials.jsonl") as log:
+        for record in records:
+            log.append(record)
     return out
 
 

@@ -8,7 +8,16 @@ import shlex
 from pathlib import Path
 
 import pytest
-from run_kit import ALWAYS, SEEDED_TEST, expected_failures, racecheck, records, summary_counts, write_suite
+from run_kit import (
+    ALWAYS,
+    SEEDED_TEST,
+    expected_failures,
+    racecheck,
+    records,
+    summary_counts,
+    trial_record,
+    write_suite,
+)
 
 CHECKOUT = Path(__file__).resolve().parents[1]
 
@@ -186,7 +195,6 @@ def test_the_catalogue_runs_from_any_folder_and_keeps_its_mesh_for_resume_and_re
     import json
 
     from racecheck.protocol.mesh import MeshConfig
-    from racecheck.protocol.records import TrialRecord
     from racecheck.runner.command_lines import replay_command
     from racecheck.runner.run_config import RunConfig
     from racecheck.suites.catalogue import find_catalogue, load_catalogue
@@ -214,7 +222,10 @@ def test_the_catalogue_runs_from_any_folder_and_keeps_its_mesh_for_resume_and_re
     assert [r.outcome for r in records(out)] == ["passed"]
     suite = load_catalogue(find_catalogue(str(CHECKOUT / "scenarios")))["main_grad_reuse"]
     config = RunConfig(scenarios=(suite,), arms=None, trials=1, out=tmp_path, world_size=8, mesh=MeshConfig(4, 2))
-    record = TrialRecord("r", suite.name, "baseline", "race", 0, 3, "t.py::test[1]", "1", "failed", perturb="rs_delay")
+    record = trial_record(
+        scenario=suite.name, arm="baseline", expect="race", seed=3, test="t.py::test[1]", params="1", outcome="failed"
+    )
+    record.perturb = "rs_delay"
     assert replay_command(record, suite=suite, config=config).startswith(
         "racecheck run --scenario main_grad_reuse --arms baseline --trials 1 --seed 3 --perturb rs_delay "
         "--world-size 8 --mesh 4x2 -- "

@@ -13,12 +13,11 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from run_kit import record_frame, run_summary
+from run_kit import record_frame, run_summary, trial_record, write_log
 
 from racecheck.cli.commands import report_command
 from racecheck.protocol.records import TrialRecord
 from racecheck.results import report, tally
-from racecheck.runner.trial_log import TrialLog
 
 GOLDEN = Path(__file__).parent / "golden"
 FILE = "scenarios/main_grad_reuse/test_main_grad_reuse.py"
@@ -43,49 +42,31 @@ def golden_log(out: Path) -> Path:
     """Three arms of main_grad_reuse over 10 trials: a baseline failing every trial (`[3-False]`
     always, the others flakily, one crash, one timeout), a clean fix, and a fix that failed once;
     plus a test skipped everywhere. The detector is on and reports on the baseline's failures."""
-    with TrialLog(out / "trials.jsonl") as log:
-        for arm, expect in (("baseline", "race"), ("fixed", "safe"), ("record_stream", "safe")):
-            for t in range(10):
-                for i, p in enumerate(PARAMS):
-                    outcome = _outcome(arm, t, i)
-                    bad = outcome != "passed"
-                    log.append(
-                        TrialRecord(
-                            run_id="golden",
-                            scenario="main_grad_reuse",
-                            arm=arm,
-                            expect=expect,
-                            trial=t,
-                            seed=100 + t,
-                            test=TEST.format(p),
-                            params=p,
-                            outcome=outcome,
-                            signature="AssertionError at test_main_grad_reuse.py:88 in test_hsdp_losses_match_baseline"
-                            if outcome == "failed"
-                            else "",
-                            message=f"loss mismatch at step 2 <{p}> & more" if bad else "",
-                            duration=0.125,
-                            detect=True,
-                            detected=int(arm == "baseline" and bad),
-                            reports=["free while in use: main_grad block reused"] if arm == "baseline" and bad else [],
-                            replay=f"racecheck run main_grad_reuse --arm {arm} --trial {t} --seed {100 + t} -k '{p}'",
-                        )
-                    )
-                log.append(
-                    TrialRecord(
-                        run_id="golden",
-                        scenario="main_grad_reuse",
-                        arm=arm,
-                        expect=expect,
-                        trial=t,
-                        seed=100 + t,
-                        test=SKIPPED,
-                        params="",
-                        outcome="skipped",
-                        detect=True,
+    records = []
+    for arm, expect in (("baseline", "race"), ("fixed", "safe"), ("record_stream", "safe")):
+        for t in range(10):
+            trial = {"run_id": "golden", "arm": arm, "expect": expect, "trial": t, "seed": 100 + t, "detect": True}
+            for i, p in enumerate(PARAMS):
+                outcome = _outcome(arm, t, i)
+                bad = outcome != "passed"
+                records.append(
+                    trial_record(
+                        **trial,
+                        test=TEST.format(p),
+                        params=p,
+                        outcome=outcome,
+                        signature="AssertionError at test_main_grad_reuse.py:88 in test_hsdp_losses_match_baseline"
+                        if outcome == "failed"
+                        else "",
+                        message=f"loss mismatch at step 2 <{p}> & more" if bad else "",
+                        duration=0.125,
+                        detected=int(arm == "baseline" and bad),
+                        reports=["free while in use: main_grad block reused"] if arm == "baseline" and bad else [],
+                        replay=f"racecheck run main_grad_reuse --arm {arm} --trial {t} --seed {100 + t} -k '{p}'",
                     )
                 )
-    return out
+            records.append(trial_record(**trial, test=SKIPPED, outcome="skipped"))
+    return write_log(out, records)
 
 
 @pytest.fixture(scope="module")
@@ -266,25 +247,23 @@ def test_report_command_usage_errors(tmp_path):
 
 def test_detector_reports_appear_merged_by_their_first_line(tmp_path):
     text = "racecheck detected a race: free-while-in-use: a 16.0 KiB buffer ...\n  stacks ..."
-    with TrialLog(tmp_path / "trials.jsonl") as log:
-        for trial in range(3):
-            for arm, reports in (("baseline", [text]), ("fixed", [])):
-                log.append(
-                    TrialRecord(
-                        run_id="r",
-                        scenario="main_grad_reuse",
-                        arm=arm,
-                        expect="",
-                        trial=trial,
-                        seed=trial,
-                        test="t.py::test_x",
-                        params="",
-                        outcome="failed" if reports else "passed",
-                        detect=True,
-                        detected=len(reports),
-                        reports=reports,
-                    )
-                )
+    write_log(
+        tmp_path,
+        (
+            trial_record(
+                arm=arm,
+                trial=trial,
+                seed=trial,
+                test="t.py::test_x",
+                outcome="failed" if reports else "passed",
+                detect=True,
+                detected=len(reports),
+                reports=reports,
+            )
+            for trial in range(3)
+            for arm, reports in (("baseline", [text]), ("fixed", []))
+        ),
+    )
     records = record_frame(tmp_path)
     summary = tally.summarize(records)
     terminal = report.render("terminal", summary=summary, records=records)
