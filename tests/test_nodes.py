@@ -58,7 +58,7 @@ pytestmark = [pytest.mark.usefixtures("fast_sessions"), pytest.mark.slow]
 
 
 @pytest.fixture
-def project(tmp_path):
+def world_project(tmp_path):
     return write_suite(
         tmp_path / "p",
         arms={"often": {"expect": "race"}, "never": {"expect": "safe"}},
@@ -129,13 +129,15 @@ def outcome_of(arm: str, trial: int, *, seed: int) -> dict:
     return fails
 
 
-def test_a_killed_node_ends_its_trial_as_crash_the_other_reports_it_and_resume_finishes(project, tmp_path, monkeypatch):
+def test_a_killed_node_ends_its_trial_as_crash_the_other_reports_it_and_resume_finishes(
+    world_project, tmp_path, monkeypatch
+):
     monkeypatch.setenv("STEP_S", "0.2")
     port = free_port()
     out = tmp_path / "out"
     common = ["--trials", 12, "--seed", 4, "--out", out, "-q"]
     # Node 1 is killed once node 0 (the writer, running in this process) has logged four records.
-    follower = start_node(project, common + node_args(port, 1))
+    follower = start_node(world_project, common + node_args(port, 1))
     killed, writer_done = threading.Event(), threading.Event()
 
     def kill_after_four_records() -> None:
@@ -151,7 +153,7 @@ def test_a_killed_node_ends_its_trial_as_crash_the_other_reports_it_and_resume_f
     watcher = threading.Thread(target=kill_after_four_records, daemon=True)
     watcher.start()
     try:
-        writer = racecheck("run", *common, *node_args(port, 0), cwd=project)
+        writer = racecheck("run", *common, *node_args(port, 0), cwd=world_project)
     finally:
         writer_done.set()
         watcher.join()
@@ -182,7 +184,7 @@ def test_a_killed_node_ends_its_trial_as_crash_the_other_reports_it_and_resume_f
     writer_logs_before = set((out / "ranks").glob("*-rank-*.jsonl"))
     port = free_port()
     writer, done = nodes_with_node_0_here(
-        project, ["--resume", out, "-q"] + node_args(port, 0), [["--resume", out, "-q"] + node_args(port, 1)]
+        world_project, ["--resume", out, "-q"] + node_args(port, 0), [["--resume", out, "-q"] + node_args(port, 1)]
     )
     assert writer.code == 0 and [d[0] for d in done] == [0], (writer, done)
     assert "ran its part of 1 session(s) of node 0's run" in done[0][1], done
@@ -223,28 +225,42 @@ def test_a_killed_node_ends_its_trial_as_crash_the_other_reports_it_and_resume_f
     assert json.loads((follower_dir / "run.json").read_text())["node"] == {"rank": 1, "nnodes": 2}
 
 
-def test_a_node_that_never_joins_stops_the_run_within_the_join_timeout(project, tmp_path):
+def test_a_node_that_never_joins_stops_the_run_within_the_join_timeout(world_project, tmp_path):
     port = free_port()
     res = racecheck(
-        "run", "--trials", 2, "--out", tmp_path / "out", "-q", *node_args(port, 0, conf="join_timeout=1"), cwd=project
+        "run",
+        "--trials",
+        2,
+        "--out",
+        tmp_path / "out",
+        "-q",
+        *node_args(port, 0, conf="join_timeout=1"),
+        cwd=world_project,
     )
     assert res.code == 3, res
     assert "node 1 of 2 did not join within 1 s (--rdzv-conf join_timeout)" in res.err
     assert not (tmp_path / "out" / "trials.jsonl").exists()
     res = racecheck(
-        "run", "--trials", 2, "--out", tmp_path / "f", "-q", *node_args(port, 1, conf="join_timeout=1"), cwd=project
+        "run",
+        "--trials",
+        2,
+        "--out",
+        tmp_path / "f",
+        "-q",
+        *node_args(port, 1, conf="join_timeout=1"),
+        cwd=world_project,
     )
     assert res.code == 3 and f"node 1: could not reach node 0 at 127.0.0.1:{port} within 1 s" in res.err, res
 
 
-def test_a_node_with_other_settings_is_refused_by_both(project, tmp_path, monkeypatch):
+def test_a_node_with_other_settings_is_refused_by_both(world_project, tmp_path, monkeypatch):
     # Node 0 keeps its store up for BYE_S after the refusal, for node 1 to read it; node 1 polls
     # it every 50 ms and never says goodbye, so a shorter stay is all this needs.
     monkeypatch.setattr(node_writer, "BYE_S", 2.0)
     port = free_port()
-    follower = start_node(project, ["--seed", 2, "--out", tmp_path / "out", "-q"] + node_args(port, 1))
+    follower = start_node(world_project, ["--seed", 2, "--out", tmp_path / "out", "-q"] + node_args(port, 1))
     try:
-        res = racecheck("run", "--seed", 1, "--out", tmp_path / "out", "-q", *node_args(port, 0), cwd=project)
+        res = racecheck("run", "--seed", 1, "--out", tmp_path / "out", "-q", *node_args(port, 0), cwd=world_project)
         _, err = follower.communicate(timeout=LIMIT_S)
     finally:
         if follower.poll() is None:
@@ -279,18 +295,18 @@ def test_a_node_with_other_settings_is_refused_by_both(project, tmp_path, monkey
         ),
     ],
 )
-def test_bad_node_options_get_one_line_and_exit_2(project, args, message):
-    res = racecheck("run", "-q", "--out", "o", *args, cwd=project)
+def test_bad_node_options_get_one_line_and_exit_2(world_project, args, message):
+    res = racecheck("run", "-q", "--out", "o", *args, cwd=world_project)
     assert res.code == 2 and res.err.count("\n") == 1 and message in res.err, res
 
 
-def test_node_0_refuses_an_endpoint_it_cannot_host_at_once(project, tmp_path):
+def test_node_0_refuses_an_endpoint_it_cannot_host_at_once(world_project, tmp_path):
     import time
 
     with socket.create_server(("", 0)) as taken:  # another program holds the port
         port = taken.getsockname()[1]
         started = time.monotonic()
-        res = racecheck("run", "-q", "--out", tmp_path / "o", *node_args(port, 0), cwd=project)
+        res = racecheck("run", "-q", "--out", tmp_path / "o", *node_args(port, 0), cwd=world_project)
     assert res.code == 2 and res.err.count("\n") == 1, res
     assert f"--rdzv-endpoint: cannot host the rendezvous on port {port}: Address already in use" in res.err, res
     assert time.monotonic() - started < 10

@@ -12,16 +12,11 @@ import subprocess
 
 import psutil
 import pytest
-from run_kit import SEEDED_TEST, racecheck, records, write_suite
+from run_kit import racecheck, records
 
 from racecheck.runner import state
 
 pytestmark = pytest.mark.usefixtures("fast_sessions")
-
-
-@pytest.fixture
-def project(tmp_path):
-    return write_suite(tmp_path / "p", arms={"often": {}, "never": {}}, tests={"test_seeded.py": SEEDED_TEST})
 
 
 def _one_line(res, code=2) -> str:
