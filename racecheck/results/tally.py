@@ -148,27 +148,8 @@ def summarize(df: pd.DataFrame, *, signature: str | None = None) -> pd.DataFrame
     df["expect"] = [expect.get((s, a), "") for s, a in zip(df["scenario"], df["arm"], strict=True)]
     with_detected = bool(df["detect"].fillna(False).astype(bool).any())
 
-    per_trial = (
-        df.assign(rank=df["outcome"].map(_TRIAL_RANK))
-        .groupby(["scenario", "arm", "trial"], sort=False)
-        .agg(
-            rank=("rank", "max"),
-            is_failure=("is_failure", "any"),
-            has_report=("has_report", "any"),
-            expect=("expect", "first"),
-            **({"is_other": ("is_other", "any")} if signature is not None else {}),
-        )
-        .reset_index()
-    )
-    if signature is not None:  # a trial that failed by the race is not also an "other" failure
-        per_trial["is_other"] = per_trial["is_other"] & ~per_trial["is_failure"]
-    by_rank = {rank: outcome for outcome, rank in _TRIAL_RANK.items()}
-    per_trial["outcome"] = per_trial["rank"].map(by_rank)
-    per_trial["ran"] = per_trial["outcome"] != Outcome.SKIPPED.value
-    per_trial["test"] = ALL_TESTS
-
     summary = pd.concat(
-        [_aggregate(per_trial, with_detected=with_detected), _aggregate(df, with_detected=with_detected)],
+        [_aggregate(_per_trial(df), with_detected=with_detected), _aggregate(df, with_detected=with_detected)],
         ignore_index=True,
     )
     summary["failures"] = summary["failures"].astype(int)
@@ -189,6 +170,31 @@ def summarize(df: pd.DataFrame, *, signature: str | None = None) -> pd.DataFrame
         + (["other_failures"] if signature is not None else [])
     )
     return summary[columns].reset_index(drop=True)
+
+
+def _per_trial(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per trial (scenario, arm, trial index) of a prepared record frame, as the `*` row
+    counts it: its outcome the worst of its tests' (_TRIAL_RANK), failing when any test failed."""
+    others = "is_other" in df
+    per_trial = (
+        df.assign(rank=df["outcome"].map(_TRIAL_RANK))
+        .groupby(["scenario", "arm", "trial"], sort=False)
+        .agg(
+            rank=("rank", "max"),
+            is_failure=("is_failure", "any"),
+            has_report=("has_report", "any"),
+            expect=("expect", "first"),
+            **({"is_other": ("is_other", "any")} if others else {}),
+        )
+        .reset_index()
+    )
+    if others:  # a trial that failed by the race is not also an "other" failure
+        per_trial["is_other"] = per_trial["is_other"] & ~per_trial["is_failure"]
+    by_rank = {rank: outcome for outcome, rank in _TRIAL_RANK.items()}
+    per_trial["outcome"] = per_trial["rank"].map(by_rank)
+    per_trial["ran"] = per_trial["outcome"] != Outcome.SKIPPED.value
+    per_trial["test"] = ALL_TESTS
+    return per_trial
 
 
 def skipped_suites(folder: RunRecords) -> dict:
