@@ -1,7 +1,7 @@
 """What racecheck's tests of the runner and the CLI share: a pytest project written for the purpose
 (write_suite, and SEEDED_TEST, whose arms fail at known rates), `racecheck ARGS` run in this
-process (racecheck), trial logs written by hand (trial_record, write_log), and readers of a run
-folder (records, record_frame, run_summary, summary_counts, expected_failures).
+process (racecheck, one_line_error), trial logs written by hand (trial_record, write_log), and
+readers of a run folder (records, record_frame, run_summary, summary_counts, expected_failures).
 Their fixtures are in conftest.py.
 """
 
@@ -156,6 +156,13 @@ def run_summary(out: Path):
 
     folder = open_run_folder(out, need_run=False)
     return tally.write_summary(folder, tally.load_records(folder))
+
+
+def one_line_error(res: Result, code: int = 2) -> str:
+    """The one line a command that failed with `code` said on stderr (no traceback)."""
+    assert res.code == code, res
+    assert res.err.count("\n") == 1 and "Traceback" not in res.err, res
+    return res.err.strip()
 
 
 def free_port() -> int:

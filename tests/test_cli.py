@@ -12,6 +12,7 @@ from run_kit import (
     ALWAYS,
     SEEDED_TEST,
     expected_failures,
+    one_line_error,
     racecheck,
     records,
     summary_counts,
@@ -23,12 +24,6 @@ CHECKOUT = Path(__file__).resolve().parents[1]
 
 
 pytestmark = pytest.mark.usefixtures("fast_sessions")
-
-
-def one_line_error(res, code=2) -> str:
-    assert res.code == code, res
-    assert res.err.count("\n") == 1 and "Traceback" not in res.err, res
-    return res.err.strip()
 
 
 @pytest.mark.parametrize(
