@@ -41,6 +41,7 @@ LONGEST_FIRST = (
     "test_nodes.py",
     "test_readme_promises.py",
     "test_cli.py",
+    "test_cli_worlds.py",
     "test_runner.py",
     "test_project_patch.py",
     "test_early_ends.py",
