@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -133,34 +134,9 @@ def test_a_killed_node_ends_its_trial_as_crash_the_other_reports_it_and_resume_f
     world_project, tmp_path, monkeypatch
 ):
     monkeypatch.setenv("STEP_S", "0.2")
-    port = free_port()
     out = tmp_path / "out"
-    common = ["--trials", 12, "--seed", 4, "--out", out, "-q"]
-    # Node 1 is killed once node 0 (the writer, running in this process) has logged four records.
-    follower = start_node(world_project, common + node_args(port, 1))
-    killed, writer_done = threading.Event(), threading.Event()
-
-    def kill_after_four_records() -> None:
-        deadline = time.monotonic() + LIMIT_S
-        log = out / "trials.jsonl"
-        while not writer_done.is_set() and time.monotonic() < deadline:
-            if log.exists() and len(log.read_text().splitlines()) >= 4:
-                kill_node(follower)
-                killed.set()
-                return
-            time.sleep(0.05)
-
-    watcher = threading.Thread(target=kill_after_four_records, daemon=True)
-    watcher.start()
-    try:
-        writer = racecheck("run", *common, *node_args(port, 0), cwd=world_project)
-    finally:
-        writer_done.set()
-        watcher.join()
-        if follower.poll() is None:
-            kill_node(follower)
-        follower.communicate()
-    assert killed.is_set(), f"the writer ended before four records: {writer}"
+    writer, killed = _killing_node_1_after_four_records(world_project, out)
+    assert killed, f"the writer ended before four records: {writer}"
     assert writer.code == 3, writer
     assert (
         "node 1 stopped responding" in writer.err
@@ -188,12 +164,60 @@ def test_a_killed_node_ends_its_trial_as_crash_the_other_reports_it_and_resume_f
     )
     assert writer.code == 0 and [d[0] for d in done] == [0], (writer, done)
     assert "ran its part of 1 session(s) of node 0's run" in done[0][1], done
-    blamed = {(r.trial, r.arm) for r in bad}
+    _check_the_resumed_run(out, blamed={(r.trial, r.arm) for r in bad})
+    # Node 1 kept its own rank log of the resumed session and no trial log. c10d, not the node
+    # rank, decides which global rank node 1's process gets, so its log may be rank 0's or rank
+    # 1's; node 0 holds the same events under the same name, relayed, beside its own rank's log.
+    assert not (follower_dir / "trials.jsonl").exists()
+    (kept,) = set((follower_dir / "ranks").glob("*-rank-*.jsonl")) - killed_logs
+    writer_logs = sorted(p.name for p in set((out / "ranks").glob("*-rank-*.jsonl")) - writer_logs_before)
+    assert len(writer_logs) == 2 and kept.name in writer_logs, writer_logs
+
+    def events(path):
+        return [json.loads(line) for line in path.read_text().splitlines()]
+
+    assert events(kept) and events(kept) == events(out / "ranks" / kept.name)
+    assert json.loads((follower_dir / "run.json").read_text())["node"] == {"rank": 1, "nnodes": 2}
+
+
+def _killing_node_1_after_four_records(world_project: Path, out: Path):
+    """(node 0's result, whether node 1 was killed) of a run of 12 trials over two nodes, node 1
+    killed once node 0 (the writer, running in this process) has logged four records."""
+    port = free_port()
+    common = ["--trials", 12, "--seed", 4, "--out", out, "-q"]
+    follower = start_node(world_project, common + node_args(port, 1))
+    killed, writer_done = threading.Event(), threading.Event()
+
+    def kill_after_four_records() -> None:
+        deadline = time.monotonic() + LIMIT_S
+        log = out / "trials.jsonl"
+        while not writer_done.is_set() and time.monotonic() < deadline:
+            if log.exists() and len(log.read_text().splitlines()) >= 4:
+                kill_node(follower)
+                killed.set()
+                return
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=kill_after_four_records, daemon=True)
+    watcher.start()
+    try:
+        writer = racecheck("run", *common, *node_args(port, 0), cwd=world_project)
+    finally:
+        writer_done.set()
+        watcher.join()
+        if follower.poll() is None:
+            kill_node(follower)
+        follower.communicate()
+    return writer, killed.is_set()
+
+
+def _check_the_resumed_run(out: Path, *, blamed: set) -> None:
+    """Every block done; every trial that ran whole is what WORLD_TEST's two ranks draw
+    (`outcome_of`), the outcome one node running both ranks gives (test_runner.py checks that merge
+    of ranks), both ranks' failures in node 0's one log; the summary counts them, the `blamed`
+    (crashed) blocks as failures."""
     done_blocks = [json.loads(line) for line in (out / "completed.jsonl").read_text().splitlines()]
     assert sorted((d["trial"], d["arm"]) for d in done_blocks) == sorted((t, a) for t in range(12) for a in RATES)
-    # Every trial that ran whole is what WORLD_TEST's two ranks draw (`outcome_of`), the outcome
-    # one node running both ranks gives (test_runner.py checks that merge of ranks), both ranks'
-    # failures in node 0's one log; the summary counts them, the crashed block as a failure.
     recs = records(out)
     outcomes = {(r.trial, r.arm, r.test.split("::")[-1]): r.outcome for r in recs}
     assert {k: v for k, v in outcomes.items() if k[:2] not in blamed} == {
@@ -210,19 +234,6 @@ def test_a_killed_node_ends_its_trial_as_crash_the_other_reports_it_and_resume_f
         failing[a, test][t] = failed
         failing[a, "*"][t] = failing[a, "*"].get(t, False) or failed
     assert summary_counts(out) == {key: (sum(per.values()), len(per)) for key, per in failing.items()}
-    # Node 1 kept its own rank log of the resumed session and no trial log. c10d, not the node
-    # rank, decides which global rank node 1's process gets, so its log may be rank 0's or rank
-    # 1's; node 0 holds the same events under the same name, relayed, beside its own rank's log.
-    assert not (follower_dir / "trials.jsonl").exists()
-    (kept,) = set((follower_dir / "ranks").glob("*-rank-*.jsonl")) - killed_logs
-    writer_logs = sorted(p.name for p in set((out / "ranks").glob("*-rank-*.jsonl")) - writer_logs_before)
-    assert len(writer_logs) == 2 and kept.name in writer_logs, writer_logs
-
-    def events(path):
-        return [json.loads(line) for line in path.read_text().splitlines()]
-
-    assert events(kept) and events(kept) == events(out / "ranks" / kept.name)
-    assert json.loads((follower_dir / "run.json").read_text())["node"] == {"rank": 1, "nnodes": 2}
 
 
 def test_a_node_that_never_joins_stops_the_run_within_the_join_timeout(world_project, tmp_path):
