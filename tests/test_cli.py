@@ -8,15 +8,7 @@ import shlex
 from pathlib import Path
 
 import pytest
-from run_kit import (
-    ALWAYS,
-    expected_failures,
-    one_line_error,
-    racecheck,
-    records,
-    summary_counts,
-    write_suite,
-)
+from run_kit import ALWAYS, expected_failures, one_line_error, racecheck, records, summary_counts, write_suite
 
 CHECKOUT = Path(__file__).resolve().parents[1]
 

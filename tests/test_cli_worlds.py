@@ -8,15 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from run_kit import (
-    SEEDED_TEST,
-    one_line_error,
-    racecheck,
-    records,
-    summary_counts,
-    trial_record,
-    write_suite,
-)
+from run_kit import SEEDED_TEST, one_line_error, racecheck, records, summary_counts, trial_record, write_suite
 
 CHECKOUT = Path(__file__).resolve().parents[1]
 

@@ -12,33 +12,19 @@ from pathlib import Path
 
 import pytest
 import torch
+import tracker_kit as kit
 from run_kit import free_port, racecheck
-from tracker_kit import (  # noqa: F401 (fixtures)
-    DEFAULT,
-    PATHS,
-    RS,
-    Streams,
-    alloc,
-    cur,
-    free,
-    make_tracker,
-    motivating,
-    path,
-    record,
-    tracker,
-    training_loop,
-    wait,
-)
+from tracker_kit import cur, path, tracker  # noqa: F401 (fixtures)
 
 from racecheck.detect import RaceKind
 
 
 # -- the two recording paths ------------------------------------------------------------------------
 def _reports_of(path: str, scenario) -> str:
-    cur = Streams()
-    t = make_tracker(cur, path)
-    t.name_stream(DEFAULT, "default")
-    t.name_stream(RS, "reduce_scatter")
+    cur = kit.Streams()
+    t = kit.make_tracker(cur, path)
+    t.name_stream(kit.DEFAULT, "default")
+    t.name_stream(kit.RS, "reduce_scatter")
     scenario(t, cur)
     assert t.errors == []
     return t.render()
@@ -47,15 +33,15 @@ def _reports_of(path: str, scenario) -> str:
 @pytest.mark.parametrize(
     "scenario",
     [
-        lambda t, cur: (t.__enter__(), motivating(t, cur, fix=None), t.__exit__(None, None, None)),
-        lambda t, cur: training_loop(t, cur, steps=2, side_read="none"),
+        lambda t, cur: (t.__enter__(), kit.motivating(t, cur, fix=None), t.__exit__(None, None, None)),
+        lambda t, cur: kit.training_loop(t, cur, steps=2, side_read="none"),
     ],
     ids=["motivating", "training-loop-side-read"],
 )
 def test_both_paths_give_the_same_reports(scenario):
     """The native log and the dispatch mode feed the engines the same accesses, and the native
     engine applies them as the Python one does: the reports are the same text, stacks included."""
-    python, native, native_pyengine = (_reports_of(path, scenario) for path in PATHS)  # one call site
+    python, native, native_pyengine = (_reports_of(path, scenario) for path in kit.PATHS)  # one call site
     assert "race" in python.lower()
     assert native == python and native_pyengine == python
 
@@ -107,7 +93,7 @@ def test_the_native_path_leaves_callees_unobserved_only_while_it_records(cur):
 
     x, y = torch.randn(8, 8), torch.randn(8, 8)
     with profile(activities=[ProfilerActivity.CPU]) as during:
-        with make_tracker(cur, "native"):
+        with kit.make_tracker(cur, "native"):
             torch.nn.functional.mse_loss(x, y)
     with profile(activities=[ProfilerActivity.CPU]) as after:
         torch.nn.functional.mse_loss(x, y)
@@ -124,7 +110,7 @@ def test_the_native_log_plans_operators_only_once(cur):
     and no more after later steps."""
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
     x = torch.randn(4, 8)
-    tracker = make_tracker(cur, "native")
+    tracker = kit.make_tracker(cur, "native")
     sizes = []
     with tracker:
         for _ in range(4):
@@ -138,10 +124,10 @@ def test_the_native_log_plans_operators_only_once(cur):
 
 
 def test_the_native_log_told_not_to_record_keeps_its_hooks_and_records_nothing(cur):
-    """`record(False)` (the benchmark's native_hooks floor: the hooks installed, doing nothing)
-    records no operator, however often it runs; `record(True)` records again."""
+    """`kit.record(False)` (the benchmark's native_hooks floor: the hooks installed, doing nothing)
+    records no operator, however often it runs; `kit.record(True)` records again."""
     x, y = torch.randn(8, 8), torch.randn(8, 8)
-    tracker = make_tracker(cur, "native")
+    tracker = kit.make_tracker(cur, "native")
     with tracker:
         log = tracker._feed.log
         torch.mm(x, y)  # planned, recorded
@@ -202,18 +188,18 @@ def test_an_fsdp2_step_with_dtensor_parameters_is_tracked_without_errors_on_ever
 def test_a_kernel_launched_below_the_dispatcher_is_an_access_on_its_stream(tracker, cur, ordered):
     """A Triton kernel (as kernel_launches.py reports it: name, raw stream, reads, writes) reads a
     default-stream buffer on the reduce-scatter stream, and the buffer is dropped and its block
-    handed out again on the default stream: a free-while-in-use race unless the default stream
+    handed out again on the default stream: a kit.free-while-in-use race unless the default stream
     waited for the kernel. Both paths: the native one logs the launch in the program's order."""
-    a = alloc(tracker, cur, DEFAULT).normal_()
-    out = alloc(tracker, cur, RS)
-    record(tracker, 1, DEFAULT)
-    wait(tracker, 1, RS)
-    tracker._kernel_launched("triton_poi_fused_mul_0", RS, [a], [out], True)
+    a = kit.alloc(tracker, cur, kit.DEFAULT).normal_()
+    out = kit.alloc(tracker, cur, kit.RS)
+    kit.record(tracker, 1, kit.DEFAULT)
+    kit.wait(tracker, 1, kit.RS)
+    tracker._kernel_launched("triton_poi_fused_mul_0", kit.RS, [a], [out], True)
     if ordered:
-        record(tracker, 2, RS)
-        wait(tracker, 2, DEFAULT)
-    free(tracker, a)
-    alloc(tracker, cur, DEFAULT, block=a)
+        kit.record(tracker, 2, kit.RS)
+        kit.wait(tracker, 2, kit.DEFAULT)
+    kit.free(tracker, a)
+    kit.alloc(tracker, cur, kit.DEFAULT, block=a)
     reports = tracker.reports()
     assert tracker.stats["kernels"] == 1 and not tracker.unseen_kernels
     if ordered:
@@ -228,10 +214,10 @@ def test_a_kernel_whose_writes_are_unknown_counts_its_tensors_as_reads(tracker, 
     """Two kernels read one buffer on two streams, unordered: no race. A kernel whose writes the
     analysis could not tell (known=False) takes its tensors for reads, so it raises no false
     alarm against the other reader, and the tracker counts it."""
-    a = alloc(tracker, cur, DEFAULT).normal_()
-    record(tracker, 1, DEFAULT)
-    wait(tracker, 1, RS)
-    tracker._kernel_launched("user_kernel", RS, [a], [], False)
-    tracker._kernel_launched("user_kernel", DEFAULT, [a], [], False)
+    a = kit.alloc(tracker, cur, kit.DEFAULT).normal_()
+    kit.record(tracker, 1, kit.DEFAULT)
+    kit.wait(tracker, 1, kit.RS)
+    tracker._kernel_launched("user_kernel", kit.RS, [a], [], False)
+    tracker._kernel_launched("user_kernel", kit.DEFAULT, [a], [], False)
     assert tracker.reports() == []
     assert tracker.unseen_kernels == {"user_kernel": 2}

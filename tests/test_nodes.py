@@ -238,29 +238,12 @@ def _check_the_resumed_run(out: Path, *, blamed: set) -> None:
 
 def test_a_node_that_never_joins_stops_the_run_within_the_join_timeout(world_project, tmp_path):
     port = free_port()
-    res = racecheck(
-        "run",
-        "--trials",
-        2,
-        "--out",
-        tmp_path / "out",
-        "-q",
-        *node_args(port, 0, conf="join_timeout=1"),
-        cwd=world_project,
-    )
+    node_0, node_1 = node_args(port, 0, conf="join_timeout=1"), node_args(port, 1, conf="join_timeout=1")
+    res = racecheck("run", "--trials", 2, "--out", tmp_path / "out", "-q", *node_0, cwd=world_project)
     assert res.code == 3, res
     assert "node 1 of 2 did not join within 1 s (--rdzv-conf join_timeout)" in res.err
     assert not (tmp_path / "out" / "trials.jsonl").exists()
-    res = racecheck(
-        "run",
-        "--trials",
-        2,
-        "--out",
-        tmp_path / "f",
-        "-q",
-        *node_args(port, 1, conf="join_timeout=1"),
-        cwd=world_project,
-    )
+    res = racecheck("run", "--trials", 2, "--out", tmp_path / "f", "-q", *node_1, cwd=world_project)
     assert res.code == 3 and f"node 1: could not reach node 0 at 127.0.0.1:{port} within 1 s" in res.err, res
 
 

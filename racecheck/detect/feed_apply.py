@@ -24,11 +24,6 @@ from typing import TYPE_CHECKING, Any, Final
 
 from racecheck.detect.engine import HappensBefore
 
-if TYPE_CHECKING:
-    from racecheck.detect.allocations import Allocation
-    from racecheck.detect.dispatch import OpPlan
-    from racecheck.detect.feed_types import LogTables, LoopTracker
-
 # op_log.cpp's record types
 OP: Final = 0
 COLLECTIVE_BEGIN: Final = 1
@@ -55,6 +50,11 @@ NO_STREAM: Final = -(2**63)  # the record's stream is the tracker's current stre
 # Item (address, bytes, storage start, storage bytes, access, device, pinned).
 RECORD: Final = struct.Struct("=b3xiqi4xqIIq")
 ITEM: Final = struct.Struct("=QQQQbbb5x")
+
+if TYPE_CHECKING:
+    from racecheck.detect.allocations import Allocation
+    from racecheck.detect.dispatch import OpPlan
+    from racecheck.detect.feed_types import LogTables, LoopTracker
 
 
 def apply_batch(feed: LogTables, tracker: LoopTracker, engine: HappensBefore, records: bytes, items: bytes) -> None:

@@ -30,284 +30,123 @@ BACKENDS = ("auto", *device.BACKENDS)
 # The settings a replay command repeats, in its order (replay_args).
 REPLAYED = ("arms", "trials", "seed", "perturb", "detect", "backend", "world_size", "mesh")
 
-_O = RunOption
+# The help of each option in `racecheck run --help`, by its name.
+_HELP = {
+    "scenario_names": "Catalogue scenario(s), comma separated, or 'all' (then every arm of each). Default: "
+    "the suite of ./pyproject.toml's [tool.racecheck], else main_grad_reuse.",
+    "config_file": "Run the suite and arms of this TOML file ([tool.racecheck] or top-level keys).",
+    "arms": "Arms to run, comma separated, or 'all' (default: the suite's; every arm with --scenario all).",
+    "trials": "Trials per arm [default: 10; on --resume, the run's]; 'auto' = enough to bound a "
+    "clean arm and separate the arms (racecheck plan).",
+    "out_dir": "Output folder for trials.jsonl and summary.csv (default: a new "
+    "racecheck-out/run-TIME in the project's root, the config file's folder; for the "
+    "catalogue, in the current folder).",
+    "resume_dir": "Continue the run in this folder up to --trials (its settings come from run.json).",
+    "allow_changed_suite": "With --resume: continue although the suite's tests or definition changed since the "
+    "run started (the tally then mixes trials of both); without it such a resume is "
+    "refused.",
+    "perturb": "Perturbation profile or rules (default: the suite's; an arm's own profile wins).",
+    "no_perturb": "Run without perturbation: the natural failure rate.",
+    "delay_ms": "Resize every sleep of the profile to this many milliseconds (at most an hour).",
+    "seed": "Base seed; trial t uses seed+t.",
+    "isolation": "session: many trials per process world (fast, trials share state); process: a fresh "
+    "world per trial (independent, pays start-up every trial).",
+    "order": "Arms inside each trial: in the given order (A B A B) or a seeded permutation.",
+    "chunk": "session isolation, arms that need their own process (env, pytest args, git): trials "
+    "per session; the arms' sessions alternate chunk by chunk.",
+    "shard": "Run slice i of N of the trials (merge the slices with 'racecheck merge'); 'auto': "
+    "from the job's environment (RACECHECK_SHARD=i/N, or a Slurm array's task).",
+    "timeout": "Seconds without a test starting or finishing before the trial counts as hung and its "
+    "process tree is killed; the run goes on (start-up gets at least 120 s; 1 s to a "
+    "week).",
+    "max_time": "Stop at the next trial boundary after this long (1 s to a week).",
+    "stop_rules": "Stop a suite once all rules hold, e.g. 'baseline:failures>=3,fixed:clean>=20'.",
+    "backend": "Stream runtime: the CPU emulation, CUDA, or CUDA when a GPU is present.",
+    "world_size": "Ranks per session (default: the suite's world_size).",
+    "mesh": "The HSDP mesh of the scenarios that take theirs from the run (main_grad_reuse), e.g. "
+    "4x2; its size must be the world size (default: 2 x world/2 for an even world above "
+    "2, else every rank a shard).",
+    "nnodes": "Nodes the world spans; every node runs this same command (see docs/cluster.md).",
+    "node_rank": "This node's rank; node 0 writes the run folder and hosts the rendezvous.",
+    "rdzv_endpoint": "With --nnodes: node 0's address for torchrun's c10d rendezvous.",
+    "rdzv_backend": "torchrun's rendezvous backend (racecheck's node 0 hosts its store).",
+    "rdzv_id": "torchrun's rendezvous id (the same on every node); each session adds its own suffix.",
+    "rdzv_conf": "torchrun's rendezvous settings, passed through (join_timeout, keep_alive_interval, ...).",
+    "detect": "Run the happens-before detector in every trial.",
+    "scenarios_dir": "The catalogue folder (default: ./scenarios).",
+    "gate": "After the run, apply the gate (see 'racecheck gate') and exit with its code: 0 pass, 1 fail, 4 undecided.",
+    "fixed": "With --gate: the arm that must not fail.",
+    "baseline": "With --gate: the arm that must still fail.",
+    "quiet": "No progress bar.",
+}
+# The roles of a setting of the run: RunConfig takes its value as it is, it makes the experiment,
+# and run.json keeps it (see the module docstring).
+SETTING = {"field": True, "defining": True, "kept": True}
+
+
+def _O(flag: str, name: str, **row: Any) -> RunOption:
+    return RunOption(flag, name, _HELP.get(name, ""), **row)
+
+
 OPTIONS: tuple[RunOption, ...] = (
-    _O(
-        "--scenario",
-        "scenario_names",
-        "Catalogue scenario(s), comma separated, or 'all' (then every arm of each). "
-        "Default: the suite of ./pyproject.toml's [tool.racecheck], else main_grad_reuse.",
-        defining=True,
-    ),
-    _O(
-        "--config",
-        "config_file",
-        "Run the suite and arms of this TOML file ([tool.racecheck] or top-level keys).",
-        kind="file",
-        defining=True,
-    ),
-    _O(
-        "--arms",
-        "arms",
-        "Arms to run, comma separated, or 'all' (default: the suite's; every arm with --scenario all).",
-        defining=True,
-        kept=True,
-        read=optional(lambda v: strings(v) or None),  # [] and null: each suite's default arms
-    ),
-    _O(
-        "--trials",
-        "trials",
-        "Trials per arm [default: 10; on --resume, the run's]; 'auto' = enough to bound a "
-        "clean arm and separate the arms (racecheck plan).",
-        kind="parsed",
-        parse=trials_of,
-        metavar="N|auto",
-        kept=True,
-        read=whole(1),
-    ),
-    _O(
-        "--out",
-        "out_dir",
-        "Output folder for trials.jsonl and summary.csv (default: a new racecheck-out/run-TIME in "
-        "the project's root, the config file's folder; for the catalogue, in the current folder).",
-        kind="folder",
-        defining=True,
-    ),
-    _O(
-        "--resume",
-        "resume_dir",
-        "Continue the run in this folder up to --trials (its settings come from run.json).",
-        kind="folder",
-    ),
-    _O(
-        "--allow-changed-suite",
-        "allow_changed_suite",
-        "With --resume: continue although the suite's tests or definition changed since the run "
-        "started (the tally then mixes trials of both); without it such a resume is refused.",
-        kind="flag",
-    ),
+    _O("--scenario", "scenario_names", defining=True),
+    _O("--config", "config_file", kind="file", defining=True),
+    # run.json's [] and null: each suite's default arms
+    _O("--arms", "arms", read=optional(lambda v: strings(v) or None), defining=True, kept=True),
+    _O("--trials", "trials", kind="parsed", metavar="N|auto", parse=trials_of, read=whole(1), kept=True),
+    _O("--out", "out_dir", kind="folder", defining=True),
+    _O("--resume", "resume_dir", kind="folder"),
+    _O("--allow-changed-suite", "allow_changed_suite", kind="flag"),
     _O(
         "--perturb",
         "perturb",
-        "Perturbation profile or rules (default: the suite's; an arm's own profile wins).",
         kind="parsed",
         parse=profile_of,
+        read=optional(profile_of),
         defining=True,
         kept=True,
-        read=optional(profile_of),
         quoted_hint=False,
     ),
-    _O("--no-perturb", "no_perturb", "Run without perturbation: the natural failure rate.", kind="flag", defining=True),
-    _O(
-        "--delay-ms",
-        "delay_ms",
-        "Resize every sleep of the profile to this many milliseconds (at most an hour).",
-        kind="ms",
-        metavar="MS",
-        defining=True,
-    ),
-    _O(
-        "--seed",
-        "seed",
-        "Base seed; trial t uses seed+t.",
-        kind="whole",
-        default=0,
-        show_default=True,
-        field=True,
-        defining=True,
-        kept=True,
-    ),
-    _O(
-        "--isolation",
-        "isolation",
-        "session: many trials per process world (fast, trials share state); "
-        "process: a fresh world per trial (independent, pays start-up every trial).",
-        kind="choice",
-        choices=ISOLATIONS,
-        default="session",
-        show_default=True,
-        field=True,
-        defining=True,
-        kept=True,
-    ),
-    _O(
-        "--order",
-        "order",
-        "Arms inside each trial: in the given order (A B A B) or a seeded permutation.",
-        kind="choice",
-        choices=ORDERS,
-        default="alternate",
-        show_default=True,
-        field=True,
-        defining=True,
-        kept=True,
-    ),
-    _O(
-        "--chunk",
-        "chunk",
-        "session isolation, arms that need their own process (env, pytest args, git): "
-        "trials per session; the arms' sessions alternate chunk by chunk.",
-        kind="whole",
-        least=1,
-        default=5,
-        show_default=True,
-        field=True,
-        defining=True,
-        kept=True,
-    ),
+    _O("--no-perturb", "no_perturb", kind="flag", defining=True),
+    _O("--delay-ms", "delay_ms", kind="ms", metavar="MS", defining=True),
+    _O("--seed", "seed", kind="whole", default=0, **SETTING),
+    _O("--isolation", "isolation", kind="choice", default="session", choices=ISOLATIONS, **SETTING),
+    _O("--order", "order", kind="choice", default="alternate", choices=ORDERS, **SETTING),
+    _O("--chunk", "chunk", kind="whole", default=5, least=1, **SETTING),
     _O(
         "--shard",
         "shard",
-        "Run slice i of N of the trials (merge the slices with 'racecheck merge'); 'auto': "
-        "from the job's environment (RACECHECK_SHARD=i/N, or a Slurm array's task).",
         kind="parsed",
-        parse=job_shard_of,
         metavar="i/N|auto",
-        defining=True,
-        kept=True,
+        parse=job_shard_of,
         read=shard_of,
-    ),
-    _O(
-        "--timeout",
-        "timeout",
-        "Seconds without a test starting or finishing before the trial counts as hung "
-        "and its process tree is killed; the run goes on (start-up gets at least 120 s; 1 s to a week).",
-        kind="seconds",
-        default=300,
-        show_default=True,
-        field=True,
-        kept=True,
-    ),
-    _O(
-        "--max-time",
-        "max_time",
-        "Stop at the next trial boundary after this long (1 s to a week).",
-        kind="seconds",
-        field=True,
-    ),
-    _O(
-        "--stop-when",
-        "stop_rules",
-        "Stop a suite once all rules hold, e.g. 'baseline:failures>=3,fixed:clean>=20'.",
-        kind="parsed",
-        parse=rules_of,
-        metavar="RULES",
-    ),
-    _O(
-        "--backend",
-        "backend",
-        "Stream runtime: the CPU emulation, CUDA, or CUDA when a GPU is present.",
-        kind="choice",
-        choices=BACKENDS,
-        default="auto",
-        show_default=True,
-        field=True,
         defining=True,
         kept=True,
     ),
+    _O("--timeout", "timeout", kind="seconds", default=300, field=True, kept=True),
+    _O("--max-time", "max_time", kind="seconds", field=True),
+    _O("--stop-when", "stop_rules", kind="parsed", metavar="RULES", parse=rules_of),
+    _O("--backend", "backend", kind="choice", default="auto", choices=BACKENDS, **SETTING),
+    _O("--world-size", "world_size", kind="whole", least=1, **SETTING),
     _O(
-        "--world-size",
-        "world_size",
-        "Ranks per session (default: the suite's world_size).",
-        kind="whole",
-        least=1,
-        field=True,
-        defining=True,
-        kept=True,
+        "--mesh", "mesh", kind="parsed", metavar="SHARDxREPLICATE", parse=read_mesh, read=optional(read_mesh), **SETTING
     ),
-    _O(
-        "--mesh",
-        "mesh",
-        "The HSDP mesh of the scenarios that take theirs from the run (main_grad_reuse), "
-        "e.g. 4x2; its size must be the world size (default: 2 x world/2 for an even "
-        "world above 2, else every rank a shard).",
-        kind="parsed",
-        parse=read_mesh,
-        metavar="SHARDxREPLICATE",
-        field=True,
-        defining=True,
-        kept=True,
-        read=optional(read_mesh),
-    ),
-    _O(
-        "--nnodes",
-        "nnodes",
-        "Nodes the world spans; every node runs this same command (see docs/cluster.md).",
-        kind="whole",
-        least=1,
-        default=1,
-        show_default=True,
-    ),
-    _O(
-        "--node-rank",
-        "node_rank",
-        "This node's rank; node 0 writes the run folder and hosts the rendezvous.",
-        kind="whole",
-        least=0,
-        default=0,
-        show_default=True,
-    ),
-    _O(
-        "--rdzv-endpoint",
-        "rdzv_endpoint",
-        "With --nnodes: node 0's address for torchrun's c10d rendezvous.",
-        metavar="HOST:PORT",
-    ),
-    _O(
-        "--rdzv-backend",
-        "rdzv_backend",
-        "torchrun's rendezvous backend (racecheck's node 0 hosts its store).",
-        kind="choice",
-        choices=("c10d",),
-        default="c10d",
-        show_default=True,
-    ),
-    _O(
-        "--rdzv-id",
-        "rdzv_id",
-        "torchrun's rendezvous id (the same on every node); each session adds its own suffix.",
-        default="racecheck",
-        show_default=True,
-    ),
-    _O(
-        "--rdzv-conf",
-        "rdzv_conf",
-        "torchrun's rendezvous settings, passed through (join_timeout, keep_alive_interval, ...).",
-        default="",
-        metavar="K=V,...",
-    ),
-    _O(
-        "--detect",
-        "detect",
-        "Run the happens-before detector in every trial.",
-        kind="flag",
-        field=True,
-        defining=True,
-        kept=True,
-    ),
-    _O("--scenarios", "scenarios_dir", "The catalogue folder (default: ./scenarios).", defining=True),
-    _O(
-        "--gate",
-        "gate",
-        "After the run, apply the gate (see 'racecheck gate') and exit with its code: 0 pass, 1 fail, 4 undecided.",
-        kind="flag",
-    ),
-    _O("--fixed", "fixed", "With --gate: the arm that must not fail.", metavar="ARM"),
-    _O("--baseline", "baseline", "With --gate: the arm that must still fail.", metavar="ARM"),
+    _O("--nnodes", "nnodes", kind="whole", default=1, least=1),
+    _O("--node-rank", "node_rank", kind="whole", default=0, least=0),
+    _O("--rdzv-endpoint", "rdzv_endpoint", metavar="HOST:PORT"),
+    _O("--rdzv-backend", "rdzv_backend", kind="choice", default="c10d", choices=("c10d",)),
+    _O("--rdzv-id", "rdzv_id", default="racecheck"),
+    _O("--rdzv-conf", "rdzv_conf", default="", metavar="K=V,..."),
+    _O("--detect", "detect", kind="flag", **SETTING),
+    _O("--scenarios", "scenarios_dir", defining=True),
+    _O("--gate", "gate", kind="flag"),
+    _O("--fixed", "fixed", metavar="ARM"),
+    _O("--baseline", "baseline", metavar="ARM"),
 )
 # After the gate's criteria, which `racecheck gate` shares (cli/commands.gate_criteria).
 LAST: tuple[RunOption, ...] = (
-    _O("--quiet", "quiet", "No progress bar.", kind="flag", short="-q"),
-    _O(
-        "PYTEST_ARGS",
-        "pytest_args",
-        "",
-        kind="arguments",
-        field=True,
-        defining=True,
-        kept=True,
-        read=strings,
-    ),
+    _O("--quiet", "quiet", kind="flag", short="-q"),
+    _O("PYTEST_ARGS", "pytest_args", kind="arguments", read=strings, **SETTING),
 )
 ALL = OPTIONS + LAST
 BY_NAME = {o.name: o for o in ALL}

@@ -32,7 +32,6 @@ class RunOption:
     kind: str = "text"
     default: Any = None
     metavar: str | None = None
-    show_default: bool = False
     choices: tuple[str, ...] = ()  # kind choice
     least: int | None = None  # kind whole: its least value (None: any)
     parse: Callable[[str], Any] | None = None  # kind parsed: the value of its text
@@ -42,6 +41,11 @@ class RunOption:
     defining: bool = False  # run.json keeps what it decided: not given with --resume
     kept: bool = False  # run.json keeps RunConfig's field of its name (read back by read_back)
     quoted_hint: bool = True  # its errors name it as click does ('--mesh'); False: as the config's checks do
+
+    @property
+    def show_default(self) -> bool:
+        """Whether `--help` shows the default: where there is one to show."""
+        return self.default is not None and self.default != ""
 
     def text(self, value: Any) -> list[str]:
         """The arguments that give `value` again (a replay command's)."""
