@@ -283,10 +283,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m racecheck.perturb.patch", description="Run a script with patch mode installed."
     )
-    parser.add_argument("--perturb", default=os.environ.get(PERTURB_VAR) or "off", metavar="SPEC")
-    parser.add_argument("--seed", default=os.environ.get(SEED_VAR) or "0", metavar="N")
-    parser.add_argument("script")
-    parser.add_argument("args", nargs=argparse.REMAINDER)
+    perturb, seed = os.environ.get(PERTURB_VAR) or "off", os.environ.get(SEED_VAR) or "0"
+    parser.add_argument("--perturb", default=perturb, metavar="SPEC", help=f"the profile (${PERTURB_VAR}, else off)")
+    parser.add_argument("--seed", default=seed, metavar="N", help=f"the schedule's seed (${SEED_VAR}, else 0)")
+    parser.add_argument("script", help="the script, run as __main__")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if not args.seed.lstrip("-").isdigit():
         parser.error(f"--seed (or ${SEED_VAR}) must be a whole number, got {args.seed!r}")
