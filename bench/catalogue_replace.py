@@ -6,6 +6,10 @@ of only those scenarios (after a scenario changed, without rerunning the whole c
 Every row of NEWER's scenarios in BASE is dropped and NEWER's rows take their place, in BASE's
 column order; the other scenarios' rows are kept as they are. The reports that use it name both
 runs.
+
+It makes no report of its own: bench/catalogue.sh (reports/catalogue_*.csv) and the GPU check
+(reports/gpu/README.md) put a partial rerun's rows in place with it, and the tables are rebuilt
+from those CSVs.
 """
 
 from __future__ import annotations

@@ -14,6 +14,8 @@ tree), checked out into temporary worktrees. Needs valgrind and setarch; a versi
 minutes (importing torch under valgrind dominates), two runs at a time.
 
 Writes DIR/detector_instructions.md (default DIR: reports) and prints it.
+
+Regenerates reports/detector_instructions.md (which reports/gpu/README.md cites).
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from racecheck.runner.record import TrialRecord  # noqa: E402
+from racecheck.runner.trial_log import TrialRecord  # noqa: E402
 
 ARMS = ("a", "b")
 TESTS = ("test_x.py::test_one[1]", "test_x.py::test_one[2]", "test_x.py::test_two")

@@ -5,6 +5,7 @@
 # the wheels in .whl/ stand in for it (see bench/gpu_check.sh for the download command; setuptools
 # and mypy are the build requirements). Writes $OUT/front_door.log and the run folders' CSVs.
 #   bash bench/front_door_gpu.sh
+# Regenerates reports/gpu/front_door_x1.log, which the README cites.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1

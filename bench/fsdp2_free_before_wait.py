@@ -10,6 +10,9 @@ the default stream before it next allocates. That is correct under the caching a
 An action on the freed block done before that wait (at the free, or at the next stream call)
 overwrites the gradient under the optimizer's read; done at the next allocation on the
 reduce-scatter stream, behind the wait, it cannot. Prints the failing trials and the actions taken.
+
+Its run on one H200, which the README cites, is reports/gpu/verdicts/fsdp2_free_before_wait.log
+(bench/verdicts_gpu.sh runs it).
 """
 
 from __future__ import annotations

@@ -10,6 +10,10 @@ its output and tables land under OUT/<step>/, and a summary table is printed las
 (`--continue` resumes catalogue runs that a time limit cut); `benchmark` is every catalogue part
 the benchmark table reads (bench/catalogue_table.py --benchmark), in more than one call. Run it
 through bench/gpu_check.sh on the GPU machine; it adapts to the number of GPUs present.
+
+Regenerates the GPU columns of reports/catalogue_table.md and the tables under reports/gpu/ that
+reports/gpu/README.md lists (catalogue_x*, benchmark_x1_*, parity, sanitizer_compare*,
+patch_mode, fsdp_vs_fsdp2, perturb_overhead*, detector_overhead*).
 """
 
 from __future__ import annotations

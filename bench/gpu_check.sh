@@ -9,6 +9,7 @@
 #     --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .whl \
 #     pytest-repeat==0.9.4 pytest-timeout==2.4.0 tqdm==4.70.1 psutil==7.2.2 \
 #     mypy==2.4.1 mypy-extensions librt ast-serialize pathspec   # mypyc: setup.py compiles the engine
+# Regenerates what bench/gpu_check.py does (reports/gpu/README.md lists it).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 3
 # Eager module loading: lazy loading serializes the first launches of a process and hides the race

@@ -6,6 +6,7 @@
 # (flock), then finds the stamp and skips: two editable installs at once would rebuild the
 # compiled engine under a running run.
 #   source bench/gpu_install.sh LOGFILE   (exports PYTHONPATH; returns 3 when the install fails)
+# A helper of the GPU scripts: it makes no report of its own.
 gpu_install() {
   local log=$1 stamp=/tmp/racecheck-gpu-install.done
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}

@@ -9,6 +9,8 @@ hit both alike); each repetition times `--steps` steps; the figure is the ratio 
 Writes OUT/perturb_overhead.md (and .csv). One process, one rank: the mesh is 1x1, so the
 collectives are local copies and the loop is as short as the model allows, which makes the
 injector's share of it as large as it can be.
+
+Regenerates reports/perturb_overhead.{md,csv}; on a GPU, reports/gpu/perturb_overhead*.{md,csv}.
 """
 
 from __future__ import annotations

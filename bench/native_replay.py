@@ -18,6 +18,8 @@ built, as in a run), alternating, and prints each engine's time per recorded ste
 each replay gives: a change to the engines is compared on the same records, with the same reports,
 before it goes to the GPU. Stacks are not replayed (a report's frames come from the live log),
 only their ids.
+
+Its replays on the 2-core CPU machine are reports/native_engine_cpu.md, which the README cites.
 """
 
 from __future__ import annotations

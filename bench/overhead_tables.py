@@ -5,6 +5,8 @@ step, and where the native path's time goes.
 Writes DIR/detector_overhead_native.csv (workload, optimizer, mode, pinned, ms_median, slowdown,
 runs; the modes plain, native, python and sanitizer), DIR/detector_overhead_native_runs.csv (every
 run) and DIR/detector_overhead_native.md.
+
+Part of bench/detector_overhead_native.py, which regenerates reports/gpu/detector_overhead_native.*.
 """
 
 from __future__ import annotations

@@ -12,6 +12,9 @@ records: what each workload is, its sizes, and the one-rank process group the FS
 
 The sizes are options (add_workload_options). A workload's table key is its model and optimizer:
 `mlp`, `fsdp2` or `fsdp2_compiled`, with `sgd`, `adamw` or `adamw_fused`.
+
+Part of bench/detector_overhead_native.py (reports/gpu/detector_overhead_native.*) and
+bench/native_replay.py (reports/native_engine_cpu.md).
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@
 #   - a hand-off point of a package installed with `pip install --target` (megatron-fsdp in
 #     /tmp/site, bench/gpu_install.sh) is named below its sys.path entry, not by a machine path.
 # Run after bench/gpu_install.sh has installed racecheck (bench/verdicts_gpu.sh does).
+# Regenerates reports/gpu/verdicts/own_suite_x1.log (bench/verdicts_gpu.sh runs it).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 3
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1

@@ -16,6 +16,8 @@
    must not make correct third-party code fail.
 The code under test is unchanged by patch mode: it is installed around it (PatchMode).
 Writes DIR/patch_mode.csv and DIR/patch_mode.md (rank 0).
+
+Regenerates reports/gpu/patch_mode.{md,csv}.
 """
 
 from __future__ import annotations

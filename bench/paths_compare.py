@@ -10,6 +10,8 @@ outcome, whether the detector reported, and the reports' text (unnamed streams' 
 the table lists each run with the trials compared, those that agree, and every disagreement. Rows of a foreign_code.csv
 (bench/foreign_code.py's table, where the soundness check's counts are) are compared as well.
 Exit code 1 when any trial or row disagrees or a run is missing on one side.
+
+Regenerates reports/gpu/paths_compare.md (bench/paths_gpu.sh runs it).
 """
 
 from __future__ import annotations

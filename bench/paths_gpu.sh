@@ -12,6 +12,7 @@
 #                              the catalogue, PATHS_VARIANTS some of native, python and
 #                              native-pyengine, to split the work over device calls)
 # The wheels the machine lacks travel in .whl/ (bench/foreign_code.sh's header: megatron-fsdp too).
+# Regenerates reports/gpu/paths_compare.{md,log}, which the README cites.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 3
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1

@@ -11,6 +11,9 @@ suite `generated`; case `correct` (a program as generated), `racy-access` or `ra
 synchronization removed); mode a profile (`profile:SPEC`), `detect` (the tracker, nothing
 injected) or `systematic` (racy programs: `failures` counts those found within k trials, among
 those one delayed point must expose, `trials`); `trials` counts programs.
+
+Its GPU run, which the README's Soundness section cites, is reports/gpu/verdicts/soundness_x1.csv
+(bench/foreign_code.py and bench/verdicts_gpu.sh run it).
 """
 
 from __future__ import annotations

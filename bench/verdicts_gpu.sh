@@ -16,6 +16,7 @@
 #   own        bench/own_suite_gpu.sh: a user's one-rank NCCL suite, --world-size beyond the GPUs
 #   bash bench/verdicts_gpu.sh [PART ...]      (default: every part; they run side by side)
 # The wheels the machine lacks travel in .whl/ (bench/gpu_check.sh's header; hypothesis too).
+# Regenerates reports/gpu/verdicts/, which the README's Soundness section cites.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 3
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1

@@ -2,7 +2,6 @@
 perturbation (and, with --racecheck-detect, the race detector) installed, and the scenario's own
 definition (scenario.toml)."""
 
-import dataclasses
 import os
 from pathlib import Path
 
@@ -37,76 +36,13 @@ def world(scenario):
         pytest.fail(str(exc), pytrace=False)
 
 
-@dataclasses.dataclass
-class _Detection:
-    """The detector of one test, and how many of its reports already failed the test."""
-
-    detector: object
-    raised: int = 0
-
-
-_DETECTION = pytest.StashKey[_Detection]()
-
-
 @pytest.fixture
-def runtime(request, world, scenario, racecheck_perturb, racecheck_seed, racecheck_detect, racecheck_reports):
+def runtime(request, world, scenario):
     """The runtime with this test's perturbation installed (its block's, from the runner's
-    schedule, else $RACECHECK_PERTURB, else the scenario's default profile) and, with --racecheck-detect, the
-    happens-before detector attached for the test. Every detector report is appended to
-    `racecheck_reports` (the outcome record's `reports`) and fails the test with the report as its
-    failure text: in the call phase when found by then (pytest_runtest_call below), else in this
-    fixture's teardown."""
-    from racecheck.perturb.injector import resolve_spec
-    from racecheck.scenario_kit.harness import perturbation
+    schedule, else the scenario's default profile) and, with --racecheck-detect, the
+    happens-before detector attached for the test: the per-test harness (racecheck.rank.harness),
+    whose reports fail the test."""
+    from racecheck.rank.harness import on_runtime
 
-    spec = resolve_spec(racecheck_perturb, scenario.default_perturb)
-    detection = None
-    if racecheck_detect:
-        from racecheck.detect import RaceDetector
-
-        detection = request.node.stash[_DETECTION] = _Detection(RaceDetector())
-    with perturbation(world, spec, seed=racecheck_seed):
-        if detection is None:
-            yield world
-        else:
-            with detection.detector.attached(world):
-                yield world
-                world.synchronize()  # inside: the detector sees the host learn of completion
-    world.synchronize()
-    if detection is None:
-        return
-    reports = detection.detector.reports()
-    racecheck_reports.extend(r.text() for r in reports)
-    if len(reports) > detection.raised:  # found after the call phase (frees in teardown)
-        from racecheck.detect import render
-
-        pytest.fail(render(reports[detection.raised :]), pytrace=False)
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_call(item):
-    """With the detector on, a race it found fails the test once the test body has run, with the
-    report as the failure text (also when the body failed on its own: the race explains it)."""
-    detection = item.stash.get(_DETECTION, None)
-    if detection is None:
-        return (yield)
-    try:
-        result = yield
-        failure = None
-    except (KeyboardInterrupt, pytest.skip.Exception):
-        raise
-    except BaseException as exc:  # pytest.fail's outcome is a BaseException too
-        result, failure = None, exc
-    reports = detection.detector.reports()
-    if not reports:
-        if failure is not None:
-            raise failure
-        return result
-    from racecheck.detect import render
-
-    detection.raised = len(reports)
-    text = render(reports)
-    if failure is not None:
-        first = (str(failure).strip().splitlines() or [type(failure).__name__])[0]
-        text += f"\n\nThe test body failed too: {type(failure).__name__}: {first}"
-    pytest.fail(text, pytrace=False)
+    with on_runtime(request.node, world, default=scenario.default_profile):
+        yield world

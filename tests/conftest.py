@@ -1,5 +1,8 @@
 """Fixtures that racecheck's own tests share (their helpers are in run_kit.py).
 
+- `rt`: a stream runtime for one test, closed after it (device_kit.new_runtime): the CPU
+  emulation, or the backend that the module's `runtime` mark names
+  (`pytestmark = pytest.mark.runtime("cuda")`) or an indirect parametrization gives;
 - `fast_sessions`: the test sessions a run starts load no third-party pytest plugins (the
   runner loads its own with -p), as a module asks with
   `pytestmark = pytest.mark.usefixtures("fast_sessions")`;
@@ -25,7 +28,7 @@ import os
 import pytest
 from run_kit import SEEDED_TEST, write_suite
 
-from racecheck.runner.launch import MARK_VAR
+from racecheck.protocol.names import SESSION_MARK_VAR
 
 WORKERS = (os.cpu_count() or 1) + 1
 # Modules by the time they take, longest first (tests/ only; any module not named runs after these).
@@ -38,6 +41,7 @@ LONGEST_FIRST = (
     "test_nodes.py",
     "test_readme_promises.py",
     "test_cli.py",
+    "test_cli_worlds.py",
     "test_runner.py",
     "test_project_patch.py",
     "test_early_ends.py",
@@ -55,7 +59,7 @@ LONGEST_FIRST = (
 def pytest_cmdline_main(config):
     # Not in a worker, nor where there is no xdist, nor in a session that racecheck started (on
     # this suite: its runner decides how that session's processes are laid out).
-    if hasattr(config, "workerinput") or not config.pluginmanager.hasplugin("xdist") or MARK_VAR in os.environ:
+    if hasattr(config, "workerinput") or not config.pluginmanager.hasplugin("xdist") or SESSION_MARK_VAR in os.environ:
         return
     option = config.option
     whole_suite = config.args_source is not pytest.Config.ArgsSource.ARGS
@@ -71,6 +75,16 @@ def pytest_collection_modifyitems(config, items):
         return
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
+@pytest.fixture
+def rt(request):
+    from device_kit import close_runtime, new_runtime  # torch, only where a test needs a runtime
+
+    marker = request.node.get_closest_marker("runtime")
+    runtime = new_runtime(getattr(request, "param", None) or (marker.args[0] if marker else "sim"))
+    yield runtime
+    close_runtime(runtime)
 
 
 @pytest.fixture

@@ -1,6 +1,7 @@
 """What the tests of racecheck's stream runtimes share (test_device_contract.py, test_cuda_runtime.py,
-test_sim_semantics.py): holding a stream while the host checks what has not run yet, and the CUDA
-warm-up that keeps a kernel's first launch from synchronizing the device.
+test_sim_semantics.py): a runtime for one test (conftest.py's `rt` fixture makes it here), holding
+a stream while the host checks what has not run yet, and the CUDA warm-up that keeps a kernel's
+first launch from synchronizing the device.
 
 On the emulation a stream is held by a host gate its worker waits for, so no ordering depends on
 timing; on CUDA by a spinning kernel (torch.cuda._sleep through rt.sleep) of HOLD_S seconds, far
@@ -38,6 +39,31 @@ class StreamHold:
     def release(self) -> None:
         for gate in self.gates:
             gate.set()
+
+
+def new_runtime(backend: str):
+    """A runtime of `backend` for one test: the CPU emulation as the process's runtime (`sim`),
+    or CUDA's, warmed up and with no cached block left over from earlier tests (`cuda`)."""
+    if backend == "sim":
+        from racecheck.device import init_runtime
+
+        return init_runtime("sim")
+    from racecheck.device.cuda import CudaRuntime
+
+    torch.cuda.synchronize()
+    runtime = CudaRuntime()
+    warm_kernels(runtime.device)
+    torch.cuda.empty_cache()  # no cached blocks left over from earlier tests or the warm-up
+    return runtime
+
+
+def close_runtime(runtime) -> None:
+    if runtime.backend == "sim":
+        from racecheck.device import shutdown_runtime
+
+        shutdown_runtime()
+    else:
+        runtime.close()
 
 
 def warm_kernels(device: torch.device) -> None:

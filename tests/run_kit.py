@@ -1,6 +1,7 @@
 """What racecheck's tests of the runner and the CLI share: a pytest project written for the purpose
 (write_suite, and SEEDED_TEST, whose arms fail at known rates), `racecheck ARGS` run in this
-process (racecheck), and readers of a run folder (records, summary_counts, expected_failures).
+process (racecheck, one_line_error), trial logs written by hand (trial_record, write_log), and
+readers of a run folder (records, record_frame, run_summary, summary_counts, expected_failures).
 Their fixtures are in conftest.py.
 """
 
@@ -16,7 +17,8 @@ import sys
 import textwrap
 from pathlib import Path
 
-from racecheck.runner.record import read_log
+from racecheck.protocol.records import TrialRecord
+from racecheck.runner.trial_log import TrialLog, read_log
 
 # A suite whose arms are told apart inside the process: test `case` of trial t fails when a
 # draw seeded by the trial's seed falls below the arm's rate.
@@ -119,8 +121,48 @@ def expected_failures(rates: dict, trials, *, seed: int = 0) -> dict:
     return out
 
 
+def trial_record(**fields) -> TrialRecord:
+    """A trial record with `fields`, the rest of the required ones a passed test of one trial
+    (run `r`, scenario main_grad_reuse, trial and seed 0, test `t.py::t`, no arm expectation)."""
+    defaults = {"run_id": "r", "scenario": "main_grad_reuse", "arm": "a", "expect": "", "trial": 0, "seed": 0}
+    defaults.update(test="t.py::t", params="", outcome="passed")
+    return TrialRecord(**{**defaults, **fields})
+
+
+def write_log(out: Path, records) -> Path:
+    """OUT/trials.jsonl holding `records`, in order, as the runner appends them; OUT."""
+    with TrialLog(out / "trials.jsonl") as log:
+        for record in records:
+            log.append(record)
+    return out
+
+
 def records(out: Path) -> list:
     return list(read_log(out / "trials.jsonl"))
+
+
+def record_frame(out: Path):
+    """OUT's records as `racecheck report` reads them: tally.load_records of the opened folder."""
+    from racecheck.results import tally
+    from racecheck.runner.run_folder import open_run_folder
+
+    return tally.load_records(open_run_folder(out, need_run=False))
+
+
+def run_summary(out: Path):
+    """OUT/summary.csv written as `racecheck run` writes it at its end; the summary."""
+    from racecheck.results import tally
+    from racecheck.runner.run_folder import open_run_folder
+
+    folder = open_run_folder(out, need_run=False)
+    return tally.write_summary(folder, tally.load_records(folder))
+
+
+def one_line_error(res: Result, code: int = 2) -> str:
+    """The one line a command that failed with `code` said on stderr (no traceback)."""
+    assert res.code == code, res
+    assert res.err.count("\n") == 1 and "Traceback" not in res.err, res
+    return res.err.strip()
 
 
 def free_port() -> int:

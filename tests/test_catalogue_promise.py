@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 from run_kit import racecheck
 
-from racecheck.runner.record import read_log
+from racecheck.runner.trial_log import read_log
 from racecheck.suites.catalogue import load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -11,9 +11,8 @@ import subprocess
 import sys
 
 import pytest
-from run_kit import racecheck, write_suite
-
 from racecheck.printable import shell_join
+from run_kit import racecheck, write_suite
 
 pytestmark = pytest.mark.usefixtures("fast_sessions")
 

@@ -25,18 +25,11 @@ from run_kit import free_port
 
 from racecheck.device.base import ReduceOp, RuntimeObserver
 
-pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
-
-
-@pytest.fixture
-def rt():
-    from racecheck.device.cuda import CudaRuntime
-
-    runtime = CudaRuntime()
-    warm_kernels(runtime.device)
-    torch.cuda.empty_cache()  # no cached blocks left over from earlier tests or the warm-up
-    yield runtime
-    runtime.close()
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.runtime("cuda"),
+]
 
 
 class Recorder(RuntimeObserver):

@@ -10,16 +10,8 @@ from __future__ import annotations
 import pytest
 
 from racecheck.detect import RaceDetector, RaceKind
-from racecheck.device.sim import SimRuntime
 
 N = 1024  # floats: 4 KiB buffers, so every reuse below is an exact fit
-
-
-@pytest.fixture
-def rt():
-    runtime = SimRuntime()
-    yield runtime
-    runtime.close()
 
 
 @pytest.fixture

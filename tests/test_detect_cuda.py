@@ -9,20 +9,13 @@ import torch
 
 from racecheck.detect import RaceKind
 
-pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.runtime("cuda"),
+]
 
 N = 1 << 20  # 4 MiB buffers
-
-
-@pytest.fixture
-def rt():
-    from racecheck.device.cuda import CudaRuntime
-
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    runtime = CudaRuntime()
-    yield runtime
-    runtime.synchronize()
 
 
 def copy(out, src):
@@ -315,10 +308,10 @@ def _both_engines(program) -> tuple[list[str], list[str], list[str]]:
         torch.cuda.synchronize()
     native = [r.text() for r in tracker.reports()]
     reference = TorchRaceTracker(path="python")  # its engine is the Python one, fed the same records
-    reference._current = tracker._current
+    reference.current = tracker.current
     ref_feed = NativeFeed(feed.log, reference, engine="python")
     ref_feed.engine, reference._feed = reference.engine, ref_feed
-    ref_feed.plans, ref_feed._streams, ref_feed._stacks = feed.plans, feed._streams, feed._stacks
+    ref_feed.plans, ref_feed.streams, ref_feed.stacks = feed.plans, feed.streams, feed.stacks
     for handle, name in tracker._names.items():
         reference.name_stream(handle, name)
     for records, items in batches:

@@ -240,7 +240,7 @@ def applied(trace: Trace, engine: str, *, slots: list | None = None) -> dict:
     if engine == "native":
         tracker.engine = feed.engine
     feed.plans = list(OPS)
-    feed._streams.update({(STREAM_IDS[s], 0): HANDLES[s] for s in STREAM_IDS})
+    feed.streams.update({(STREAM_IDS[s], 0): HANDLES[s] for s in STREAM_IDS})
     for s in ("A", "B"):
         tracker.name_stream(HANDLES[s], f"stream {s}")
     for batch in trace.batches:

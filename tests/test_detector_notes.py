@@ -3,8 +3,8 @@ from the records' `unseen_kernels` over trials and ranks, one line per arm."""
 
 from __future__ import annotations
 
+from racecheck.protocol.records import TrialRecord
 from racecheck.results.detector_notes import detector_notes
-from racecheck.runner.record import TrialRecord
 
 
 def _record(trial: int, arm: str, unseen: dict | None) -> TrialRecord:

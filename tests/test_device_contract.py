@@ -12,11 +12,24 @@ from __future__ import annotations
 
 import pytest
 import torch
-from device_kit import HOLD_S, LARGE, StreamHold, warm_kernels
+from device_kit import HOLD_S, LARGE, StreamHold
 
-from racecheck.device import Point, Runtime, RuntimeObserver
+from racecheck.device import Point, RuntimeObserver
 from racecheck.device.base import ReduceOp
-from racecheck.device.sim import SimRuntime
+
+# Every test on each runtime (conftest.py's `rt`, given the backend).
+pytestmark = pytest.mark.parametrize(
+    "rt",
+    [
+        pytest.param("sim", id="sim"),
+        pytest.param(
+            "cuda",
+            id="cuda",
+            marks=[pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")],
+        ),
+    ],
+    indirect=True,
+)
 
 
 class Recorder(RuntimeObserver):
@@ -28,31 +41,6 @@ class Recorder(RuntimeObserver):
 
 for _name in [n for n in vars(RuntimeObserver) if n.startswith("on_")]:
     setattr(Recorder, _name, lambda self, rt, *a, _n=_name, **kw: self.calls.append(_n))
-
-
-def _cuda_runtime() -> Runtime:
-    from racecheck.device.cuda import CudaRuntime
-
-    runtime = CudaRuntime()
-    warm_kernels(runtime.device)
-    torch.cuda.empty_cache()  # no cached blocks left over from earlier tests or the warm-up
-    return runtime
-
-
-@pytest.fixture(
-    params=[
-        pytest.param(SimRuntime, id="sim"),
-        pytest.param(
-            _cuda_runtime,
-            id="cuda",
-            marks=[pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")],
-        ),
-    ]
-)
-def rt(request):
-    runtime = request.param()
-    yield runtime
-    runtime.close()
 
 
 @pytest.fixture

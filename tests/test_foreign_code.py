@@ -62,53 +62,14 @@ def _summary(folder: Path, rows: list[dict]) -> None:
 def test_rows_name_the_whole_trial_rows_and_merge_replaces_the_same_key(fc, tmp_path):
     run = fc.Run("megatron_fsdp", "detect", ("tests/test_hsdp.py",))
     node = "tests/test_hsdp.py::test_hsdp_losses_match_baseline[1-True]"
-    _summary(
-        tmp_path / "a",
-        [
-            {
-                "scenario": "megatron_fsdp",
-                "test": node,
-                "arm": "asis",
-                "expect": "race",
-                "trials": 10,
-                "failures": 9,
-                "detected": 10,
-            },
-            {
-                "scenario": "megatron_fsdp",
-                "test": "*",
-                "arm": "asis",
-                "expect": "race",
-                "trials": 10,
-                "failures": 10,
-                "detected": 10,
-            },
-        ],
-    )
+    row = {"scenario": "megatron_fsdp", "arm": "asis", "expect": "race", "trials": 10, "detected": 10}
+    _summary(tmp_path / "a", [{**row, "test": node, "failures": 9}, {**row, "test": "*", "failures": 10}])
     rows = fc.rows_of(run, tmp_path / "a")
+    shared = {"suite": "megatron_fsdp", "arm": "asis", "expect": "race", "mode": "detect", "path": ""}
+    shared.update(trials="10", detected="10")
     assert rows == [
-        {
-            "suite": "megatron_fsdp",
-            "case": "test_hsdp_losses_match_baseline[1-True]",
-            "arm": "asis",
-            "expect": "race",
-            "mode": "detect",
-            "path": "",
-            "trials": "10",
-            "failures": "9",
-            "detected": "10",
-        },
-        {
-            "suite": "megatron_fsdp",
-            "case": fc.ANY_TEST,
-            "arm": "asis",
-            "expect": "race",
-            "mode": "detect",
-            "path": "",
-            "trials": "10",
-            "failures": "10",
-            "detected": "10",
-        },
+        {**shared, "case": "test_hsdp_losses_match_baseline[1-True]", "failures": "9"},
+        {**shared, "case": fc.ANY_TEST, "failures": "10"},
     ]
     report = tmp_path / "report"
     fc.merge(report, rows)

@@ -7,17 +7,9 @@ import pytest
 import torch
 from torch import nn
 
-from racecheck.device import init_runtime, shutdown_runtime
 from racecheck.fsdp import Mesh, MeshConfig, MixedPrecisionPolicy, fully_shard
 from racecheck.fsdp.config import GroupOptions
 from racecheck.fsdp.flat_param import ALIGN_NUMEL, FlatLayout
-
-
-@pytest.fixture
-def rt():
-    runtime = init_runtime("sim")
-    yield runtime
-    shutdown_runtime()
 
 
 @pytest.mark.parametrize("kwargs", [dict(shard=0), dict(shard=2, replicate=0), dict(shard=1.5), dict(shard=True)])

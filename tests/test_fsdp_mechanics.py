@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from racecheck.device import RuntimeObserver, init_runtime, shutdown_runtime
+from racecheck.device import RuntimeObserver
 from racecheck.fsdp import Mesh, MeshConfig, MixedPrecisionPolicy, fully_shard
 from racecheck.fsdp.param_group import GroupState
 from racecheck.fsdp.streams import fsdp_streams
@@ -48,13 +48,6 @@ class Log(RuntimeObserver):
 
     def index(self, name: str, group: str, start: int = 0) -> int:
         return self.trace.index((name, group), start)
-
-
-@pytest.fixture
-def rt():
-    runtime = init_runtime("sim")
-    yield runtime
-    shutdown_runtime()
 
 
 def build(rt, **options):

@@ -7,52 +7,51 @@ import sys
 
 import pytest
 from click.testing import CliRunner
+from run_kit import record_frame, trial_record, write_log
 
 from racecheck.cli.commands import gate_command, plan_command
 from racecheck.exitcodes import ExitCode
 from racecheck.results import tally
 from racecheck.results.gate import Decision, evaluate_gate
 from racecheck.results.stats import trials_for_auto
-from racecheck.runner.record import TrialLog, TrialRecord
 
 TEST = "scenarios/main_grad_reuse/test_main_grad_reuse.py::test_hsdp_losses_match_baseline[{}]"
 PARAMS = ("1-True", "1-False", "3-True", "3-False")
 
 
-def write_log(out, arms, *, scenario="main_grad_reuse"):
+def write_arms(out, arms, *, scenario="main_grad_reuse"):
     """arms: {arm: (expect, trials, failing trial indices)}; a failing trial fails `[1-True]`."""
-    with TrialLog(out / "trials.jsonl") as log:
-        for arm, (expect, trials, failing) in arms.items():
-            for t in range(trials):
-                for p in PARAMS:
-                    bad = t in failing and p == "1-True"
-                    log.append(
-                        TrialRecord(
-                            run_id="r",
-                            scenario=scenario,
-                            arm=arm,
-                            expect=expect,
-                            trial=t,
-                            seed=t,
-                            test=TEST.format(p),
-                            params=p,
-                            outcome="failed" if bad else "passed",
-                        )
-                    )
-    return out
+    return write_log(
+        out,
+        (
+            trial_record(
+                scenario=scenario,
+                arm=arm,
+                expect=expect,
+                trial=t,
+                seed=t,
+                test=TEST.format(p),
+                params=p,
+                outcome="failed" if t in failing and p == "1-True" else "passed",
+            )
+            for arm, (expect, trials, failing) in arms.items()
+            for t in range(trials)
+            for p in PARAMS
+        ),
+    )
 
 
 def summary_of(tmp_path, arms):
-    return tally.summarize(tally.load_records(write_log(tmp_path, arms)))
+    return tally.summarize(record_frame(write_arms(tmp_path, arms)))
 
 
 @pytest.fixture
 def proven(tmp_path):
-    return write_log(tmp_path, {"baseline": ("race", 10, range(10)), "fixed": ("safe", 10, ())})
+    return write_arms(tmp_path, {"baseline": ("race", 10, range(10)), "fixed": ("safe", 10, ())})
 
 
 def test_pass(proven):
-    result = evaluate_gate(tally.summarize(tally.load_records(proven)), fixed="fixed", baseline="baseline")
+    result = evaluate_gate(tally.summarize(record_frame(proven)), fixed="fixed", baseline="baseline")
     assert result.decision is Decision.PASS and result.exit_code == ExitCode.OK
     fixed_line, baseline_line = result.lines
     assert "fixed arm 'fixed'" in fixed_line and "no failure in 10 trials" in fixed_line
@@ -61,7 +60,7 @@ def test_pass(proven):
 
 
 def test_fail_when_arms_swapped(proven):
-    result = evaluate_gate(tally.summarize(tally.load_records(proven)), fixed="baseline", baseline="fixed")
+    result = evaluate_gate(tally.summarize(record_frame(proven)), fixed="baseline", baseline="fixed")
     assert result.decision is Decision.FAIL and result.exit_code == ExitCode.GATE_FAILED
     assert all(c.decision is Decision.FAIL for c in result.conditions)
     assert "observed rate 100% > max-rate 0%" in result.lines[0]
@@ -113,35 +112,13 @@ def test_confident_failure_and_undecided_baseline(tmp_path):
 
 def test_scenarios_and_errors(tmp_path):
     (tmp_path / "a").mkdir()
-    write_log(tmp_path / "a", {"baseline": ("race", 3, range(3)), "fixed": ("safe", 3, ())}, scenario="s1")
-    with TrialLog(tmp_path / "a" / "trials.jsonl") as log:  # a second scenario that regressed
-        log.append(
-            TrialRecord(
-                run_id="r",
-                scenario="s2",
-                arm="fixed",
-                expect="safe",
-                trial=0,
-                seed=0,
-                test="t.py::t",
-                params="",
-                outcome="failed",
-            )
-        )
-        log.append(
-            TrialRecord(
-                run_id="r",
-                scenario="s2",
-                arm="baseline",
-                expect="race",
-                trial=0,
-                seed=0,
-                test="t.py::t",
-                params="",
-                outcome="failed",
-            )
-        )
-    summary = tally.summarize(tally.load_records(tmp_path / "a"))
+    write_arms(tmp_path / "a", {"baseline": ("race", 3, range(3)), "fixed": ("safe", 3, ())}, scenario="s1")
+    regressed = [  # a second scenario, whose fix regressed
+        trial_record(scenario="s2", arm="fixed", expect="safe", outcome="failed"),
+        trial_record(scenario="s2", arm="baseline", expect="race", outcome="failed"),
+    ]
+    write_log(tmp_path / "a", regressed)
+    summary = tally.summarize(record_frame(tmp_path / "a"))
     both = evaluate_gate(summary, fixed="fixed", baseline="baseline")
     assert both.decision is Decision.FAIL and len(both.conditions) == 4
     assert evaluate_gate(summary, fixed="fixed", baseline="baseline", scenario="s1").decision is Decision.PASS
@@ -241,22 +218,11 @@ def test_help_imports_no_heavy_library(argv):
 
 
 def test_arm_that_only_skipped_is_undecided(tmp_path):
-    with TrialLog(tmp_path / "trials.jsonl") as log:
-        for arm, outcome in (("baseline", "failed"), ("fixed", "skipped")):
-            log.append(
-                TrialRecord(
-                    run_id="r",
-                    scenario="s",
-                    arm=arm,
-                    expect="",
-                    trial=0,
-                    seed=0,
-                    test="t.py::t",
-                    params="",
-                    outcome=outcome,
-                )
-            )
-    result = evaluate_gate(tally.summarize(tally.load_records(tmp_path)), fixed="fixed", baseline="baseline")
+    write_log(
+        tmp_path,
+        [trial_record(scenario="s", arm=a, outcome=o) for a, o in (("baseline", "failed"), ("fixed", "skipped"))],
+    )
+    result = evaluate_gate(tally.summarize(record_frame(tmp_path)), fixed="fixed", baseline="baseline")
     assert result.decision is Decision.UNDECIDED
     assert result.lines[0] == "s fixed arm 'fixed': no trial ran (all skipped) -> UNDECIDED"
     assert result.lines[1].endswith("reproduced (at least 1 failing trial) -> PASS")

@@ -13,13 +13,14 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import psutil
 import pytest
 from run_kit import Result, free_port, racecheck, records, summary_counts, write_suite
 
+from racecheck.protocol.records import Outcome
 from racecheck.runner import node_writer
-from racecheck.runner.record import Outcome
 
 # Each rank draws; the world fails a test when any rank's draw was unlucky (an all-reduce, so
 # both nodes must take part). test_rank_one fails on rank 1 alone: its outcome crosses the nodes.
@@ -58,7 +59,7 @@ pytestmark = [pytest.mark.usefixtures("fast_sessions"), pytest.mark.slow]
 
 
 @pytest.fixture
-def project(tmp_path):
+def world_project(tmp_path):
     return write_suite(
         tmp_path / "p",
         arms={"often": {"expect": "race"}, "never": {"expect": "safe"}},
@@ -129,36 +130,13 @@ def outcome_of(arm: str, trial: int, *, seed: int) -> dict:
     return fails
 
 
-def test_a_killed_node_ends_its_trial_as_crash_the_other_reports_it_and_resume_finishes(project, tmp_path, monkeypatch):
+def test_a_killed_node_ends_its_trial_as_crash_the_other_reports_it_and_resume_finishes(
+    world_project, tmp_path, monkeypatch
+):
     monkeypatch.setenv("STEP_S", "0.2")
-    port = free_port()
     out = tmp_path / "out"
-    common = ["--trials", 12, "--seed", 4, "--out", out, "-q"]
-    # Node 1 is killed once node 0 (the writer, running in this process) has logged four records.
-    follower = start_node(project, common + node_args(port, 1))
-    killed, writer_done = threading.Event(), threading.Event()
-
-    def kill_after_four_records() -> None:
-        deadline = time.monotonic() + LIMIT_S
-        log = out / "trials.jsonl"
-        while not writer_done.is_set() and time.monotonic() < deadline:
-            if log.exists() and len(log.read_text().splitlines()) >= 4:
-                kill_node(follower)
-                killed.set()
-                return
-            time.sleep(0.05)
-
-    watcher = threading.Thread(target=kill_after_four_records, daemon=True)
-    watcher.start()
-    try:
-        writer = racecheck("run", *common, *node_args(port, 0), cwd=project)
-    finally:
-        writer_done.set()
-        watcher.join()
-        if follower.poll() is None:
-            kill_node(follower)
-        follower.communicate()
-    assert killed.is_set(), f"the writer ended before four records: {writer}"
+    writer, killed = _killing_node_1_after_four_records(world_project, out)
+    assert killed, f"the writer ended before four records: {writer}"
     assert writer.code == 3, writer
     assert (
         "node 1 stopped responding" in writer.err
@@ -182,16 +160,64 @@ def test_a_killed_node_ends_its_trial_as_crash_the_other_reports_it_and_resume_f
     writer_logs_before = set((out / "ranks").glob("*-rank-*.jsonl"))
     port = free_port()
     writer, done = nodes_with_node_0_here(
-        project, ["--resume", out, "-q"] + node_args(port, 0), [["--resume", out, "-q"] + node_args(port, 1)]
+        world_project, ["--resume", out, "-q"] + node_args(port, 0), [["--resume", out, "-q"] + node_args(port, 1)]
     )
     assert writer.code == 0 and [d[0] for d in done] == [0], (writer, done)
     assert "ran its part of 1 session(s) of node 0's run" in done[0][1], done
-    blamed = {(r.trial, r.arm) for r in bad}
+    _check_the_resumed_run(out, blamed={(r.trial, r.arm) for r in bad})
+    # Node 1 kept its own rank log of the resumed session and no trial log. c10d, not the node
+    # rank, decides which global rank node 1's process gets, so its log may be rank 0's or rank
+    # 1's; node 0 holds the same events under the same name, relayed, beside its own rank's log.
+    assert not (follower_dir / "trials.jsonl").exists()
+    (kept,) = set((follower_dir / "ranks").glob("*-rank-*.jsonl")) - killed_logs
+    writer_logs = sorted(p.name for p in set((out / "ranks").glob("*-rank-*.jsonl")) - writer_logs_before)
+    assert len(writer_logs) == 2 and kept.name in writer_logs, writer_logs
+
+    def events(path):
+        return [json.loads(line) for line in path.read_text().splitlines()]
+
+    assert events(kept) and events(kept) == events(out / "ranks" / kept.name)
+    assert json.loads((follower_dir / "run.json").read_text())["node"] == {"rank": 1, "nnodes": 2}
+
+
+def _killing_node_1_after_four_records(world_project: Path, out: Path):
+    """(node 0's result, whether node 1 was killed) of a run of 12 trials over two nodes, node 1
+    killed once node 0 (the writer, running in this process) has logged four records."""
+    port = free_port()
+    common = ["--trials", 12, "--seed", 4, "--out", out, "-q"]
+    follower = start_node(world_project, common + node_args(port, 1))
+    killed, writer_done = threading.Event(), threading.Event()
+
+    def kill_after_four_records() -> None:
+        deadline = time.monotonic() + LIMIT_S
+        log = out / "trials.jsonl"
+        while not writer_done.is_set() and time.monotonic() < deadline:
+            if log.exists() and len(log.read_text().splitlines()) >= 4:
+                kill_node(follower)
+                killed.set()
+                return
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=kill_after_four_records, daemon=True)
+    watcher.start()
+    try:
+        writer = racecheck("run", *common, *node_args(port, 0), cwd=world_project)
+    finally:
+        writer_done.set()
+        watcher.join()
+        if follower.poll() is None:
+            kill_node(follower)
+        follower.communicate()
+    return writer, killed.is_set()
+
+
+def _check_the_resumed_run(out: Path, *, blamed: set) -> None:
+    """Every block done; every trial that ran whole is what WORLD_TEST's two ranks draw
+    (`outcome_of`), the outcome one node running both ranks gives (test_runner.py checks that merge
+    of ranks), both ranks' failures in node 0's one log; the summary counts them, the `blamed`
+    (crashed) blocks as failures."""
     done_blocks = [json.loads(line) for line in (out / "completed.jsonl").read_text().splitlines()]
     assert sorted((d["trial"], d["arm"]) for d in done_blocks) == sorted((t, a) for t in range(12) for a in RATES)
-    # Every trial that ran whole is what WORLD_TEST's two ranks draw (`outcome_of`), the outcome
-    # one node running both ranks gives (test_runner.py checks that merge of ranks), both ranks'
-    # failures in node 0's one log; the summary counts them, the crashed block as a failure.
     recs = records(out)
     outcomes = {(r.trial, r.arm, r.test.split("::")[-1]): r.outcome for r in recs}
     assert {k: v for k, v in outcomes.items() if k[:2] not in blamed} == {
@@ -208,43 +234,27 @@ def test_a_killed_node_ends_its_trial_as_crash_the_other_reports_it_and_resume_f
         failing[a, test][t] = failed
         failing[a, "*"][t] = failing[a, "*"].get(t, False) or failed
     assert summary_counts(out) == {key: (sum(per.values()), len(per)) for key, per in failing.items()}
-    # Node 1 kept its own rank log of the resumed session and no trial log. c10d, not the node
-    # rank, decides which global rank node 1's process gets, so its log may be rank 0's or rank
-    # 1's; node 0 holds the same events under the same name, relayed, beside its own rank's log.
-    assert not (follower_dir / "trials.jsonl").exists()
-    (kept,) = set((follower_dir / "ranks").glob("*-rank-*.jsonl")) - killed_logs
-    writer_logs = sorted(p.name for p in set((out / "ranks").glob("*-rank-*.jsonl")) - writer_logs_before)
-    assert len(writer_logs) == 2 and kept.name in writer_logs, writer_logs
-
-    def events(path):
-        return [json.loads(line) for line in path.read_text().splitlines()]
-
-    assert events(kept) and events(kept) == events(out / "ranks" / kept.name)
-    assert json.loads((follower_dir / "run.json").read_text())["node"] == {"rank": 1, "nnodes": 2}
 
 
-def test_a_node_that_never_joins_stops_the_run_within_the_join_timeout(project, tmp_path):
+def test_a_node_that_never_joins_stops_the_run_within_the_join_timeout(world_project, tmp_path):
     port = free_port()
-    res = racecheck(
-        "run", "--trials", 2, "--out", tmp_path / "out", "-q", *node_args(port, 0, conf="join_timeout=1"), cwd=project
-    )
+    node_0, node_1 = node_args(port, 0, conf="join_timeout=1"), node_args(port, 1, conf="join_timeout=1")
+    res = racecheck("run", "--trials", 2, "--out", tmp_path / "out", "-q", *node_0, cwd=world_project)
     assert res.code == 3, res
     assert "node 1 of 2 did not join within 1 s (--rdzv-conf join_timeout)" in res.err
     assert not (tmp_path / "out" / "trials.jsonl").exists()
-    res = racecheck(
-        "run", "--trials", 2, "--out", tmp_path / "f", "-q", *node_args(port, 1, conf="join_timeout=1"), cwd=project
-    )
+    res = racecheck("run", "--trials", 2, "--out", tmp_path / "f", "-q", *node_1, cwd=world_project)
     assert res.code == 3 and f"node 1: could not reach node 0 at 127.0.0.1:{port} within 1 s" in res.err, res
 
 
-def test_a_node_with_other_settings_is_refused_by_both(project, tmp_path, monkeypatch):
+def test_a_node_with_other_settings_is_refused_by_both(world_project, tmp_path, monkeypatch):
     # Node 0 keeps its store up for BYE_S after the refusal, for node 1 to read it; node 1 polls
     # it every 50 ms and never says goodbye, so a shorter stay is all this needs.
     monkeypatch.setattr(node_writer, "BYE_S", 2.0)
     port = free_port()
-    follower = start_node(project, ["--seed", 2, "--out", tmp_path / "out", "-q"] + node_args(port, 1))
+    follower = start_node(world_project, ["--seed", 2, "--out", tmp_path / "out", "-q"] + node_args(port, 1))
     try:
-        res = racecheck("run", "--seed", 1, "--out", tmp_path / "out", "-q", *node_args(port, 0), cwd=project)
+        res = racecheck("run", "--seed", 1, "--out", tmp_path / "out", "-q", *node_args(port, 0), cwd=world_project)
         _, err = follower.communicate(timeout=LIMIT_S)
     finally:
         if follower.poll() is None:
@@ -279,18 +289,18 @@ def test_a_node_with_other_settings_is_refused_by_both(project, tmp_path, monkey
         ),
     ],
 )
-def test_bad_node_options_get_one_line_and_exit_2(project, args, message):
-    res = racecheck("run", "-q", "--out", "o", *args, cwd=project)
+def test_bad_node_options_get_one_line_and_exit_2(world_project, args, message):
+    res = racecheck("run", "-q", "--out", "o", *args, cwd=world_project)
     assert res.code == 2 and res.err.count("\n") == 1 and message in res.err, res
 
 
-def test_node_0_refuses_an_endpoint_it_cannot_host_at_once(project, tmp_path):
+def test_node_0_refuses_an_endpoint_it_cannot_host_at_once(world_project, tmp_path):
     import time
 
     with socket.create_server(("", 0)) as taken:  # another program holds the port
         port = taken.getsockname()[1]
         started = time.monotonic()
-        res = racecheck("run", "-q", "--out", tmp_path / "o", *node_args(port, 0), cwd=project)
+        res = racecheck("run", "-q", "--out", tmp_path / "o", *node_args(port, 0), cwd=world_project)
     assert res.code == 2 and res.err.count("\n") == 1, res
     assert f"--rdzv-endpoint: cannot host the rendezvous on port {port}: Address already in use" in res.err, res
     assert time.monotonic() - started < 10

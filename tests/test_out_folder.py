@@ -12,32 +12,21 @@ import subprocess
 
 import psutil
 import pytest
-from run_kit import SEEDED_TEST, racecheck, records, write_suite
+from run_kit import one_line_error, racecheck, records
 
 from racecheck.runner import state
 
 pytestmark = pytest.mark.usefixtures("fast_sessions")
 
 
-@pytest.fixture
-def project(tmp_path):
-    return write_suite(tmp_path / "p", arms={"often": {}, "never": {}}, tests={"test_seeded.py": SEEDED_TEST})
-
-
-def _one_line(res, code=2) -> str:
-    assert res.code == code, res
-    assert res.err.count("\n") == 1 and "Traceback" not in res.err, res
-    return res.err.strip()
-
-
 def test_out_refuses_a_folder_of_someone_elses_files_and_a_link_to_one(project, tmp_path):
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "summary.csv").write_text("precious\n")
-    err = _one_line(racecheck("run", "--trials", 1, "--out", mine, "-q", cwd=project))
+    err = one_line_error(racecheck("run", "--trials", 1, "--out", mine, "-q", cwd=project))
     assert err.startswith(f"racecheck: error: Invalid value for --out: {mine} holds files and no racecheck run;"), err
     (tmp_path / "link").symlink_to(mine)
-    err = _one_line(racecheck("run", "--trials", 1, "--out", tmp_path / "link", "-q", cwd=project))
+    err = one_line_error(racecheck("run", "--trials", 1, "--out", tmp_path / "link", "-q", cwd=project))
     assert f"{tmp_path / 'link'} (a link to {mine}) holds files and no racecheck run" in err
     assert os.listdir(mine) == ["summary.csv"] and (mine / "summary.csv").read_text() == "precious\n"
 
@@ -53,9 +42,9 @@ def test_a_folder_name_longer_than_the_file_system_allows_is_one_line_and_exit_2
         ("merge", "--out", tmp_path / "m", long, tmp_path / "other"),
         ("merge", "--out", f"a/{long}/b", tmp_path / "one", tmp_path / "other"),
     ):
-        err = _one_line(racecheck(*args, cwd=project))
+        err = one_line_error(racecheck(*args, cwd=project))
         assert "a name of 300 bytes, longer than the file system allows (255)" in err, (args, err)
-    assert said in _one_line(racecheck("report", long, cwd=project))
+    assert said in one_line_error(racecheck("report", long, cwd=project))
     assert not any(p.name.startswith("xxx") for p in project.iterdir())
 
 
@@ -82,7 +71,7 @@ def test_resume_refuses_a_changed_suite_unless_asked_and_names_its_options_as_sp
     with open(project / "test_seeded.py", "a") as fh:
         fh.write("\n\ndef test_added():\n    pass\n")
     (project / "test_other.py").write_text("def test_more():\n    pass\n")
-    err = _one_line(racecheck("run", "--resume", out, "--trials", 2, "-q", cwd=project))
+    err = one_line_error(racecheck("run", "--resume", out, "--trials", 2, "-q", cwd=project))
     assert (
         f"cannot resume {out}: the suite changed since the run started (tiny: test_other.py added, "
         "test_seeded.py changed)" in err
@@ -93,9 +82,9 @@ def test_resume_refuses_a_changed_suite_unless_asked_and_names_its_options_as_sp
     assert len(records(out)) == 4 + 2 * 4  # two arms of trial 1, each of its four tests
     assert racecheck("run", "--resume", out, "--trials", 2, "-q", cwd=project).code == 0  # now the kept state
     for option in ("--config", "--out", "--scenarios"):
-        err = _one_line(racecheck("run", "--resume", out, option, "x", cwd=project))
+        err = one_line_error(racecheck("run", "--resume", out, option, "x", cwd=project))
         assert f"error: {option} cannot be given with --resume" in err, err
-    err = _one_line(racecheck("run", "--allow-changed-suite", "--out", tmp_path / "new", cwd=project))
+    err = one_line_error(racecheck("run", "--allow-changed-suite", "--out", tmp_path / "new", cwd=project))
     assert "--allow-changed-suite needs --resume" in err
 
 
@@ -109,7 +98,7 @@ def test_the_resume_hints_quote_the_folder_for_the_shell(project, tmp_path):
     assert res.code == 0, res
     hint = next(line for line in res.out.splitlines() if line.startswith("stopped early"))
     assert shlex.split(hint.split("continue with: ", 1)[1]) == ["racecheck", "run", "--resume", str(out)], hint
-    err = _one_line(racecheck("run", "--trials", 1, "--out", out, cwd=project))
+    err = one_line_error(racecheck("run", "--trials", 1, "--out", out, cwd=project))
     assert shlex.split(err.split("continue it: ", 1)[1]) == ["racecheck", "run", "--resume", str(out)], err
     assert not (project / "gotcha").exists()
 

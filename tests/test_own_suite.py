@@ -126,10 +126,10 @@ def test_a_failure_in_one_arm_only_is_listed_without_blaming_the_suite(tmp_path)
     ],
 )
 def test_a_world_size_beyond_the_gpus_is_a_usage_error(tmp_path, monkeypatch, args, message):
-    from racecheck.cli import run_checks
+    from racecheck.runner import config_build
 
     root = write_suite(tmp_path / "p", arms={"a": {}}, tests={"test_world.py": ALL_REDUCE})
-    monkeypatch.setattr(run_checks, "cuda_devices", lambda backend: None if backend == "sim" else 1)
+    monkeypatch.setattr(config_build, "cuda_devices", lambda backend: None if backend == "sim" else 1)
     res = racecheck("run", *args, "--out", tmp_path / "out", "-q", cwd=root)
     assert res.code == 2 and res.err.count("\n") == 1 and message in res.err, res
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from run_kit import expected_failures, racecheck, summary_counts
 
-from racecheck.param_targets import widen
+from racecheck.rank.param_targets import widen
 
 
 def test_widen_names_each_test_once_and_keeps_the_parametrizations_named(tmp_path):

@@ -148,7 +148,7 @@ def test_the_tracker_reports_the_race_through_racecheck_run(tmp_path):
     )
     res = racecheck("run", "--trials", 2, "--detect", "--no-perturb", "--out", tmp_path / "d", "-q", cwd=root)
     assert res.code == 0, res
-    from racecheck.runner.record import read_log
+    from racecheck.runner.trial_log import read_log
 
     got = {(r.arm, r.trial): r for r in read_log(tmp_path / "d" / "trials.jsonl")}
     assert all(got["asis", t].detected >= 1 and got["asis", t].outcome == "failed" for t in range(2))

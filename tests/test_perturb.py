@@ -14,20 +14,11 @@ import pytest
 import torch
 
 from racecheck.device.sim import SimRuntime
-from racecheck.perturb import injector as injector_mod
 from racecheck.perturb.decisions import Hold, Poison, Pressure, RandomSchedule, Sleep
-from racecheck.perturb.injector import Injector, install, install_from_env, resolve_spec, uninstall
+from racecheck.perturb.injector import Injector, install, uninstall
 from racecheck.perturb.profiles import PROFILES, RandomConfig, Rule, parse_profile
-from racecheck.suites.catalogue import read_profile
 
 GATE_TIMEOUT_S = 10.0
-
-
-@pytest.fixture
-def rt():
-    runtime = SimRuntime()
-    yield runtime
-    runtime.close()
 
 
 def held_read(gate: threading.Event, seen: list):
@@ -92,8 +83,8 @@ def test_bad_specs_say_why(spec, words):
 def test_spec_text_given_to_the_runner_must_name_a_profile():
     for blank in ("", "  "):
         with pytest.raises(ValueError, match="is no profile; write 'off' for none"):
-            read_profile(blank)
-    assert read_profile("off").is_off
+            parse_profile(blank)
+    assert parse_profile("off").is_off
 
 
 @pytest.mark.parametrize("seconds", [0.0, 1e-15, 2.5e-7, 0.0123456, 3600.0])
@@ -333,35 +324,3 @@ def test_random_injector_replays_from_its_seed(rt):
     first = run(11)
     assert first and first == run(11)
     assert first != run(12)
-
-
-# -- configuration ----------------------------------------------------------------------------------
-def test_resolve_spec_precedence(monkeypatch):
-    monkeypatch.delenv(injector_mod.ENV_VAR, raising=False)
-    assert resolve_spec(None, "rs_delay") == "rs_delay"
-    monkeypatch.setenv(injector_mod.ENV_VAR, "poison")
-    assert resolve_spec(None, "rs_delay") == "poison"
-    assert resolve_spec("off", "rs_delay") == "off"
-
-
-def test_install_from_env(rt, monkeypatch):
-    monkeypatch.setenv(injector_mod.ENV_VAR, "random:max=1ms")
-    monkeypatch.setenv(injector_mod.SEED_ENV_VAR, "42")
-    inj = install_from_env(rt)
-    assert inj in rt.observers and inj.seed == 42 and inj.profile.random.max_delay == 0.001
-    monkeypatch.setenv(injector_mod.SEED_ENV_VAR, "forty-two")
-    with pytest.raises(ValueError, match="RACECHECK_SEED"):
-        install_from_env(rt)
-    monkeypatch.setenv(injector_mod.ENV_VAR, "off")
-    monkeypatch.delenv(injector_mod.SEED_ENV_VAR)
-    assert install_from_env(rt) is None
-
-
-def test_every_name_the_package_exports_imports_without_a_warning():
-    import warnings
-
-    import racecheck.perturb as perturb
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert all(getattr(perturb, name) is not None for name in perturb.__all__)

@@ -191,6 +191,22 @@ def test_launcher_runs_the_script_under_the_patch(tmp_path, monkeypatch):
     assert getattr(dist.all_reduce, "_racecheck_patch", None) is None
 
 
+def test_the_launcher_takes_its_defaults_from_the_environment_and_refuses_a_bad_seed(tmp_path, monkeypatch, capsys):
+    from racecheck.perturb import patch as patch_mod
+
+    script = tmp_path / "train.py"
+    script.write_text("")
+    monkeypatch.setenv("RACECHECK_SEED", "forty-two")
+    with pytest.raises(SystemExit) as refused:
+        patch_mod.main([str(script)])
+    assert refused.value.code == 2 and "RACECHECK_SEED" in capsys.readouterr().err
+    monkeypatch.setenv("RACECHECK_SEED", "3")
+    monkeypatch.setenv("RACECHECK_PERTURB", "nonsense@x")
+    with pytest.raises(SystemExit) as refused:
+        patch_mod.main([str(script)])
+    assert refused.value.code == 2 and "unknown perturbation action 'nonsense'" in capsys.readouterr().err
+
+
 def test_each_hand_off_point_delays_the_stream_the_work_after_it_runs_on():
     side, other = recording.HostStream("side"), recording.HostStream("other")
     before = {(o, n): getattr(o, n) for o, n, _ in RecordingActions().handoff_targets()}

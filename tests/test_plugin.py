@@ -7,14 +7,14 @@ import json
 
 import pytest
 
-from racecheck.plugin import strip_step
-from racecheck.runner.blocks import Block, SessionPlan, write_schedule
+from racecheck.protocol.schedule import Block, write_schedule
+from racecheck.rank.plugin import strip_step
 
 pytest_plugins = ["pytester"]
 
 RECORDING = """
 import pytest
-from racecheck.item_trial import ITEM_TRIAL
+from racecheck.rank.item_trial import ITEM_TRIAL
 
 @pytest.mark.parametrize("n", [1, 2])
 def test_p(n, racecheck_arm, racecheck_seed, racecheck_perturb, request):
@@ -72,8 +72,9 @@ def test_world_marker_fails_at_setup_in_a_world_of_another_size(pytester, monkey
 
 def test_a_schedule_maps_repeat_steps_to_blocks_and_the_log_says_so(pytester, tmp_path):
     pytester.makepyfile(test_rec=RECORDING)
-    plan = SessionPlan((Block(3, "b", "sleep@before_reduce_scatter:1ms"), Block(3, "a"), Block(4, "a")))
-    write_schedule(tmp_path / "s.json", plan)
+    write_schedule(
+        tmp_path / "s.json", (Block(3, "b", "sleep@before_reduce_scatter:1ms"), Block(3, "a"), Block(4, "a"))
+    )
     log = tmp_path / "log-{rank}.jsonl"
     result = pytester.runpytest(
         "-p",
@@ -110,7 +111,7 @@ def test_without_a_schedule_step_k_is_trial_k_of_no_arm(pytester, tmp_path):
 
 def _arms_schedule(path, arms: str, trials: int):
     """A session schedule of `trials` trials of `arms`, as the runner writes it."""
-    write_schedule(path, SessionPlan(tuple(Block(t, a) for t in range(trials) for a in arms.split(","))))
+    write_schedule(path, tuple(Block(t, a) for t in range(trials) for a in arms.split(",")))
     return f"--racecheck-schedule={path}"
 
 
@@ -146,7 +147,7 @@ def test_collection_errors_are_logged(pytester, tmp_path):
 
 
 def test_bad_plugin_options_are_usage_errors(pytester, tmp_path):
-    write_schedule(tmp_path / "bad.json", SessionPlan((Block(0, "a", "nonsense@x"),)))
+    write_schedule(tmp_path / "bad.json", (Block(0, "a", "nonsense@x"),))
     result = pytester.runpytest("-p", "racecheck", f"--racecheck-schedule={tmp_path / 'bad.json'}")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "ERROR: --racecheck-schedule: " in result.stderr.str() and "nonsense" in result.stderr.str()
@@ -161,12 +162,12 @@ def test_a_project_profile_without_cuda_is_a_usage_error(pytester, monkeypatch, 
         pytest.skip("this machine has CUDA: the error is for machines without it")
     monkeypatch.delenv("RACECHECK_PATCH_ACTIONS", raising=False)
     pytester.makepyfile(test_a="def test_a():\n    pass\n")
-    write_schedule(tmp_path / "s.json", SessionPlan((Block(0, "a", "sleep@stream_enter:1ms"),)))
+    write_schedule(tmp_path / "s.json", (Block(0, "a", "sleep@stream_enter:1ms"),))
     for option in (f"--racecheck-schedule={tmp_path / 's.json'}", "--racecheck-detect"):
         result = pytester.runpytest("-p", "racecheck", "--racecheck-patch", option)
         assert result.ret == pytest.ExitCode.USAGE_ERROR, option
         assert "CUDA" in result.stderr.str(), option
-    write_schedule(tmp_path / "off.json", SessionPlan((Block(0, "a", "off"),)))
+    write_schedule(tmp_path / "off.json", (Block(0, "a", "off"),))
     result = pytester.runpytest("-p", "racecheck", "--racecheck-patch", f"--racecheck-schedule={tmp_path / 'off.json'}")
     assert result.ret == 0
 

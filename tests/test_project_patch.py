@@ -15,7 +15,7 @@ import shlex
 import pytest
 from run_kit import racecheck, write_suite
 
-from racecheck.runner.record import read_log
+from racecheck.runner.trial_log import read_log
 
 pytestmark = pytest.mark.usefixtures("fast_sessions")
 
@@ -42,7 +42,7 @@ COPY_KEY = f"stream_enter@test_copy.py:{COPY_LINE}/s2"
 
 
 @pytest.fixture
-def project(tmp_path, monkeypatch):
+def patch_project(tmp_path, monkeypatch):
     monkeypatch.setenv("RACECHECK_PATCH_ACTIONS", "recording")
     return write_suite(
         tmp_path / "p", arms={"race": {"expect": "race"}, "safe": {"expect": "safe"}}, tests={"test_copy.py": SUITE}
@@ -80,10 +80,12 @@ def test_each_arms_profile_reaches_the_rank_and_its_actions_are_counted(tmp_path
 
 
 @pytest.mark.slow
-def test_the_systematic_schedule_finds_the_race_within_its_bound_across_sessions(project, tmp_path):
+def test_the_systematic_schedule_finds_the_race_within_its_bound_across_sessions(patch_project, tmp_path):
     out = tmp_path / "out"
     # Trials 0 (records the points) and 1 (delays the first) in one session ...
-    res = racecheck("run", "--trials", 2, "--perturb", "systematic:delay=1ms:pairs=0", "--out", out, "-q", cwd=project)
+    res = racecheck(
+        "run", "--trials", 2, "--perturb", "systematic:delay=1ms:pairs=0", "--out", out, "-q", cwd=patch_project
+    )
     assert res.code == 0, res
     keys = json.loads(next((out / "handoffs").glob("*-rank0.json")).read_text())["points"]
     first = records(out)
@@ -91,7 +93,7 @@ def test_the_systematic_schedule_finds_the_race_within_its_bound_across_sessions
     assert first["race", 0].handoffs == 6 and first["safe", 0].handoffs == 8
     assert first["race", 1].delayed == [keys[0]] and first["race", 1].actions["sleep"] == 1
     # ... then trials 2..6 in a later session, from the enumeration in the run folder.
-    res = racecheck("run", "--resume", out, "--trials", 7, "-q", cwd=project)
+    res = racecheck("run", "--resume", out, "--trials", 7, "-q", cwd=patch_project)
     assert res.code == 0, res
     got = records(out)
     assert [t for t in range(7) if got["race", t].outcome == "failed"] == [4]
@@ -104,7 +106,7 @@ def test_the_systematic_schedule_finds_the_race_within_its_bound_across_sessions
     # The replay line delays that point in a run of one trial, without recording first.
     argv = shlex.split(got["race", 4].replay)
     assert argv[:2] == ["racecheck", "run"] and f"systematic:delay=1ms:pairs=0:at={COPY_KEY}" in argv
-    res = racecheck("run", "--out", tmp_path / "replay", *argv[2:], cwd=project)
+    res = racecheck("run", "--out", tmp_path / "replay", *argv[2:], cwd=patch_project)
     assert res.code == 0, res
     replayed = records(tmp_path / "replay")["race", 0]
     assert replayed.outcome == "failed" and replayed.delayed == [COPY_KEY]
@@ -159,7 +161,7 @@ def test_detect_fails_the_racing_arm_with_the_report(tmp_path, monkeypatch):
     got = records(tmp_path / "out")
     race, safe = got["race", 0], got["safe", 0]
     assert race.outcome == "failed" and race.detected == 1 and "test_d.py" in race.reports[0]
-    assert race.message.startswith("racecheck --detect: 1 race report(s)")
+    assert race.message.startswith("racecheck detected a race: read-after-write")
     assert safe.outcome == "passed" and safe.detected == 0 and safe.reports == []
     import pandas as pd
 
@@ -181,22 +183,22 @@ def test_detect_fails_the_racing_arm_with_the_report(tmp_path, monkeypatch):
         (["--perturb", "sleep@stream_wait:1ms/other"], "patch mode takes"),
     ],
 )
-def test_a_profile_patch_mode_cannot_carry_out_is_one_line_exit_2(project, tmp_path, args, message):
-    res = racecheck("run", "--trials", 1, *args, "--out", tmp_path / "out", "-q", cwd=project)
+def test_a_profile_patch_mode_cannot_carry_out_is_one_line_exit_2(patch_project, tmp_path, args, message):
+    res = racecheck("run", "--trials", 1, *args, "--out", tmp_path / "out", "-q", cwd=patch_project)
     assert res.code == 2 and message in res.err and len(res.err.strip().splitlines()) == 1, res
 
 
-def test_without_cuda_a_project_profile_or_detect_is_a_usage_error(project, tmp_path, monkeypatch):
+def test_without_cuda_a_project_profile_or_detect_is_a_usage_error(patch_project, tmp_path, monkeypatch):
     import torch
 
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA: the error is for machines without it")
     monkeypatch.delenv("RACECHECK_PATCH_ACTIONS")
     for args in (["--perturb", "sleep@stream_enter:1ms"], ["--detect", "--no-perturb"]):
-        res = racecheck("run", "--trials", 1, *args, "--out", tmp_path / "out", "-q", cwd=project)
+        res = racecheck("run", "--trials", 1, *args, "--out", tmp_path / "out", "-q", cwd=patch_project)
         assert res.code == 2 and "no CUDA" in res.err or "needs CUDA" in res.err, res
         assert len(res.err.strip().splitlines()) == 1, res
-    res = racecheck("run", "--trials", 1, "--no-perturb", "--out", tmp_path / "out", "-q", cwd=project)
+    res = racecheck("run", "--trials", 1, "--no-perturb", "--out", tmp_path / "out", "-q", cwd=patch_project)
     assert res.code == 0, res  # unperturbed, the suite runs anywhere
 
 

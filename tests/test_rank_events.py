@@ -1,4 +1,4 @@
-"""The rank events' one schema (racecheck.runner.record.RankEvent): what the plugin writes to each
+"""The rank events' one schema (racecheck.protocol.rank_events.RankEvent): what the plugin writes to each
 process's log, what the session reads back and merges over ranks, and the lines of older runs."""
 
 from __future__ import annotations
@@ -7,8 +7,16 @@ import json
 
 import pytest
 
+from racecheck.protocol.rank_events import (
+    Collected,
+    CollectError,
+    Finished,
+    RankEvent,
+    RankEventKind,
+    Started,
+    TestOutcome,
+)
 from racecheck.runner.ranks import RankMerger, RankTail
-from racecheck.runner.record import Collected, CollectError, Finished, RankEvent, RankEventKind, Started, TestOutcome
 
 pytest_plugins = ["pytester"]
 

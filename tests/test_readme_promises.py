@@ -20,7 +20,7 @@ import pytest
 from run_kit import racecheck, write_suite
 
 from racecheck.runner import session
-from racecheck.runner.record import read_log
+from racecheck.runner.trial_log import read_log
 
 pytestmark = pytest.mark.usefixtures("fast_sessions")
 
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.usefixtures("fast_sessions")
 # so the schedule's delays are real stream work and the race below is the emulation's own.
 EMULATION_CONFTEST = """
 import pytest
-import racecheck.plugin_patch
+import racecheck.rank.project
 from racecheck.device.sim import SimRuntime
 from racecheck.perturb.runtime_actions import RuntimeActions
 
@@ -43,7 +43,7 @@ class EmulationActions(RuntimeActions):
         super().__init__(RUNTIME)
 
 
-racecheck.plugin_patch.actions_factory = lambda *, need: EmulationActions
+racecheck.rank.project.actions_factory = lambda *, need: EmulationActions
 
 
 @pytest.fixture

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from run_kit import record_frame, run_summary, trial_record, write_log
 
 from racecheck.cli.commands import report_command
+from racecheck.protocol.records import TrialRecord
 from racecheck.results import report, tally
-from racecheck.runner.record import TrialLog, TrialRecord
 
 GOLDEN = Path(__file__).parent / "golden"
 FILE = "scenarios/main_grad_reuse/test_main_grad_reuse.py"
@@ -41,49 +42,31 @@ def golden_log(out: Path) -> Path:
     """Three arms of main_grad_reuse over 10 trials: a baseline failing every trial (`[3-False]`
     always, the others flakily, one crash, one timeout), a clean fix, and a fix that failed once;
     plus a test skipped everywhere. The detector is on and reports on the baseline's failures."""
-    with TrialLog(out / "trials.jsonl") as log:
-        for arm, expect in (("baseline", "race"), ("fixed", "safe"), ("record_stream", "safe")):
-            for t in range(10):
-                for i, p in enumerate(PARAMS):
-                    outcome = _outcome(arm, t, i)
-                    bad = outcome != "passed"
-                    log.append(
-                        TrialRecord(
-                            run_id="golden",
-                            scenario="main_grad_reuse",
-                            arm=arm,
-                            expect=expect,
-                            trial=t,
-                            seed=100 + t,
-                            test=TEST.format(p),
-                            params=p,
-                            outcome=outcome,
-                            signature="AssertionError at test_main_grad_reuse.py:88 in test_hsdp_losses_match_baseline"
-                            if outcome == "failed"
-                            else "",
-                            message=f"loss mismatch at step 2 <{p}> & more" if bad else "",
-                            duration=0.125,
-                            detect=True,
-                            detected=int(arm == "baseline" and bad),
-                            reports=["free while in use: main_grad block reused"] if arm == "baseline" and bad else [],
-                            replay=f"racecheck run main_grad_reuse --arm {arm} --trial {t} --seed {100 + t} -k '{p}'",
-                        )
-                    )
-                log.append(
-                    TrialRecord(
-                        run_id="golden",
-                        scenario="main_grad_reuse",
-                        arm=arm,
-                        expect=expect,
-                        trial=t,
-                        seed=100 + t,
-                        test=SKIPPED,
-                        params="",
-                        outcome="skipped",
-                        detect=True,
+    records = []
+    for arm, expect in (("baseline", "race"), ("fixed", "safe"), ("record_stream", "safe")):
+        for t in range(10):
+            trial = {"run_id": "golden", "arm": arm, "expect": expect, "trial": t, "seed": 100 + t, "detect": True}
+            for i, p in enumerate(PARAMS):
+                outcome = _outcome(arm, t, i)
+                bad = outcome != "passed"
+                records.append(
+                    trial_record(
+                        **trial,
+                        test=TEST.format(p),
+                        params=p,
+                        outcome=outcome,
+                        signature="AssertionError at test_main_grad_reuse.py:88 in test_hsdp_losses_match_baseline"
+                        if outcome == "failed"
+                        else "",
+                        message=f"loss mismatch at step 2 <{p}> & more" if bad else "",
+                        duration=0.125,
+                        detected=int(arm == "baseline" and bad),
+                        reports=["free while in use: main_grad block reused"] if arm == "baseline" and bad else [],
+                        replay=f"racecheck run main_grad_reuse --arm {arm} --trial {t} --seed {100 + t} -k '{p}'",
                     )
                 )
-    return out
+            records.append(trial_record(**trial, test=SKIPPED, outcome="skipped"))
+    return write_log(out, records)
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +76,7 @@ def run_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def rendered(run_dir):
-    records = tally.load_records(run_dir)
+    records = record_frame(run_dir)
     summary = tally.summarize(records)
     return {fmt: report.render(fmt, summary=summary, records=records) for fmt in report.Format}
 
@@ -133,7 +116,7 @@ def test_terminal_shows_arms_then_parametrizations(rendered):
 
 
 def test_summary_csv_matches_write_summary(run_dir, rendered):
-    tally.write_summary(run_dir)
+    run_summary(run_dir)
     assert (run_dir / "summary.csv").read_text() == rendered[report.Format.CSV]
 
 
@@ -201,7 +184,7 @@ def test_html_is_self_contained_with_a_png(rendered):
 
 
 def test_markdown_truncates_rows_under_the_limit(run_dir):
-    summary = tally.summarize(tally.load_records(run_dir))
+    summary = tally.summarize(record_frame(run_dir))
     full = report.render_markdown(summary)
     small = report.render_markdown(summary, max_bytes=600)
     assert len(small.encode()) <= 600 < len(full.encode())
@@ -264,26 +247,24 @@ def test_report_command_usage_errors(tmp_path):
 
 def test_detector_reports_appear_merged_by_their_first_line(tmp_path):
     text = "racecheck detected a race: free-while-in-use: a 16.0 KiB buffer ...\n  stacks ..."
-    with TrialLog(tmp_path / "trials.jsonl") as log:
-        for trial in range(3):
-            for arm, reports in (("baseline", [text]), ("fixed", [])):
-                log.append(
-                    TrialRecord(
-                        run_id="r",
-                        scenario="main_grad_reuse",
-                        arm=arm,
-                        expect="",
-                        trial=trial,
-                        seed=trial,
-                        test="t.py::test_x",
-                        params="",
-                        outcome="failed" if reports else "passed",
-                        detect=True,
-                        detected=len(reports),
-                        reports=reports,
-                    )
-                )
-    records = tally.load_records(tmp_path)
+    write_log(
+        tmp_path,
+        (
+            trial_record(
+                arm=arm,
+                trial=trial,
+                seed=trial,
+                test="t.py::test_x",
+                outcome="failed" if reports else "passed",
+                detect=True,
+                detected=len(reports),
+                reports=reports,
+            )
+            for trial in range(3)
+            for arm, reports in (("baseline", [text]), ("fixed", []))
+        ),
+    )
+    records = record_frame(tmp_path)
     summary = tally.summarize(records)
     terminal = report.render("terminal", summary=summary, records=records)
     assert "detector reports" in terminal

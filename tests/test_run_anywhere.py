@@ -13,7 +13,7 @@ import shutil
 import subprocess
 
 import pytest
-from run_kit import SEEDED_TEST, racecheck, records, write_suite
+from run_kit import SEEDED_TEST, one_line_error, racecheck, records, write_suite
 
 from racecheck.runner import run_location, state
 from racecheck.runner.blocks import Shard
@@ -30,12 +30,6 @@ def test_zero():
     assert add(0, 0) == 0
 """
 CALC_TESTS = {"test_calc.py::test_add", "test_calc.py::test_zero"}
-
-
-def _one_line(res, code=2) -> str:
-    assert res.code == code, res
-    assert res.err.count("\n") == 1 and "Traceback" not in res.err, res
-    return res.err.strip()
 
 
 def git(*args, cwd):
@@ -125,7 +119,7 @@ def test_shards_from_two_checkouts_merge_and_a_moved_project_resumes(tmp_path):
     (tmp_path / "bad" / state.LOCK_NAME).touch()
     (tmp_path / "precious.csv").write_text("precious\n")
     (tmp_path / "bad" / "summary.csv").symlink_to(tmp_path / "precious.csv")
-    err = _one_line(racecheck("merge", "p/s1", "p2/s2", "--out", "bad", cwd=tmp_path))
+    err = one_line_error(racecheck("merge", "p/s1", "p2/s2", "--out", "bad", cwd=tmp_path))
     assert "bad/summary.csv is a symbolic link (to " in err and (tmp_path / "precious.csv").read_text() == "precious\n"
     res = racecheck("merge", "p/s1", "p2/s2", "--out", "m", cwd=tmp_path)
     assert res.code == 0 and "8 records from 2 runs merged" in res.out, res
@@ -135,7 +129,7 @@ def test_shards_from_two_checkouts_merge_and_a_moved_project_resumes(tmp_path):
     run = json.loads((tmp_path / "edited" / "run.json").read_text())
     run["fingerprints"]["tiny"]["test_seeded.py"] = "0" * 16
     (tmp_path / "edited" / "run.json").write_text(json.dumps(run))
-    err = _one_line(racecheck("merge", "p/s1", "edited", "--out", "m2", cwd=tmp_path))
+    err = one_line_error(racecheck("merge", "p/s1", "edited", "--out", "m2", cwd=tmp_path))
     assert "p/s1 and edited are different runs: their suites differ (tiny: test_seeded.py changed)" in err
     # The second checkout moves, its run folder with it: the run resumes from where it lies now.
     shutil.move(tmp_path / "p2", tmp_path / "moved")
@@ -155,7 +149,7 @@ def test_no_report_replaces_a_runs_own_file_and_no_resume_writes_through_a_link(
     os.link(out / "run.json", tmp_path / "hard.json")
     own = ("out/trials.jsonl", "out/../out/run.json", "link.csv", "hard.json", "out/ranks/table.csv", "out/summary.csv")
     for target in own:
-        err = _one_line(racecheck("report", "out", "--format", "csv", "-o", target, cwd=tmp_path))
+        err = one_line_error(racecheck("report", "out", "--format", "csv", "-o", target, cwd=tmp_path))
         assert f"Invalid value for --output: {target} is " in err and "a report never replaces" in err, err
     assert (out / "trials.jsonl").read_text() == log
     assert racecheck("report", "out", "--format", "csv", "-o", "out/table.csv", cwd=tmp_path).code == 0
@@ -163,12 +157,12 @@ def test_no_report_replaces_a_runs_own_file_and_no_resume_writes_through_a_link(
     foreign = tmp_path / "foreign.jsonl"
     shutil.move(out / "trials.jsonl", foreign)
     (out / "trials.jsonl").symlink_to(foreign)
-    err = _one_line(racecheck("run", "--resume", out, "--trials", 2, "-q", cwd=project))
+    err = one_line_error(racecheck("run", "--resume", out, "--trials", 2, "-q", cwd=project))
     assert f"cannot run in {out}: {out / 'trials.jsonl'} is a symbolic link (to {foreign})" in err, err
     assert foreign.read_text() == log
     (out / "trials.jsonl").unlink()
     shutil.move(foreign, out / "trials.jsonl")
     shutil.move(out / "logs", tmp_path / "logs")
     (out / "logs").symlink_to(tmp_path / "logs")
-    err = _one_line(racecheck("run", "--resume", out, "--trials", 2, "-q", cwd=project))
+    err = one_line_error(racecheck("run", "--resume", out, "--trials", 2, "-q", cwd=project))
     assert f"{out / 'logs'} is a symbolic link" in err and len(list((tmp_path / "logs").iterdir())) == 1, err

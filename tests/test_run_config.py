@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 
 from racecheck.exitcodes import InputError
-from racecheck.mesh_config import MeshConfig
 from racecheck.perturb.profiles import parse_profile
+from racecheck.protocol.mesh import MeshConfig
 from racecheck.runner.blocks import Shard
-from racecheck.runner.run_config import RunConfig, read_mesh
+from racecheck.runner.options import read_mesh
+from racecheck.runner.run_config import RunConfig
 from racecheck.runner.stopping import parse_rules
 from racecheck.suites.catalogue import Arm, Suite
 

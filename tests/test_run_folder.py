@@ -10,10 +10,11 @@ import subprocess
 import sys
 
 import pytest
-from run_kit import SEEDED_TEST, racecheck, records, summary_counts, write_suite
+from run_kit import SEEDED_TEST, racecheck, record_frame, records, summary_counts, write_suite
 
-from racecheck.cli import run_checks
+from racecheck.cli.run import describe_worlds
 from racecheck.exitcodes import InputError
+from racecheck.runner import config_build
 
 pytestmark = pytest.mark.usefixtures("fast_sessions")
 
@@ -153,19 +154,17 @@ def test_a_console_that_is_no_terminal_gets_status_lines_not_a_bar(tmp_path):
     assert len(failures) == 1  # one line per kind of failure and arm, not one per failing trial
 
 
-class _Suite:
-    """Enough of a suite for RunConfig.fitted_to."""
+def _suite(name, world_size, min_world_size=1, config_file=None):
+    """A suite of two arms, `race` and `safe`, for RunConfig.fitted_to."""
+    from pathlib import Path
 
-    def __init__(self, name, world_size, min_world_size=1, config_file=None):
-        self.name, self.world_size, self.min_world_size = name, world_size, min_world_size
-        self.config_file = config_file
-        self.arms = {"race": None, "safe": None}
-        self.default_arms = ("race", "safe")
+    from racecheck.suites.catalogue import Arm, Suite
 
-    def arm(self, name):
-        import types
-
-        return types.SimpleNamespace(expect=name)
+    arms = {"race": Arm("race", "race"), "safe": Arm("safe", "safe")}
+    file = Path(config_file) if config_file else None
+    return Suite(
+        name, Path(name), "", world_size, "off", ("race", "safe"), arms, config_file=file, min_world_size=min_world_size
+    )
 
 
 def _config(*suites, world_size=None):
@@ -177,21 +176,21 @@ def _config(*suites, world_size=None):
 
 
 def test_on_one_gpu_worlds_are_capped_floored_or_skipped_and_named(monkeypatch):
-    monkeypatch.setattr(run_checks, "cuda_devices", lambda backend: 1)  # describe_worlds names the backend
-    config = _config(_Suite("wide", 4), _Suite("pair", 2, min_world_size=2), _Suite("solo", 1)).fitted_to(1)
+    monkeypatch.setattr(config_build, "cuda_devices", lambda backend: 1)  # describe_worlds names the backend
+    config = _config(_suite("wide", 4), _suite("pair", 2, min_world_size=2), _suite("solo", 1)).fitted_to(1)
     assert [s.name for s in config.scenarios] == ["wide", "solo"]
     assert config.worlds == {"wide": 1}
     assert config.skipped["pair"]["why"] == "needs at least 2 ranks (min_world_size), this machine has 1 GPU"
-    assert run_checks.describe_worlds(config) == [
+    assert describe_worlds(config) == [
         "wide: 1 rank on cuda",
         "solo: 1 rank on cuda",
         "pair: skipped, needs at least 2 ranks (min_world_size), this machine has 1 GPU",
     ]
-    assert _config(_Suite("wide", 4), world_size=4).fitted_to(1).worlds == {}  # --world-size wins
+    assert _config(_suite("wide", 4), world_size=4).fitted_to(1).worlds == {}  # --world-size wins
     with pytest.raises(InputError, match="has world_size 2, and this machine has 1 GPU: give --world-size 1"):
-        _config(_Suite("project", 2, config_file="pyproject.toml")).fitted_to(1)
+        _config(_suite("project", 2, config_file="pyproject.toml")).fitted_to(1)
     with pytest.raises(InputError, match="no suite of the run fits this machine"):
-        _config(_Suite("pair", 2, min_world_size=2)).fitted_to(1)
+        _config(_suite("pair", 2, min_world_size=2)).fitted_to(1)
 
 
 def test_a_skipped_suite_is_a_row_of_the_summary_and_a_line_of_the_table(tmp_path):
@@ -199,7 +198,7 @@ def test_a_skipped_suite_is_a_row_of_the_summary_and_a_line_of_the_table(tmp_pat
 
     root = write_suite(tmp_path / "p", arms={"never": {}}, tests={"test_seeded.py": SEEDED_TEST})
     assert racecheck("run", "--trials", 1, "--out", tmp_path / "out", "-q", cwd=root).code == 0
-    summary = tally.summarize(tally.load_records(tmp_path / "out"))
+    summary = tally.summarize(record_frame(tmp_path / "out"))
     skipped = {"pair": {"arms": ["race"], "expect": {"race": "race"}, "why": "needs at least 2 ranks"}}
     table = tally.with_skipped(summary, skipped)
     row = table[table["scenario"] == "pair"].iloc[0]

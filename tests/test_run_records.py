@@ -9,7 +9,7 @@ import shutil
 import sys
 
 import pytest
-from run_kit import SEEDED_TEST, racecheck, summary_counts, write_suite
+from run_kit import SEEDED_TEST, one_line_error, racecheck, summary_counts, write_suite
 
 pytestmark = pytest.mark.usefixtures("fast_sessions")
 
@@ -30,12 +30,6 @@ def _copy(finished, tmp_path):
     root, out = finished
     shutil.copytree(out, tmp_path / "out")
     return root, tmp_path / "out"
-
-
-def _one_line(res, code=2) -> str:
-    assert res.code == code, res
-    assert res.err.count("\n") == 1 and "Traceback" not in res.err, res
-    return res.err.strip()
 
 
 def _commands(out):
@@ -68,7 +62,7 @@ def test_a_record_with_a_field_of_the_wrong_type_is_one_line_and_exit_2(finished
     bad[field] = value
     log.write_text("\n".join(lines[:2] + [json.dumps(bad)] + lines[3:]) + "\n")
     for name, args in _commands(out).items():
-        err = _one_line(racecheck(*args, cwd=root))
+        err = one_line_error(racecheck(*args, cwd=root))
         assert f"trials.jsonl:3: not a trial record: {message}" in err, (name, err)
 
 
@@ -78,14 +72,14 @@ def test_a_log_that_cannot_be_read_is_one_line_and_exit_2(finished, tmp_path):
     (out / "trials.jsonl").unlink()
     (out / "trials.jsonl").symlink_to("/proc/self/mem")  # opens, and every read fails (EIO), even for root
     for name, args in _commands(out).items():
-        err = _one_line(racecheck(*args, cwd=root))
+        err = one_line_error(racecheck(*args, cwd=root))
         # --resume, which would append to the log, refuses the link before it reads anything.
         said = "trials.jsonl is a symbolic link" if name == "resume" else "trials.jsonl: unreadable: Input/output error"
         assert said in err, (name, err)
     (out / "trials.jsonl").unlink()
     (out / "trials.jsonl").mkdir()
     for name, args in _commands(out).items():
-        err = _one_line(racecheck(*args, cwd=root))
+        err = one_line_error(racecheck(*args, cwd=root))
         assert "trials.jsonl: unreadable: Is a directory" in err, (name, err)
 
 
@@ -118,7 +112,7 @@ def test_a_run_json_setting_that_does_not_read_back_is_one_line_and_exit_2(finis
     run[setting] = value
     (out / "run.json").write_text(json.dumps(run))
     for name, args in _every_reader(out, tmp_path).items():
-        err = _one_line(racecheck(*args, cwd=root))
+        err = one_line_error(racecheck(*args, cwd=root))
         assert f"{out}: {message}" in err or f"{out / message}" in err, (name, err)
 
 
@@ -131,7 +125,7 @@ def test_a_run_json_that_is_no_object_is_one_line_and_exit_2(finished, tmp_path,
     shutil.copytree(finished[1], tmp_path / "other")
     (out / "run.json").write_bytes(content)
     for name, args in _every_reader(out, tmp_path).items():
-        assert f"{out / message}" in _one_line(racecheck(*args, cwd=root)), name
+        assert f"{out / message}" in one_line_error(racecheck(*args, cwd=root)), name
 
 
 def test_a_completed_log_that_is_a_folder_is_one_line_and_exit_2(finished, tmp_path):
@@ -140,7 +134,7 @@ def test_a_completed_log_that_is_a_folder_is_one_line_and_exit_2(finished, tmp_p
     (out / "completed.jsonl").unlink()
     (out / "completed.jsonl").mkdir()
     for name, args in _every_reader(out, tmp_path).items():
-        err = _one_line(racecheck(*args, cwd=root))
+        err = one_line_error(racecheck(*args, cwd=root))
         assert f"{out / 'completed.jsonl'}: " in err and ("not a file" in err or "Is a directory" in err), (name, err)
 
 
@@ -155,7 +149,7 @@ def test_a_trial_past_the_runs_plan_is_one_line_and_exit_2(finished, tmp_path, w
     (out / where).write_text("\n".join([*lines, json.dumps(phantom)]) + "\n")
     attempts = len(json.loads((out / "run.json").read_text())["attempts"])
     for name, args in _every_reader(out, tmp_path).items():
-        err = _one_line(racecheck(*args, cwd=root))
+        err = one_line_error(racecheck(*args, cwd=root))
         expected = f"{out / where}:{len(lines) + 1}: trial {10**30} lies outside the run's 2 planned trial(s) (0 to 1"
         assert expected in err, (name, err)
     assert len(json.loads((out / "run.json").read_text())["attempts"]) == attempts  # the refused resume wrote nothing

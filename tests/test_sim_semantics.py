@@ -27,13 +27,6 @@ from racecheck.device.base import ReduceOp, RuntimeObserver
 from racecheck.device.sim import SimRuntime, StreamError
 
 
-@pytest.fixture
-def rt():
-    runtime = SimRuntime()
-    yield runtime
-    runtime.close()
-
-
 def held(gate: threading.Event, log: list, tag: str):
     """Work that blocks its stream until the host opens `gate`, then logs `tag`."""
     return lambda: (gate.wait(GATE_TIMEOUT_S), log.append(tag))

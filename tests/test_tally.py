@@ -6,36 +6,21 @@ import json
 
 import pandas as pd
 import pytest
+from run_kit import record_frame, run_summary, trial_record, write_log
 from scipy.stats import binomtest
 
 from racecheck.results import tally
-from racecheck.runner.record import TrialLog, TrialRecord
 
 SCENARIO = "main_grad_reuse"
 TEST = "scenarios/main_grad_reuse/test_main_grad_reuse.py::test_hsdp_losses_match_baseline[{}]"
 PARAMS = ("1-True", "1-False", "3-True", "3-False")
 
 
-def record(arm, trial, params, outcome, *, expect="", **extra):
-    return TrialRecord(
-        run_id="run-1",
-        scenario=extra.pop("scenario", SCENARIO),
-        arm=arm,
-        expect=expect,
-        trial=trial,
-        seed=1000 + trial,
-        test=TEST.format(params),
-        params=params,
-        outcome=outcome,
-        **extra,
+def record(arm, trial, params, outcome, **extra):
+    test = TEST.format(params)
+    return trial_record(
+        run_id="run-1", arm=arm, trial=trial, seed=1000 + trial, test=test, params=params, outcome=outcome, **extra
     )
-
-
-def write(out, records):
-    with TrialLog(out / "trials.jsonl") as log:
-        for r in records:
-            log.append(r)
-    return out
 
 
 def row(summary, arm, params=None, scenario=SCENARIO):
@@ -55,31 +40,31 @@ def two_arms(tmp_path):
             for i, p in enumerate(PARAMS):
                 bad = arm == "baseline" and (t + i) % 4 == 0 and t < 6
                 recs.append(record(arm, t, p, "failed" if bad else "passed", expect=expect))
-    return write(tmp_path, recs)
+    return write_log(tmp_path, recs)
 
 
 def test_load_records_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="no such directory"):
-        tally.load_records(tmp_path / "missing")
+        record_frame(tmp_path / "missing")
     with pytest.raises(FileNotFoundError, match="no trial log"):
-        tally.load_records(tmp_path)
+        record_frame(tmp_path)
     (tmp_path / "trials.jsonl").write_text("")
     with pytest.raises(ValueError, match="no records"):
-        tally.load_records(tmp_path)
+        record_frame(tmp_path)
     (tmp_path / "trials.jsonl").write_text(record("a", 0, "1-True", "weird").to_json() + "\n")
     with pytest.raises(ValueError, match="unknown outcome"):
-        tally.load_records(tmp_path)
+        record_frame(tmp_path)
 
 
 def test_torn_last_line_is_skipped(tmp_path):
-    write(tmp_path, [record("fixed", 0, "1-True", "passed")])
+    write_log(tmp_path, [record("fixed", 0, "1-True", "passed")])
     with open(tmp_path / "trials.jsonl", "a") as fh:
         fh.write('{"run_id": "run-1", "scen')
-    assert len(tally.load_records(tmp_path)) == 1
+    assert len(record_frame(tmp_path)) == 1
 
 
 def test_summary_columns_and_counts(two_arms):
-    summary = tally.summarize(tally.load_records(two_arms))
+    summary = tally.summarize(record_frame(two_arms))
     assert list(summary.columns) == list(tally.SUMMARY_COLUMNS)  # no detector: no `detected`
     assert len(summary) == 2 * (1 + len(PARAMS))
     r = row(summary, "baseline", "1-True")  # i = 0: trials 0 and 4 fail
@@ -99,7 +84,7 @@ def test_sorting_arm_first_appearance_star_first(tmp_path):
         for arm in ("zz_fixed", "aa_baseline")
         for p in PARAMS[::-1]
     ]
-    summary = tally.summarize(tally.load_records(write(tmp_path, recs)))
+    summary = tally.summarize(record_frame(write_log(tmp_path, recs)))
     assert list(summary.scenario.drop_duplicates()) == ["alpha", "zeta"]
     first = summary[summary.scenario == "alpha"]
     assert list(first.arm.drop_duplicates()) == ["zz_fixed", "aa_baseline"]
@@ -110,7 +95,7 @@ def test_sorting_arm_first_appearance_star_first(tmp_path):
 def test_resumed_run_keeps_the_last_record(tmp_path):
     recs = [record("baseline", t, "1-True", "failed", expect="race") for t in range(3)]
     recs.append(record("baseline", 2, "1-True", "passed", expect="race"))  # re-run of trial 2
-    summary = tally.summarize(tally.load_records(write(tmp_path, recs)))
+    summary = tally.summarize(record_frame(write_log(tmp_path, recs)))
     r = row(summary, "baseline", "1-True")
     assert (r.trials, r.failures, r.passed) == (3, 2, 1)
     assert row(summary, "baseline").trials == 3
@@ -127,7 +112,7 @@ def test_trial_outcome_in_star_row(tmp_path):
         record("a", 3, "1-True", "timeout"),
         record("a", 3, "1-False", "error"),
     ]
-    summary = tally.summarize(tally.load_records(write(tmp_path, recs)))
+    summary = tally.summarize(record_frame(write_log(tmp_path, recs)))
     star = row(summary, "a", scenario=SCENARIO)
     counts = {c: int(star[c]) for c in tally.OUTCOME_COLUMNS}
     assert counts == dict(passed=1, skipped=1, crash=1, timeout=1, failed=0, error=0)
@@ -138,7 +123,7 @@ def test_trial_outcome_in_star_row(tmp_path):
 
 def test_all_skipped_row_has_no_rate(tmp_path):
     recs = [record("a", t, "1-True", "skipped") for t in range(3)]
-    summary = tally.summarize(tally.load_records(write(tmp_path, recs)))
+    summary = tally.summarize(record_frame(write_log(tmp_path, recs)))
     r = row(summary, "a", "1-True")
     assert (r.trials, r.skipped, r.failures) == (0, 3, 0) and pd.isna(r.failure_rate)
     assert (r.ci_low, r.ci_high) == (0.0, 1.0)
@@ -161,7 +146,7 @@ def test_detected_counts_trials_with_a_report(tmp_path):
                     reports=["free while in use"] if hit else [],
                 )
             )
-    summary = tally.summarize(tally.load_records(write(tmp_path, recs)))
+    summary = tally.summarize(record_frame(write_log(tmp_path, recs)))
     assert summary.columns[-1] == "detected"
     assert row(summary, "baseline").detected == 2
     assert row(summary, "baseline", "1-True").detected == 2
@@ -170,12 +155,12 @@ def test_detected_counts_trials_with_a_report(tmp_path):
 
 def test_expect_comes_from_the_first_non_empty_value(tmp_path):
     recs = [record("baseline", 0, "1-True", "failed"), record("baseline", 1, "1-True", "failed", expect="race")]
-    summary = tally.summarize(tally.load_records(write(tmp_path, recs)))
+    summary = tally.summarize(record_frame(write_log(tmp_path, recs)))
     assert set(summary.expect) == {"race"}
 
 
 def test_write_summary_roundtrip(two_arms):
-    summary = tally.write_summary(two_arms)
+    summary = run_summary(two_arms)
     back = pd.read_csv(two_arms / "summary.csv", keep_default_na=False)
     assert list(back.columns) == list(tally.SUMMARY_COLUMNS) == list(summary.columns)
     assert set(back[back.test == "*"].arm) == {"baseline", "fixed"}
@@ -186,7 +171,7 @@ def test_write_summary_adds_the_skipped_suites(two_arms):
     (two_arms / "run.json").write_text(
         json.dumps({"skipped": {"big": {"arms": ["a"], "expect": {"a": "race"}, "why": "needs at least 8 ranks"}}})
     )
-    summary = tally.write_summary(two_arms)
+    summary = run_summary(two_arms)
     row = summary[summary.scenario == "big"].iloc[0]
     assert (row.test, row.arm, row.trials, row.note) == ("*", "a", 0, "skipped: needs at least 8 ranks")
     assert "skipped: needs at least 8 ranks" in (two_arms / "summary.csv").read_text()
@@ -194,7 +179,7 @@ def test_write_summary_adds_the_skipped_suites(two_arms):
 
 def test_summarize_refuses_an_empty_log(two_arms):
     with pytest.raises(ValueError):
-        tally.summarize(tally.load_records(two_arms).iloc[0:0])
+        tally.summarize(record_frame(two_arms).iloc[0:0])
 
 
 def test_signature_counts_only_matching_failures(tmp_path):
@@ -208,16 +193,16 @@ def test_signature_counts_only_matching_failures(tmp_path):
         record("baseline", 0, "1-False", "failed", expect="race", **other),
         record("baseline", 1, "1-True", "failed", expect="race", **other),
     ]
-    out = write(tmp_path, recs)
-    plain = tally.summarize(tally.load_records(out))
+    out = write_log(tmp_path, recs)
+    plain = tally.summarize(record_frame(out))
     assert "other_failures" not in plain.columns
     assert row(plain, "fixed").failures == 1 and row(plain, "baseline").failures == 2
 
-    filtered = tally.summarize(tally.load_records(out), signature=r"AssertionError.*test_hsdp")
+    filtered = tally.summarize(record_frame(out), signature=r"AssertionError.*test_hsdp")
     fixed, baseline = row(filtered, "fixed"), row(filtered, "baseline")
     assert (fixed.trials, fixed.failures, fixed.other_failures) == (2, 0, 1)
     # trial 0 failed by the race (its other failure does not count again); trial 1 only otherwise
     assert (baseline.trials, baseline.failures, baseline.other_failures) == (2, 1, 1)
     assert row(filtered, "baseline", "1-False").other_failures == 1
     with pytest.raises(ValueError, match="invalid failure signature"):
-        tally.summarize(tally.load_records(out), signature="(")
+        tally.summarize(record_frame(out), signature="(")

@@ -28,10 +28,12 @@ from racecheck.results.rows import Format
 def _load(ctx, out_dir: Path, signature: str | None = None):
     """The records and summary of OUT, or a one-line usage error naming what is wrong."""
     from racecheck.results import tally
+    from racecheck.runner.run_folder import open_run_folder
 
     param = next(p for p in ctx.command.params if p.name == "out_dir")
     try:
-        records = tally.load_records(out_dir)
+        folder = open_run_folder(out_dir, need_run=False)  # the run's plan, where it has run.json
+        records = tally.load_records(folder)
     except (FileNotFoundError, ValueError) as exc:
         raise click.BadParameter(str(exc), ctx, param) from None
     for line in records.attrs.get("bad_lines", []):
@@ -40,7 +42,7 @@ def _load(ctx, out_dir: Path, signature: str | None = None):
         summary = tally.summarize(records, signature=signature)
     except ValueError as exc:
         raise click.BadParameter(str(exc), ctx, param_hint="--signature") from None
-    return records, tally.with_skipped(summary, tally.skipped_suites(out_dir))
+    return records, tally.with_skipped(summary, tally.skipped_suites(folder))
 
 
 def gate_criteria(*, within: str = ""):
@@ -322,7 +324,7 @@ def merge_command(inputs, out_dir):
 )
 def list_command(scenarios_dir, config_file):
     """The catalogue's scenarios (and the project's own suite): arms, expectations, profiles."""
-    from racecheck.suites.catalogue import CatalogueError, find_catalogue, load_catalogue
+    from racecheck.suites.catalogue import CatalogueError, SuiteKind, find_catalogue, load_catalogue
     from racecheck.suites.project import find_config, load_config
 
     suites = []
@@ -338,7 +340,7 @@ def list_command(scenarios_dir, config_file):
     except CatalogueError as exc:
         raise click.UsageError(str(exc)) from None
     for s in suites:
-        where = f"config {s.config_file}" if s.config_file else f"scenario {s.path.name}/"
+        where = f"config {s.config_file}" if s.kind is SuiteKind.PROJECT else f"scenario {s.path.name}/"
         least = f", at least {s.min_world_size}" if 1 < s.min_world_size < s.world_size else ""
         click.echo(f"{s.name}  ({where}; world size {s.world_size}{least}; default perturb {s.default_perturb})")
         if s.summary:
@@ -359,12 +361,14 @@ def list_command(scenarios_dir, config_file):
 def summarize_run(out_dir: Path, *, footer: str | None = None) -> bool:
     """Write OUT/summary.csv and, with a footer, print the table and the footer; False when the
     log holds no record. InfrastructureError (exit 3) where summary.csv cannot be written."""
-    from racecheck.results.failures import failure_list
+    from racecheck.results import failures, tally
     from racecheck.results.render_terminal import render_terminal
-    from racecheck.results.tally import write_summary
+    from racecheck.runner.run_folder import open_run_folder
 
     try:
-        summary = write_summary(out_dir)
+        folder = open_run_folder(out_dir, need_run=False)
+        records = tally.load_records(folder)
+        summary = tally.write_summary(folder, records)
     except (FileNotFoundError, ValueError):
         return False
     except OSError as exc:  # a full or read-only disk: the trials are in trials.jsonl all the same
@@ -373,7 +377,7 @@ def summarize_run(out_dir: Path, *, footer: str | None = None) -> bool:
             f"{Path(out_dir) / 'trials.jsonl'} ('racecheck report {out_dir} --format csv' gives the summary)"
         ) from None
     if footer is not None:
-        click.echo(render_terminal(summary) + failure_list(out_dir))
+        click.echo(render_terminal(summary) + failures.render_terminal(records, logs=f"{out_dir}/logs"))
         click.echo(f"\n{footer}")
     return True
 

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import click
 
+from racecheck import limits
+
 
 class Number(click.ParamType):
     """A float from `low` to `high` (both excluded with `open_ends`); `within` says the range in
@@ -39,6 +41,7 @@ class Number(click.ParamType):
 
 
 RATE = Number(0.0, 1.0, within="a rate in [0, 1]", metavar="RATE")
+SECONDS = Number(limits.MIN_SECONDS, limits.MAX_SECONDS, within=limits.SECONDS_RANGE, metavar="SECONDS")
 PROBABILITY = Number(0.0, 1.0, within="strictly between 0 and 1", open_ends=True, metavar="P")
 
 

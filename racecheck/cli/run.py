@@ -1,10 +1,11 @@
 """The `run` command: its options, and the run around the trial runner (progress, interrupts,
 the table and summary.csv at the end, the perturbation notes, --gate).
 
-The options become values in their callbacks (--perturb a Profile, --mesh a MeshConfig) and a
-RunConfig in run_options.py and node_options.py, whose settings the config checks itself
-(RunConfig.validate, through run_checks.py), so that the command reads as a script; torch, pandas
-and the runner are imported inside the command, so `racecheck --help` stays instant.
+The options, declared once in the run's option table (racecheck/runner/option_table.py; their click
+form in run_options.py), become values in their callbacks (--perturb a Profile, --mesh a
+MeshConfig) and a RunConfig in one place (RunConfig.from_options), so that the command reads as a
+script; torch, pandas and the runner's work are imported inside the command, so `racecheck --help`
+stays instant.
 """
 
 from __future__ import annotations
@@ -12,18 +13,13 @@ from __future__ import annotations
 import os
 import threading
 import time
-from pathlib import Path
 
 import click
 
-from racecheck import limits
-from racecheck.cli import node_options, run_checks, run_options
-from racecheck.cli.commands import gate_criteria, summarize_run
+from racecheck.cli import node_options, run_options
+from racecheck.cli.commands import summarize_run
 from racecheck.cli.console import say
-from racecheck.cli.params import Folder, Number
 from racecheck.exitcodes import ExitCode, InfrastructureError
-
-SECONDS = Number(limits.MIN_SECONDS, limits.MAX_SECONDS, within=limits.SECONDS_RANGE, metavar="SECONDS")
 
 
 def _import_table_libraries_meanwhile() -> None:
@@ -46,266 +42,19 @@ def _import_table_libraries_meanwhile() -> None:
     threading.Thread(target=load, name="racecheck-table-imports", daemon=True).start()
 
 
-def _parse_trials(ctx, param, value):
-    if value is None or value == "auto":
-        return value
-    try:
-        n = int(value)
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not a whole number or 'auto'") from None
-    if n < 1:
-        raise click.BadParameter("must be at least 1")
-    return n
-
-
-def _parse_mesh(ctx, param, value):
-    if value is None:
-        return None
-    from racecheck.runner.run_config import read_mesh
-
-    try:
-        return read_mesh(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
-
-
-def _parse_perturb(ctx, param, value):
-    """--perturb's Profile: the spec is parsed here, once, and travels as the value."""
-    if value is None:
-        return None
-    from racecheck.suites.catalogue import read_profile
-
-    try:
-        return read_profile(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--perturb") from None
-
-
-def _parse_shard(ctx, param, value):
-    from racecheck.runner.blocks import Shard
-
-    if value is None or value == "auto":
-        return value  # auto: resolved from the job's environment (runner/shard_env.py)
-    try:
-        return Shard.parse(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
-
-
-def _parse_stop(ctx, param, value):
-    if value is None:
-        return ()
-    from racecheck.runner.stopping import parse_rules
-
-    try:
-        return parse_rules(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
-
-
 @click.command("run")
-@click.option(
-    "--scenario",
-    "scenario_names",
-    default=None,
-    help="Catalogue scenario(s), comma separated, or 'all' (then every arm of each). "
-    "Default: the suite of ./pyproject.toml's [tool.racecheck], else main_grad_reuse.",
-)
-@click.option(
-    "--config",
-    "config_file",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Run the suite and arms of this TOML file ([tool.racecheck] or top-level keys).",
-)
-@click.option(
-    "--arms",
-    default=None,
-    help="Arms to run, comma separated, or 'all' (default: the suite's; every arm with --scenario all).",
-)
-@click.option(
-    "--trials",
-    default=None,
-    callback=_parse_trials,
-    metavar="N|auto",
-    help="Trials per arm [default: 10; on --resume, the run's]; 'auto' = enough to bound a "
-    "clean arm and separate the arms (racecheck plan).",
-)
-@click.option(
-    "--out",
-    "out_dir",
-    type=Folder(file_okay=False),
-    default=None,
-    help="Output folder for trials.jsonl and summary.csv (default: a new racecheck-out/run-TIME in "
-    "the project's root, the config file's folder; for the catalogue, in the current folder).",
-)
-@click.option(
-    "--resume",
-    "resume_dir",
-    type=Folder(file_okay=False),
-    default=None,
-    help="Continue the run in this folder up to --trials (its settings come from run.json).",
-)
-@click.option(
-    "--allow-changed-suite",
-    is_flag=True,
-    help="With --resume: continue although the suite's tests or definition changed since the run "
-    "started (the tally then mixes trials of both); without it such a resume is refused.",
-)
-@click.option(
-    "--perturb",
-    default=None,
-    callback=_parse_perturb,
-    help="Perturbation profile or rules (default: the suite's; an arm's own profile wins).",
-)
-@click.option("--no-perturb", is_flag=True, help="Run without perturbation: the natural failure rate.")
-@click.option(
-    "--delay-ms",
-    type=Number(0.0, limits.MAX_DELAY_S * 1e3, within=limits.DELAY_MS_RANGE, metavar="MS"),
-    default=None,
-    help="Resize every sleep of the profile to this many milliseconds (at most an hour).",
-)
-@click.option("--seed", type=int, default=0, show_default=True, help="Base seed; trial t uses seed+t.")
-@click.option(
-    "--isolation",
-    type=click.Choice(["session", "process"]),
-    default="session",
-    show_default=True,
-    help="session: many trials per process world (fast, trials share state); "
-    "process: a fresh world per trial (independent, pays start-up every trial).",
-)
-@click.option(
-    "--order",
-    type=click.Choice(["alternate", "random"]),
-    default="alternate",
-    show_default=True,
-    help="Arms inside each trial: in the given order (A B A B) or a seeded permutation.",
-)
-@click.option(
-    "--chunk",
-    type=click.IntRange(min=1),
-    default=5,
-    show_default=True,
-    help="session isolation, arms that need their own process (env, pytest args, git): "
-    "trials per session; the arms' sessions alternate chunk by chunk.",
-)
-@click.option(
-    "--shard",
-    default=None,
-    callback=_parse_shard,
-    metavar="i/N|auto",
-    help="Run slice i of N of the trials (merge the slices with 'racecheck merge'); 'auto': "
-    "from the job's environment (RACECHECK_SHARD=i/N, or a Slurm array's task).",
-)
-@click.option(
-    "--timeout",
-    type=SECONDS,
-    default=300,
-    show_default=True,
-    help="Seconds without a test starting or finishing before the trial counts as hung "
-    "and its process tree is killed; the run goes on (start-up gets at least 120 s; 1 s to a week).",
-)
-@click.option(
-    "--max-time",
-    type=SECONDS,
-    default=None,
-    help="Stop at the next trial boundary after this long (1 s to a week).",
-)
-@click.option(
-    "--stop-when",
-    "stop_rules",
-    default=None,
-    callback=_parse_stop,
-    metavar="RULES",
-    help="Stop a suite once all rules hold, e.g. 'baseline:failures>=3,fixed:clean>=20'.",
-)
-@click.option(
-    "--backend",
-    type=click.Choice(["auto", "sim", "cuda"]),
-    default="auto",
-    show_default=True,
-    help="Stream runtime: the CPU emulation, CUDA, or CUDA when a GPU is present.",
-)
-@click.option(
-    "--world-size",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Ranks per session (default: the suite's world_size).",
-)
-@click.option(
-    "--mesh",
-    default=None,
-    callback=_parse_mesh,
-    metavar="SHARDxREPLICATE",
-    help="The HSDP mesh of the scenarios that take theirs from the run (main_grad_reuse), "
-    "e.g. 4x2; its size must be the world size (default: 2 x world/2 for an even "
-    "world above 2, else every rank a shard).",
-)
-@click.option(
-    "--nnodes",
-    type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help="Nodes the world spans; every node runs this same command (see docs/cluster.md).",
-)
-@click.option(
-    "--node-rank",
-    type=click.IntRange(min=0),
-    default=0,
-    show_default=True,
-    help="This node's rank; node 0 writes the run folder and hosts the rendezvous.",
-)
-@click.option(
-    "--rdzv-endpoint",
-    default=None,
-    metavar="HOST:PORT",
-    help="With --nnodes: node 0's address for torchrun's c10d rendezvous.",
-)
-@click.option(
-    "--rdzv-backend",
-    type=click.Choice(["c10d"]),
-    default="c10d",
-    show_default=True,
-    help="torchrun's rendezvous backend (racecheck's node 0 hosts its store).",
-)
-@click.option(
-    "--rdzv-id",
-    default="racecheck",
-    show_default=True,
-    help="torchrun's rendezvous id (the same on every node); each session adds its own suffix.",
-)
-@click.option(
-    "--rdzv-conf",
-    default="",
-    metavar="K=V,...",
-    help="torchrun's rendezvous settings, passed through (join_timeout, keep_alive_interval, ...).",
-)
-@click.option("--detect", is_flag=True, help="Run the happens-before detector in every trial.")
-@click.option("--scenarios", "scenarios_dir", default=None, help="The catalogue folder (default: ./scenarios).")
-@click.option(
-    "--gate",
-    is_flag=True,
-    help="After the run, apply the gate (see 'racecheck gate') and exit with its code: 0 pass, 1 fail, 4 undecided.",
-)
-@click.option("--fixed", default=None, metavar="ARM", help="With --gate: the arm that must not fail.")
-@click.option("--baseline", default=None, metavar="ARM", help="With --gate: the arm that must still fail.")
-@gate_criteria(within="With --gate: ")
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-@click.argument("pytest_args", nargs=-1, type=click.UNPROCESSED)
+@run_options.click_options
 @click.pass_context
 def run_command(ctx, **opts):
     """Run a suite under its arms, trial by trial, and tally the failures.
 
     Arguments after `--` go to pytest (for example a node id to run one test)."""
-    from racecheck.runner.run_config import resume_command
+    from racecheck.runner.command_lines import resume_command
     from racecheck.runner.trial_runner import Runner
 
     nodes = node_options.node_spec(ctx, opts)  # None on one node; a follower's folder is OUT/nodes/node-R
-    nnodes = nodes.nnodes if nodes is not None else 1
-    if opts["resume_dir"] is not None:
-        config = run_options.resumed_config(ctx, opts, nnodes=nnodes)
-    else:
-        config = run_options.fresh_config(ctx, opts, nnodes=nnodes)
+    opts["trials"] = run_options.trials_value(opts["trials"])
+    config = run_options.config_of(ctx, opts, nnodes=nodes.nnodes if nodes is not None else 1)
     gate = run_options.gate_options(ctx, opts, config)
 
     from racecheck.runner import interrupts
@@ -315,7 +64,7 @@ def run_command(ctx, **opts):
         node_options.follow(ctx, nodes, config)
         return
     started = time.monotonic()
-    for line in run_checks.describe_worlds(config):
+    for line in describe_worlds(config):
         click.echo(line)
     writer = node_options.writer_for(nodes, config)
     runner = Runner(config, resume=opts["resume_dir"] is not None, nodes=writer)
@@ -335,10 +84,25 @@ def run_command(ctx, **opts):
             ctx.exit(ExitCode.INTERRUPTED)
 
 
+def describe_worlds(config) -> list[str]:
+    """One header line per suite: where its ranks run, and why a skipped suite does not."""
+    from racecheck.runner.config_build import cuda_devices
+    from racecheck.suites.catalogue import SuiteKind
+
+    backend = config.backend if config.backend != "auto" else ("cuda" if cuda_devices("auto") else "cpu")
+    lines = []
+    for s in config.scenarios:
+        world = config.world_for(s)
+        mesh = f", mesh {config.mesh_for(s)}" if s.kind is SuiteKind.SCENARIO and world > 1 else ""
+        lines.append(f"{s.name}: {world} rank{'s' * (world != 1)}{mesh} on {backend}")
+    lines += [f"{name}: skipped, {info['why']}" for name, info in config.skipped.items()]
+    return lines
+
+
 def _after_run(ctx, config, result, *, writer, gate, started: float) -> None:
     """The table and summary.csv, the notes, and the run's exit: the gate's where asked, 3 where a
     node was lost or no test finished."""
-    from racecheck.runner.run_config import resume_command
+    from racecheck.runner.command_lines import resume_command
 
     if result.stopped == "node lost":
         summarize_run(config.out)
@@ -370,7 +134,7 @@ def _perturbation_notes(config) -> None:
     what the detector could not see."""
     from racecheck.results.detector_notes import detector_notes
     from racecheck.results.perturb_notes import perturbation_notes
-    from racecheck.runner.record import read_log
+    from racecheck.runner.trial_log import read_log
 
     try:
         records = list(read_log(config.out / "trials.jsonl"))

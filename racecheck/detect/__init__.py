@@ -20,9 +20,14 @@ from racecheck.detect.report import RaceKind, RaceReport, render
 __all__ = ["ENGINE", "HappensBefore", "RaceDetector", "RaceKind", "RaceReport", "TorchRaceTracker", "render"]
 
 
-def __getattr__(name: str):
-    if name == "TorchRaceTracker":  # imports torch.cuda._sanitizer: only when asked for
-        from racecheck.detect.torch_tracker import TorchRaceTracker
+# Imported on first use: torch_tracker imports torch.cuda._sanitizer, which the runtime's detector
+# and the engine do without.
+_LAZY = {"TorchRaceTracker": "racecheck.detect.torch_tracker"}
 
-        return TorchRaceTracker
-    raise AttributeError(name)
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

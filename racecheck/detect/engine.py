@@ -72,7 +72,7 @@ def _kept_at_reuse(acc: Access, d: Domain, clock: Clock, host: Clock, racing: di
 
 
 class HappensBefore:
-    def __init__(self, *, events: MutableMapping | None = None, max_reports: int = MAX_REPORTS) -> None:
+    def __init__(self, *, events: MutableMapping | None = None) -> None:
         self.lock = threading.RLock()  # frees can arrive on any thread
         self.host = Domain("host", "host")
         self._host_version = 0
@@ -82,7 +82,6 @@ class HappensBefore:
         self.shadow = ShadowMemory()
         self._reports: dict[tuple, RaceReport] = {}
         self._serials = itertools.count(1)
-        self.max_reports = max_reports
         self.stats: collections.Counter[str] = collections.Counter()  # rare events; the hot counter is `accesses`
         self.accesses = 0
 
@@ -386,7 +385,7 @@ class HappensBefore:
         found = self._reports.get(key)
         if found is not None:
             found.count += 1
-        elif len(self._reports) < self.max_reports:
+        elif len(self._reports) < MAX_REPORTS:
             self._reports[key] = RaceReport(kind, earlier, later)
         else:
             self.stats["reports_dropped"] += 1

@@ -212,7 +212,7 @@ AllocId Tracker::item_allocation(const Item& it, int64_t stack, bool* fresh) {
   return adopt_block(it.sptr, it.snbytes, stack);
 }
 
-// TorchRaceTracker._host_op ([Note: host accesses]) over touches_ and fresh_.
+// TorchRaceTracker.host_op ([Note: host accesses], host_accesses.py) over touches_ and fresh_.
 void Tracker::host_op(const OpInfo& info, bool has_stream, int64_t stream, int64_t stack, bool non_blocking) {
   bool device = false;
   for (const Touch& t : touches_)

@@ -4,10 +4,10 @@
 // the reference. Per record kind, the function here and the Python one it follows:
 //   OP                  op_items             feed_apply.native_op (TorchRaceTracker._op's rules)
 //   ALLOCATED / FREED   allocated / freed    apply_batch's branches ([Note: pending allocations])
-//   COLLECTIVE_*        begin/end_collective  _native_collective_begin/_end, _charge
-//   STREAM_RECORDED     record_stream        _native_record_stream
-//   EVENT_* and syncs   event_recorded ...   _on_event_record, _on_event_wait, _on_host_sync
-//   HOST_FREED          host_freed           _host_freed ([Note: host accesses])
+//   COLLECTIVE_*        begin/end_collective  collective_begin/_end, _charge
+//   STREAM_RECORDED     record_stream        record_stream_at
+//   EVENT_* and syncs   event_recorded ...   on_event_record, on_event_wait, on_host_sync
+//   HOST_FREED          host_freed           host_freed ([Note: host accesses])
 // What only Python knows (the current stream, a c10 stream's handle, an operator's plan, whether
 // a host storage can be watched) it asks through Callbacks, each answer kept where it cannot change.
 //
@@ -69,7 +69,7 @@ class Tracker {
     bool frozen = false;
     Clock clock;
   };
-  struct Flight {  // a collective being issued (torch_tracker._InFlight)
+  struct Flight {  // a collective being issued (inflight.InFlight)
     OpInfo op;
     int64_t stack = NO_STACK;
     std::vector<Item> items;
@@ -84,7 +84,7 @@ class Tracker {
   const OpInfo& op(int32_t id);
   bool stream_of(int64_t stream_id, int32_t device, int64_t* key);
   int64_t current();
-  DomainId domain(int64_t key);  // TorchRaceTracker._key
+  DomainId domain(int64_t key);  // TorchRaceTracker.key
   std::string default_name(int64_t key) const;
   void op_items(const OpInfo& op, bool has_stream, int64_t stream, int64_t stack, const Item* its, uint32_t n,
                 bool non_blocking);

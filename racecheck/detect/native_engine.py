@@ -12,7 +12,7 @@ tests/test_detect_engines.py checks that both give the same reports.
 from __future__ import annotations
 
 import collections
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from racecheck.detect import stacks
 from racecheck.detect.allocations import Allocation, AllocState
@@ -38,10 +38,10 @@ class NativeEngine:
 
     # -- what the C++ side asks (hb_tracker.h's Callbacks) -------------------------------------
     def current(self) -> int:
-        return self._feed.tracker._current()
+        return self._feed.tracker.current()
 
     def stream_key(self, stream_id: int, device: int) -> int | None:
-        return self._feed._stream(stream_id, device)
+        return self._feed.stream(stream_id, device)
 
     def op_info(self, op: int) -> tuple[str, bool] | None:
         plans = self._feed.plans
@@ -54,7 +54,7 @@ class NativeEngine:
 
     def stack_key(self, stack_id: int) -> int:
         """An id of the stack's user frames: races whose stacks share them are one report."""
-        key = stacks.key(self._feed._stack(stack_id))
+        key = stacks.key(self._feed.stack(stack_id))
         return self._stack_keys.setdefault(key, len(self._stack_keys))
 
     # -- the engine as the tracker and its users read it --------------------------------------
@@ -85,7 +85,7 @@ class NativeEngine:
     def reports(self) -> list[RaceReport]:
         """The races found so far, as the Python engine reports them (its objects, built now)."""
         domain_rows, alloc_rows, report_rows = self._core.report_data()
-        stack = self._feed._stack
+        stack = self._feed.stack
         domains = [Domain(_HOST if key is None else key, name) for key, name in domain_rows]
         allocs: dict[int, Allocation] = {}
         for slot, (serial, ptr, nbytes, stream, alloc_stack, free_stack, live) in alloc_rows.items():
@@ -101,8 +101,3 @@ class NativeEngine:
             return Access(domains[domain], epoch, is_write, op, allocs[slot], stack(access_stack))
 
         return [RaceReport(_KINDS[kind], access(e), access(later), count) for kind, count, e, later in report_rows]
-
-
-def make(log, feed: NativeFeed) -> Any:
-    """The native engine for `feed`, or None where this build of the log has none."""
-    return NativeEngine(log, feed) if hasattr(log, "Engine") else None

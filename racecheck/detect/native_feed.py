@@ -23,18 +23,17 @@ resolves it to user frames only when a report is formatted.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from racecheck.detect import feed_apply as rec
 from racecheck.detect.dispatch import KERNEL_OVERLOAD, OpPlan, kernel_plan, overload_named, plan_for
 from racecheck.detect.engine import HappensBefore
-from racecheck.detect.feed_apply import NO_STREAM, RECORD, apply_batch, native_op
+from racecheck.detect.feed_apply import NO_STREAM, RECORD, apply_batch
 from racecheck.detect.native_engine import NativeEngine
 from racecheck.detect.stacks import LazyStack, user_frames
 
 if TYPE_CHECKING:
-    from racecheck.detect.torch_tracker import TorchRaceTracker
+    from racecheck.detect.feed_types import LoopTracker
 
 
 class LogStack(LazyStack):
@@ -67,11 +66,32 @@ def wanted_engine(engine: str | None) -> str:
     return value
 
 
+def feed_for(tracker: LoopTracker, path: str | None, engine: str | None, *, custom_host: bool) -> NativeFeed | None:
+    """The feed of `tracker` when it runs the native path (see TorchRaceTracker's `path` and
+    `engine`), else None."""
+    from racecheck.detect import op_log
+
+    if custom_host:  # a Python predicate over tensors: only the Python path can ask it
+        if path == "native":
+            raise ValueError("host_memory needs the Python path (path='python')")
+        return None
+    choice = path or op_log.wanted()
+    kind = wanted_engine(engine)
+    if choice == "python":
+        return None
+    if choice == "native":
+        return NativeFeed(op_log.load_required(), tracker, engine=kind)
+    if tracker.device_type != "cuda":
+        return None  # a CPU tracker's streams are Python's: native only when asked for
+    log = op_log.load_available()
+    return None if log is None else NativeFeed(log, tracker, engine=kind)
+
+
 class NativeFeed:
     """One tracker's use of the native log: starts and stops it and applies what it drains with
     its engine (`engine`: "native" or "python", see the module's docstring)."""
 
-    def __init__(self, log, tracker: TorchRaceTracker, *, engine: str = "native") -> None:
+    def __init__(self, log, tracker: LoopTracker, *, engine: str = "native") -> None:
         self.log = log
         self.tracker = tracker
         self.engine: NativeEngine | HappensBefore = (
@@ -79,8 +99,8 @@ class NativeFeed:
         )
         self.engine_kind = "native" if isinstance(self.engine, NativeEngine) else "python"
         self.plans: list[OpPlan | None] = []  # by the log's op id
-        self._stacks: dict[int, LogStack | tuple] = {-1: ()}
-        self._streams: dict[tuple[int, int], int] = {}  # (stream id, device) -> stream handle
+        self.stacks: dict[int, LogStack | tuple] = {-1: ()}
+        self.streams: dict[tuple[int, int], int] = {}  # (stream id, device) -> stream handle
         self._kernel_ops: dict[str, int] = {}  # kernel name -> the log's op id for it
         self.records = 0
         self.active = False
@@ -123,25 +143,25 @@ class NativeFeed:
         except Exception:  # noqa: BLE001 - a name that is no operator overload records nothing
             return None
 
-    def _stack(self, stack_id: int):
-        stack = self._stacks.get(stack_id)
+    def stack(self, stack_id: int):
+        stack = self.stacks.get(stack_id)
         if stack is None:
-            stack = self._stacks[stack_id] = LogStack(self.log, stack_id)
+            stack = self.stacks[stack_id] = LogStack(self.log, stack_id)
         return stack
 
-    def _stream(self, stream_id: int, device: int) -> int | None:
+    def stream(self, stream_id: int, device: int) -> int | None:
         """The CUDA stream handle (the tracker's stream key) of a c10 stream id, or None for the
         current stream; a CPU tracker's records carry its keys."""
         if stream_id == NO_STREAM:
             return None
         if self.tracker.device_type != "cuda":
             return stream_id
-        handle = self._streams.get((stream_id, device))
+        handle = self.streams.get((stream_id, device))
         if handle is None:
             import torch
 
             stream = torch.cuda.Stream(stream_id=stream_id, device_index=device, device_type=1)
-            handle = self._streams[(stream_id, device)] = stream.cuda_stream
+            handle = self.streams[(stream_id, device)] = stream.cuda_stream
         return handle
 
     def drain(self) -> None:
@@ -207,67 +227,3 @@ class NoteHandler:
 
     def _handle_event_synchronization(self, event: int) -> None:
         self._note(rec.EVENT_SYNCED, NO_STREAM, event)
-
-
-class NativeTrackerOps:
-    """TorchRaceTracker's side of the native path: the Python path's operator bookkeeping
-    (TorchRaceTracker._op) over log items instead of tensors. An item is (address, bytes,
-    storage start, storage bytes, access, device, pinned); see op_log.cpp."""
-
-    # provided by TorchRaceTracker
-    engine: Any
-    device_type: str
-    errors: list
-    stats: Any
-    ops: int
-    _pending: dict
-    _host: Any
-    _domains: Any
-    _current: Any
-    _inflight: Any
-
-    def _native_feed(self, path: str | None, engine: str | None, *, custom_host: bool) -> NativeFeed | None:
-        """The feed when this tracker runs the native path (see TorchRaceTracker's `path` and `engine`)."""
-        from racecheck.detect import op_log
-
-        if custom_host:  # a Python predicate over tensors: only the Python path can ask it
-            if path == "native":
-                raise ValueError("host_memory needs the Python path (path='python')")
-            return None
-        choice = path or op_log.wanted()
-        kind = wanted_engine(engine)
-        if choice == "python":
-            return None
-        if choice == "native":
-            return NativeFeed(op_log.load_required(), self, engine=kind)  # type: ignore[arg-type]
-        if self.device_type != "cuda":
-            return None  # a CPU tracker's streams are Python's: native only when asked for
-        log = op_log.load_available()
-        return None if log is None else NativeFeed(log, self, engine=kind)  # type: ignore[arg-type]
-
-    def _native_op(self, plan: OpPlan, stream: int | None, stack, its: Iterable[tuple], non_blocking: bool) -> None:
-        """An operator's log items as the tracker's accesses (feed_apply.native_op); a collective
-        applies its items here once its end is known (TorchRaceTracker._charge)."""
-        native_op(self, self.engine, self.device_type == "cuda", plan, stream, stack, its, non_blocking)
-
-    def _watch(self, ptr: int) -> None:
-        feed = self._feed  # type: ignore[attr-defined]
-        if not feed.log.watch(ptr):
-            self.stats["unwatched_host"] += 1
-
-    def _native_collective_begin(self, plan: OpPlan, stream: int | None, stack, its: list) -> None:
-        from racecheck.detect.torch_tracker import _InFlight
-
-        flight = _InFlight(plan, None, None, self._current() if stream is None else stream)
-        flight.native = (stack, its)
-        self._inflight = flight
-
-    def _native_collective_end(self) -> None:
-        flight, self._inflight = self._inflight, None
-        if flight is not None and not flight.charged:
-            self._charge(flight, None)  # type: ignore[attr-defined]
-
-    def _native_record_stream(self, ptr: int, stream: int | None) -> None:
-        alloc = self.engine.allocation_at(ptr)
-        if alloc is not None and stream is not None:
-            self.engine.record_stream(alloc.ptr, self._key(stream))  # type: ignore[attr-defined]

@@ -29,8 +29,7 @@ except ImportError:  # pragma: no cover - older PyTorch
 MAX_FRAMES = 16  # user frames kept per stack, innermost first
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # .../racecheck
-_INTERNAL = tuple(os.path.join(_PACKAGE_DIR, d) + os.sep for d in ("detect", "device"))
-_INTERNAL_FILES = (os.path.join(_PACKAGE_DIR, "plugin.py"),)
+_INTERNAL = tuple(os.path.join(_PACKAGE_DIR, d) + os.sep for d in ("detect", "device", "rank"))
 
 
 def _library_prefixes() -> tuple[str, ...]:
@@ -49,7 +48,7 @@ def _classify(filename: str) -> bool:
     if not filename or filename.startswith("<"):
         return False  # <frozen importlib._bootstrap>, <string>, ...
     path = os.path.realpath(os.path.abspath(filename))
-    if path.startswith(_INTERNAL) or path in _INTERNAL_FILES:
+    if path.startswith(_INTERNAL):
         return False
     if path.startswith(_PACKAGE_DIR + os.sep):
         return True  # racecheck.fsdp and friends: the code under test, installed or not

@@ -26,7 +26,7 @@ def make_handler(tracker: TorchRaceTracker):
     of the sanitizer's per-pointer history (which a free erases). The Python path's: the native
     path's handler (native_feed.NoteHandler) logs them instead."""
 
-    domains = tracker._domains
+    domains = tracker.domains
     live = tracker.engine.live
 
     # The base is torch.cuda._sanitizer.EventHandler, imported only here (its import has a side
@@ -39,27 +39,27 @@ def make_handler(tracker: TorchRaceTracker):
             tracker._guard(tracker.engine.forget_event, event)
 
         def _handle_event_record(self, event, stream):
-            tracker._guard(tracker._on_event_record, event, stream)
+            tracker._guard(tracker.on_event_record, event, stream)
 
         def _handle_event_wait(self, event, stream):
-            tracker._guard(tracker._on_event_wait, event, stream)
+            tracker._guard(tracker.on_event_wait, event, stream)
 
         def _handle_memory_allocation(self, data_ptr):  # the most frequent: no extra call layer
             try:
                 # The stack is the allocating operator's: _op captures it when it resolves this.
-                stream = tracker._current()
+                stream = tracker.current()
                 if stream not in domains:
-                    tracker._key(stream)
+                    tracker.key(stream)
                 if data_ptr in live:  # the block is free again, so that record missed its free
                     tracker.engine.retire(data_ptr)
-                tracker._pending[data_ptr] = [stream, None, None]
+                tracker.pending[data_ptr] = [stream, None, None]
             except Exception as exc:
                 tracker.errors.append(f"{type(exc).__name__}: {exc}")
 
         def _handle_memory_deallocation(self, data_ptr):
             try:
-                if tracker._pending.pop(data_ptr, None) is None:  # else: no op ever touched it
-                    tracker.engine.free(data_ptr, stack=tracker._capture())
+                if tracker.pending.pop(data_ptr, None) is None:  # else: no op ever touched it
+                    tracker.engine.free(data_ptr, stack=tracker.capture())
             except Exception as exc:
                 tracker.errors.append(f"{type(exc).__name__}: {exc}")
 
@@ -67,13 +67,13 @@ def make_handler(tracker: TorchRaceTracker):
             """Nothing to track (overrides the sanitizer's bookkeeping): streams are named at first use."""
 
         def _handle_device_synchronization(self):
-            tracker._guard(tracker._on_host_sync, "device")
+            tracker._guard(tracker.on_host_sync, "device")
 
         def _handle_stream_synchronization(self, stream):
-            tracker._guard(tracker._on_host_sync, "stream", stream)
+            tracker._guard(tracker.on_host_sync, "stream", stream)
 
         def _handle_event_synchronization(self, event):
-            tracker._guard(tracker._on_host_sync, "event", event)
+            tracker._guard(tracker.on_host_sync, "event", event)
 
     return TraceHandler()
 

@@ -39,40 +39,32 @@ replayed from a CUDA graph (torch.compile's "reduce-overhead" mode) are not seen
 from __future__ import annotations
 
 import collections
-import weakref
 from collections.abc import Callable
 
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from racecheck.detect import stacks
+from racecheck.detect import native_feed, stacks
 from racecheck.detect.dispatch import byte_range, kernel_plan, non_blocking, returned_tensors, set_trace_handler
 from racecheck.detect.engine import HappensBefore
-from racecheck.detect.feed_apply import freeze, resolve_block
+from racecheck.detect.feed_apply import freeze, native_op, resolve_block
+from racecheck.detect.host_accesses import HOST, HostAccesses
+from racecheck.detect.inflight import InFlight
 from racecheck.detect.kernel_launches import KernelWatch
-from racecheck.detect.native_feed import NativeTrackerOps, NoteHandler
+from racecheck.detect.native_feed import NoteHandler
 from racecheck.detect.report import RaceReport, render
 from racecheck.detect.torch_hooks import TrackerMode, cuda_current_stream_fn, cuda_stream_handle, make_handler
 
-_HOST = "host operations"  # the engine key of the host's own work on tracked host memory
 _NO_KWARGS: dict = {}  # read only
 
 
-class _InFlight:
-    """A collective being issued: the stream it runs on, once known, and whether its accesses
-    have been charged."""
-
-    __slots__ = ("plan", "args", "kwargs", "issuer", "stream", "charged", "native")
-
-    def __init__(self, plan, args, kwargs, issuer: int) -> None:
-        self.plan, self.args, self.kwargs = plan, args, kwargs
-        self.issuer = issuer
-        self.stream: int | None = None  # a stream other than the issuer that waited during the call
-        self.charged = False
-        self.native: tuple | None = None  # on the native path: (stack, log items) instead of args
+def _unknown_current() -> int:
+    raise RuntimeError("a CUDA tracker reads the current stream once it is entered")
 
 
-class TorchRaceTracker(NativeTrackerOps):
+class TorchRaceTracker(HostAccesses):
+    """See the module docstring; it is a feed_types.LoopTracker, the native loop's view of it."""
+
     def __init__(
         self,
         *,
@@ -94,25 +86,24 @@ class TorchRaceTracker(NativeTrackerOps):
         switches the current stream calls `flush()` first."""
         self.device_type = device_type
         self.stacks_on = stacks_on
-        self._capture = stacks.capturer() if stacks_on else (lambda: ())
-        self._current = current_stream
+        self.capture = stacks.capturer() if stacks_on else (lambda: ())
+        self.current: Callable[[], int] = current_stream or _unknown_current
         self._stream_handle = stream_handle or cuda_stream_handle
         self._names: dict[int, str] = {}
         custom_host = host_memory is not None
         if host_memory is None:
             host_memory = (lambda t: not t.is_cuda) if device_type == "cuda" else (lambda t: False)
         self._is_host = host_memory
-        self._feed = self._native_feed(path, engine, custom_host=custom_host)
+        self._feed = native_feed.feed_for(self, path, engine, custom_host=custom_host)
         self.path = "python" if self._feed is None else "native"
         self.engine = HappensBefore() if self._feed is None else self._feed.engine
         if isinstance(self.engine, HappensBefore):  # the bookkeeping below is Python's
-            self._domains = self.engine.domains
+            self.domains = self.engine.domains
             # The host's own work on host memory that streams touch ([Note: host accesses]).
-            self._host = self.engine.domain(_HOST, "host")
-        self._host_touched: dict[int, set] = {}  # host allocation start -> stream keys that touched it
-        self._host_pinned: dict[int, bool] = {}  # tracked host allocations (all pinned)
-        self._pending: dict[int, list] = {}  # ptr -> [stream, clock at allocation, stack]
-        self._inflight: _InFlight | None = None
+            self.host = self.engine.domain(HOST, "host")
+        HostAccesses.__init__(self)
+        self.pending: dict[int, list] = {}  # ptr -> [stream, clock at allocation, stack]
+        self._inflight: InFlight | None = None
         self.handler = make_handler(self) if self._feed is None else NoteHandler(self._feed)
         self._mode: TrackerMode | None = None
         self.errors: list[str] = []  # internal failures (callbacks must never raise into PyTorch)
@@ -127,8 +118,8 @@ class TorchRaceTracker(NativeTrackerOps):
     # -- lifetime --------------------------------------------------------------------------
     def __enter__(self) -> TorchRaceTracker:
         if self.device_type == "cuda":
-            if self._current is None:
-                self._current = cuda_current_stream_fn()
+            if self.current is _unknown_current:
+                self.current = cuda_current_stream_fn()
             self.name_stream(torch.cuda.default_stream().cuda_stream, "default")
             if self._feed is None:  # the native log takes CUDA's trace events itself
                 torch._C._activate_gpu_trace()
@@ -184,8 +175,8 @@ class TorchRaceTracker(NativeTrackerOps):
         return render(self.reports())
 
     # -- streams ---------------------------------------------------------------------------
-    def _key(self, handle: int) -> int:
-        if handle not in self._domains:
+    def key(self, handle: int) -> int:
+        if handle not in self.domains:
             name = self._names.get(handle) or ("default" if handle == 0 else f"stream {handle:#x}")
             self.engine.domain(handle, name)
         return handle
@@ -198,30 +189,30 @@ class TorchRaceTracker(NativeTrackerOps):
     # synchronizations, so it is copied lazily: right before the tracker applies one (`_freeze`).
     # The callbacks themselves are the handler's _handle_memory_(de)allocation below.
     def _freeze(self) -> None:
-        freeze(self._pending, self.engine)
+        freeze(self.pending, self.engine)
 
-    def _on_event_record(self, event: int, stream: int) -> None:
+    def on_event_record(self, event: int, stream: int) -> None:
         flight = self._inflight
         if flight is not None and not flight.charged and flight.stream == stream:
             self._charge(flight, None)  # the collective's kernel precedes its end event
-        self.engine.record_event(event, self._key(stream))
+        self.engine.record_event(event, self.key(stream))
 
-    def _on_event_wait(self, event: int, stream: int) -> None:
+    def on_event_wait(self, event: int, stream: int) -> None:
         flight = self._inflight
         if flight is not None and stream != flight.issuer and flight.stream is None:
             flight.stream = stream  # the internal stream the collective runs on
             self._names.setdefault(stream, f"collective stream {stream:#x}")
-        if self._pending:
+        if self.pending:
             self._freeze()
-        self.engine.wait_event(event, self._key(stream))
+        self.engine.wait_event(event, self.key(stream))
 
-    def _on_host_sync(self, kind: str, arg=None) -> None:
-        if self._pending:
+    def on_host_sync(self, kind: str, arg=None) -> None:
+        if self.pending:
             self._freeze()
         if kind == "device":
             self.engine.host_sync_all()
         elif kind == "stream":
-            self.engine.host_sync_stream(self._key(arg))
+            self.engine.host_sync_stream(self.key(arg))
         else:
             self.engine.host_sync_event(arg)
 
@@ -232,8 +223,7 @@ class TorchRaceTracker(NativeTrackerOps):
         and writes])."""
         if not known:
             self.unseen_kernels[name] += 1
-        assert self._current is not None, "set by __enter__ on CUDA"
-        key = self._current() if stream is None else stream
+        key = self.current() if stream is None else stream
         self.stats["kernels"] += 1
         if self._feed is not None:
             self._feed.kernel(name, key, reads, writes)  # into the native log, in the program's order
@@ -249,10 +239,10 @@ class TorchRaceTracker(NativeTrackerOps):
     # -- operators (through the dispatch mode) ---------------------------------------------
     def _op(self, plan, args, kwargs, out, stream: int | None = None) -> None:
         reads, writes = plan.tensors(args, kwargs, out)
-        pending = self._pending
+        pending = self.pending
         stack = None  # captured once, when first needed
         if pending and out is not None and not plan.writes_returns:
-            stack = self._capture()
+            stack = self.capture()
             self._resolve_returns(out, stack)  # empty(), *_like factories: sized by what they return
         if not reads and not writes:
             return
@@ -260,7 +250,7 @@ class TorchRaceTracker(NativeTrackerOps):
         live_get = engine.live.get
         items = []
         fresh_host = None  # host tensors no stream has touched yet: tracked if this op is a copy
-        host = self._host
+        host = self.host
         touches_host = False
         for tensors, is_write in ((reads, False), (writes, True)):
             for t in tensors:
@@ -271,7 +261,7 @@ class TorchRaceTracker(NativeTrackerOps):
                 alloc = live_get(ptr)
                 if alloc is None and pending and ptr in pending:
                     if stack is None:
-                        stack = self._capture()
+                        stack = self.capture()
                     alloc = self._resolve(t, stack)
                 nbytes = t.nbytes if t.is_contiguous() else byte_range(t)[1]
                 if alloc is None:
@@ -292,85 +282,19 @@ class TorchRaceTracker(NativeTrackerOps):
         if not items:
             return  # nothing on a stream: host memory that no stream touched stays untracked
         if touches_host or fresh_host:
-            self._host_op(plan, items, fresh_host, stream, stack, non_blocking(plan, args, kwargs))
+            self.host_op(plan, items, fresh_host, stream, stack, non_blocking(plan, args, kwargs))
             return
-        assert self._current is not None, "given to __init__, or set by __enter__ on CUDA"
-        key = self._current() if stream is None else stream
-        if key not in self._domains:
-            self._key(key)
-        engine.access_many(key, items, plan.name, stack if stack is not None else self._capture())
+        key = self.current() if stream is None else stream
+        if key not in self.domains:
+            self.key(key)
+        engine.access_many(key, items, plan.name, stack if stack is not None else self.capture())
         if plan.blocks_host:  # .item(): the host waited for the stream
             engine.host_sync_stream(key)
         self.ops += 1
 
-    # [Note: host accesses]
-    # Host memory that a stream reads or writes (a pinned buffer a non-blocking copy fills or
-    # drains) takes part in happens-before. A copy between host and device memory is stream work
-    # on both sides; the host memory is tracked from then on, as an allocation the host owns,
-    # until its storage dies (then its reuse waits for the streams that touched it, as CUDA's
-    # pinned-memory allocator waits for their events). A later operation of the host's own on
-    # that memory (`host.sum()`, `host.fill_()`) is an access by the host: it must follow every
-    # stream access it conflicts with through a host synchronization (a stream, event or device
-    # synchronize; a blocking copy; `.item()`), and once it returns, work enqueued afterwards on
-    # any stream follows it. A copy is asynchronous only when it is non_blocking and every host
-    # tensor in it is pinned; any other copy returns once the stream has done it, so the host
-    # learns the stream complete. Host memory no stream ever touched is not tracked.
-    def _fresh_host(self, t: torch.Tensor, is_write: bool, nbytes: int) -> tuple:
-        """A host tensor no stream touched yet, as _host_op takes it: (address, bytes, written,
-        pinned, storage start, storage bytes, how to learn of the storage's death)."""
-        storage = t.untyped_storage()
-        pinned = self.device_type != "cuda" or t.is_pinned()
-
-        def watch(ptr: int) -> None:
-            weakref.finalize(storage, self._host_freed, ptr)
-
-        return (t.data_ptr(), nbytes, is_write, pinned, storage.data_ptr(), storage.nbytes(), watch)
-
-    def _host_op(self, plan, items, fresh_host, stream, stack, non_blocking: bool) -> None:
-        engine = self.engine
-        host = self._host
-        if stack is None:
-            stack = self._capture()
-        device = [it for it in items if it[3].stream is not host]
-        if not device:  # the host's own operation on host memory that streams touch
-            if items:
-                engine.access_many(_HOST, items, plan.name, stack)
-                engine.host_sync_stream(_HOST)  # done when it returns: later stream work follows it
-            return
-        assert self._current is not None, "given to __init__, or set by __enter__ on CUDA"
-        key = self._current() if stream is None else stream
-        if key not in self._domains:
-            self._key(key)
-        pinned = all(self._host_pinned.get(it[3].ptr, False) for it in items if it[3].stream is host)
-        for ptr, nbytes, is_write, is_pinned, start, size, watch in fresh_host or ():
-            if self.device_type == "cuda" and not is_pinned:
-                pinned = False  # pageable memory: the copy is synchronous, nothing to track
-                continue
-            items.append((ptr, nbytes, is_write, self._host_allocation(start, size, stack, watch)))
-        for it in items:
-            if it[3].stream is host:
-                self._host_touched.setdefault(it[3].ptr, set()).add(key)
-        engine.access_many(key, items, plan.name, stack)
-        self.ops += 1
-        if not (pinned and non_blocking):
-            engine.host_sync_stream(key)  # a synchronous copy: the host waited for the stream
-
-    def _host_allocation(self, ptr: int, nbytes: int, stack, watch):
-        """Track the host storage at `ptr` from now on; its death (`watch(ptr)` arranges to learn
-        of it) frees it."""
-        alloc = self.engine.allocate(_HOST, ptr, nbytes, stack=stack)
-        self._host_pinned[ptr] = True
-        watch(ptr)
-        return alloc
-
-    def _host_freed(self, ptr: int) -> None:
-        self._host_pinned.pop(ptr, None)
-        touched = self._host_touched.pop(ptr, set())
-        self._guard(lambda: self.engine.free(ptr, deferred_to=sorted(touched, key=str)))
-
     def _resolve_returns(self, out, stack) -> None:
         for t in returned_tensors(out):
-            if t.data_ptr() in self._pending:
+            if t.data_ptr() in self.pending:
                 self._resolve(t, stack)
 
     def _resolve(self, t: torch.Tensor, stack):
@@ -385,9 +309,9 @@ class TorchRaceTracker(NativeTrackerOps):
         """A storage the tracker has no live allocation for: allocated while no op could tell its
         size (resolved now) or before the tracker started (adopted without a stream)."""
         storage = t.untyped_storage()
-        return self._adopt_block(storage.data_ptr(), storage.nbytes(), stack)
+        return self.adopt_block(storage.data_ptr(), storage.nbytes(), stack)
 
-    def _adopt_block(self, ptr: int, nbytes: int, stack):
+    def adopt_block(self, ptr: int, nbytes: int, stack):
         alloc = self._resolve_block(ptr, nbytes, stack)
         if alloc is not None:
             return alloc
@@ -398,10 +322,10 @@ class TorchRaceTracker(NativeTrackerOps):
         tensor, stream = args[0], args[1]
         alloc = self.engine.allocation_at(tensor.data_ptr())
         if alloc is not None:
-            self.engine.record_stream(alloc.ptr, self._key(self._stream_handle(stream)))
+            self.engine.record_stream(alloc.ptr, self.key(self._stream_handle(stream)))
 
     def _collective(self, func, plan, args, kwargs):
-        flight = _InFlight(plan, args, kwargs, self._current())
+        flight = InFlight(plan, args, kwargs, self.current())
         self._inflight = flight
         try:
             out = func(*args, **kwargs)
@@ -411,15 +335,36 @@ class TorchRaceTracker(NativeTrackerOps):
             self._guard(self._charge, flight, out)
         return out
 
-    def _charge(self, flight: _InFlight, out) -> None:
+    def _charge(self, flight: InFlight, out) -> None:
         flight.charged = True
         stream = flight.stream if flight.stream is not None else flight.issuer
         if flight.native is not None:
             stack, items = flight.native
-            self._native_op(flight.plan, stream, stack, items, False)
+            native_op(self, self.engine, self.device_type == "cuda", flight.plan, stream, stack, items, False)
         else:
             self._op(flight.plan, flight.args, flight.kwargs, out, stream=stream)
         self.stats["collectives"] += 1
+
+    # -- the native path's rare records (feed_apply.py) ------------------------------------------
+    def watch_host(self, ptr: int) -> None:
+        assert self._feed is not None, "the native path's"
+        if not self._feed.log.watch(ptr):
+            self.stats["unwatched_host"] += 1
+
+    def collective_begin(self, plan, stream: int | None, stack, its: list) -> None:
+        flight = InFlight(plan, None, None, self.current() if stream is None else stream)
+        flight.native = (stack, its)
+        self._inflight = flight
+
+    def collective_end(self) -> None:
+        flight, self._inflight = self._inflight, None
+        if flight is not None and not flight.charged:
+            self._charge(flight, None)
+
+    def record_stream_at(self, ptr: int, stream: int | None) -> None:
+        alloc = self.engine.allocation_at(ptr)
+        if alloc is not None and stream is not None:
+            self.engine.record_stream(alloc.ptr, self.key(stream))
 
     def _guard(self, fn, *args) -> None:
         try:

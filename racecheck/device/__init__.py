@@ -10,6 +10,7 @@ import os
 from typing import TYPE_CHECKING
 
 from racecheck.device.points import Point
+from racecheck.protocol.names import BACKEND_VAR
 
 if TYPE_CHECKING:
     from racecheck.device.base import CommGroup, Event, MemRange, ReduceOp, Runtime, RuntimeObserver, Stream
@@ -34,7 +35,7 @@ _runtime: Runtime | None = None
 
 def resolve_backend(name: str = "auto") -> str:
     if name == "auto":
-        name = os.environ.get("RACECHECK_BACKEND", "auto")
+        name = os.environ.get(BACKEND_VAR, "auto")
     if name == "auto":
         import torch
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch.distributed as dist
 
 from racecheck.device import CommGroup, Runtime, get_runtime
-from racecheck.mesh_config import MeshConfig  # the layout; re-exported here
+from racecheck.protocol.mesh import MeshConfig  # the layout; re-exported here
 
 
 class Mesh:

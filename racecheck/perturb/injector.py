@@ -1,10 +1,9 @@
 """The injector: a runtime observer that performs a schedule's actions at the injection points.
 
-Installed in every rank by the scenario fixtures (racecheck.scenario_kit.harness.perturbation), or from the
-environment for processes that a launcher starts (install_from_env). Configuration, first found
-wins: the block's profile in the session's schedule (`racecheck run --perturb/--no-perturb`, an
-arm's or a suite's `perturb`, resolved by the runner), the environment ($RACECHECK_PERTURB,
-$RACECHECK_SEED), the scenario's `default_perturb`; the seed is --racecheck-seed plus the trial.
+Installed around every test of the catalogue's scenarios by the per-test harness
+(racecheck.rank.harness), with the profile of the test's block (resolved by the runner: the arm's
+own, else `racecheck run --perturb/--no-perturb`, else the suite's `default_perturb`) or, without
+one, the scenario's default; the seed is --racecheck-seed plus the trial.
 
 How each action is carried out (identically on both backends, through the Runtime interface):
 - sleep: `Runtime.sleep` under the target stream, so the delay is queued work on that stream
@@ -36,10 +35,8 @@ from racecheck.device.base import POISON_BYTE
 from racecheck.perturb.decisions import Hold, Poison, Pressure, Sleep, make_schedule
 from racecheck.perturb.free_actions import FreeRequest, PendingFrees
 from racecheck.perturb.points import EVENT_WAIT, FREE
-from racecheck.perturb.profiles import Profile, rank_profile
+from racecheck.perturb.profiles import Profile
 
-ENV_VAR = "RACECHECK_PERTURB"
-SEED_ENV_VAR = "RACECHECK_SEED"
 LOG_LIMIT = 10_000  # fired actions kept per injector (the replay aid, not a trace)
 
 
@@ -280,25 +277,3 @@ def uninstall(rt: Runtime, injector: Injector | None) -> None:
         return
     rt.remove_observer(injector)
     injector.open_gates()
-
-
-def resolve_spec(option: str | None, default: str | None) -> str:
-    """The profile to use: an explicit option, else $RACECHECK_PERTURB, else the default."""
-    if option is not None:
-        return option
-    return os.environ.get(ENV_VAR) or default or "off"
-
-
-def env_seed(default: int = 0) -> int:
-    value = os.environ.get(SEED_ENV_VAR)
-    if value is None or value == "":
-        return default
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError(f"${SEED_ENV_VAR} must be an integer, got {value!r}") from None
-
-
-def install_from_env(rt: Runtime, *, default: str | None = None) -> Injector | None:
-    """Install the profile named by $RACECHECK_PERTURB (or `default`), seeded by $RACECHECK_SEED."""
-    return install(rt, rank_profile(resolve_spec(None, default)), seed=env_seed())

@@ -29,6 +29,7 @@ A profile acts only where it names points: `off` wraps nothing at all. The syste
 trial delays the keys it is given. Every action taken is counted in `counts`.
 
     racecheck.perturb.patch.PatchMode(parse_profile("sleep@stream_enter:2ms")).install()
+    torchrun --nproc-per-node 2 -m racecheck.perturb.patch --perturb rs_delay train.py ARGS
     RACECHECK_PERTURB=rs_delay torchrun --nproc-per-node 2 -m racecheck.perturb.patch train.py ARGS
 
 Reorder needs the runtime's view of streams and is not offered here.
@@ -48,10 +49,10 @@ from racecheck.perturb.free_actions import FreeRequest, PendingFrees
 from racecheck.perturb.handoffs import CALLS, HandoffCall
 from racecheck.perturb.op_kernels import OpKernels, is_traced
 from racecheck.perturb.points import COLLECTIVE_AFTER_POINTS, COLLECTIVE_POINTS, FREE, HANDOFF_POINTS
-from racecheck.perturb.profiles import Profile, rank_profile
+from racecheck.perturb.profiles import Profile, check_where, parse_profile
 
 _COLLECTIVE_POINTS = frozenset(COLLECTIVE_POINTS.values()) | frozenset(COLLECTIVE_AFTER_POINTS.values())
-PATCH_POINTS = _COLLECTIVE_POINTS | frozenset(HANDOFF_POINTS) | {FREE}
+PERTURB_VAR, SEED_VAR = "RACECHECK_PERTURB", "RACECHECK_SEED"  # the launcher's defaults (main)
 
 
 class PatchMode:
@@ -70,7 +71,7 @@ class PatchMode:
         actions=None,
         plan: tuple[str, ...] | None = None,
     ) -> None:
-        _check(profile)
+        check_where(profile, patch_mode=True)
         if rank is None:
             rank = int(os.environ.get("RANK", "0"))
         if actions is None:
@@ -272,60 +273,34 @@ class PatchMode:
             local.inside = was_inside
 
 
-def _check(profile: Profile) -> None:
-    bad = [
-        r.to_spec()
-        for r in profile.rules
-        if r.stream
-        or not (
-            (r.action == "sleep" and r.point in PATCH_POINTS - {FREE})
-            or (r.action in ("pressure", "poison") and r.point == FREE)
-        )
-    ]
-    if bad:
-        raise ValueError(
-            f"patch mode takes sleep@{{{','.join(sorted(PATCH_POINTS - {FREE}))}}} and "
-            f"pressure@free / poison@free rules only, not {', '.join(bad)}"
-        )
-
-
-def install_from_env() -> PatchMode | None:
-    """Install patch mode for $RACECHECK_PERTURB (seeded by $RACECHECK_SEED), if set and not off."""
-    from racecheck.perturb.injector import ENV_VAR, env_seed
-
-    profile = rank_profile(os.environ.get(ENV_VAR, "off"))
-    if profile.is_off:
-        return None
-    return PatchMode(profile, seed=env_seed()).install()
-
-
 def main(argv: list[str] | None = None) -> int:
     """`python -m racecheck.perturb.patch [--perturb SPEC] [--seed N] SCRIPT [ARGS...]`: run SCRIPT
-    as __main__ with patch mode installed (under torchrun: `-m racecheck.perturb.patch`)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    usage = "usage: python -m racecheck.perturb.patch [--perturb SPEC] [--seed N] SCRIPT [ARGS...]"
-    while argv and argv[0].startswith("-"):
-        opt = argv.pop(0)
-        if opt in ("-h", "--help"):
-            print(usage + "\n\n" + __doc__)
-            return 0
-        if opt not in ("--perturb", "--seed") or not argv:
-            print(usage, file=sys.stderr)
-            return 2
-        os.environ["RACECHECK_PERTURB" if opt == "--perturb" else "RACECHECK_SEED"] = argv.pop(0)
-    if not argv:
-        print(usage, file=sys.stderr)
-        return 2
-    if not os.path.isfile(argv[0]):
-        print(f"racecheck.perturb.patch: {argv[0]}: no such script", file=sys.stderr)
-        return 2
+    as __main__ with patch mode installed (under torchrun: `-m racecheck.perturb.patch`); SPEC and
+    N default to $RACECHECK_PERTURB and $RACECHECK_SEED, so that a launcher's environment can set
+    them for every rank."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m racecheck.perturb.patch", description="Run a script with patch mode installed."
+    )
+    perturb, seed = os.environ.get(PERTURB_VAR) or "off", os.environ.get(SEED_VAR) or "0"
+    parser.add_argument("--perturb", default=perturb, metavar="SPEC", help=f"the profile (${PERTURB_VAR}, else off)")
+    parser.add_argument("--seed", default=seed, metavar="N", help=f"the schedule's seed (${SEED_VAR}, else 0)")
+    parser.add_argument("script", help="the script, run as __main__")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if not args.seed.lstrip("-").isdigit():
+        parser.error(f"--seed (or ${SEED_VAR}) must be a whole number, got {args.seed!r}")
+    if not os.path.isfile(args.script):
+        parser.error(f"{args.script}: no such script")
     try:
-        install_from_env()
+        profile = parse_profile(args.perturb)
+        if not profile.is_off:
+            PatchMode(profile, seed=int(args.seed)).install()
     except ValueError as exc:
-        print(f"racecheck.perturb.patch: {exc}", file=sys.stderr)
-        return 2
-    sys.argv = argv
-    runpy.run_path(argv[0], run_name="__main__")
+        parser.error(str(exc))
+    sys.argv = [args.script, *args.args]
+    runpy.run_path(args.script, run_name="__main__")
     return 0
 
 

@@ -18,14 +18,15 @@ this one. An actions object provides:
 - `pool_view()`: the allocator's pools now (racecheck.device.pool_state.PoolView, streams by id);
 - `poison(start, nbytes, sid)`, `pressure(nbytes, sid)`: the allocator actions, on stream id
   `sid`, at the program's allocation there ([Note: sound allocator actions]); hidden from any
-  dispatch mode (the detector sees the program, not the perturbation);
-- `start_tracker()` / `stop_tracker(tracker)` (static): TorchRaceTracker around a test (--detect).
+  dispatch mode (the detector sees the program, not the perturbation).
 """
 
 from __future__ import annotations
 
 import os
 from typing import TYPE_CHECKING
+
+from racecheck.protocol.names import PATCH_ACTIONS_VAR
 
 if TYPE_CHECKING:
     import torch
@@ -39,15 +40,13 @@ def actions_factory(*, need: str):
     """A callable making the actions object of patch mode: the recording twin when
     $RACECHECK_PATCH_ACTIONS is `recording` (tests), CudaActions on a CUDA machine. `need` names
     what asked, for the one-line error raised where there is neither."""
-    from racecheck.perturb.recording import ENV_VAR
-
-    choice = os.environ.get(ENV_VAR, "")
+    choice = os.environ.get(PATCH_ACTIONS_VAR, "")
     if choice == "recording":
         from racecheck.perturb.recording import RecordingActions
 
         return RecordingActions
     if choice:
-        raise PatchUnavailable(f"${ENV_VAR}={choice!r}: the only other choice is 'recording'")
+        raise PatchUnavailable(f"${PATCH_ACTIONS_VAR}={choice!r}: the only other choice is 'recording'")
     import torch
 
     if not torch.cuda.is_available():
@@ -158,24 +157,6 @@ class CudaActions:
         with torch.cuda.stream(side):
             torch.cuda._sleep(cycles)
             return call()
-
-    # -- detection -------------------------------------------------------------------------
-    @staticmethod
-    def start_tracker():
-        from racecheck.detect.torch_tracker import TorchRaceTracker
-
-        tracker = TorchRaceTracker()
-        tracker.__enter__()
-        return tracker
-
-    @staticmethod
-    def stop_tracker(tracker) -> None:
-        import torch
-
-        try:
-            torch.cuda.synchronize()  # inside: the tracker sees the host learn of completion
-        finally:
-            tracker.__exit__(None, None, None)
 
     # -- frees: see [Note: sound allocator actions] in free_actions.py -------------------------
     def current_stream_id(self) -> int:

@@ -28,7 +28,6 @@ A spec is one of
 from __future__ import annotations
 
 import dataclasses
-import functools
 import re
 from typing import Any
 
@@ -38,6 +37,11 @@ from racecheck.perturb.points import COLLECTIVE_AFTER_POINTS, COLLECTIVE_POINTS,
 # The points the systematic schedule enumerates: every place where work passes between streams,
 # on both sides of the call.
 SYSTEMATIC_POINTS = (*HANDOFF_POINTS, *COLLECTIVE_POINTS.values(), *COLLECTIVE_AFTER_POINTS.values())
+
+# The points patch mode acts at, in code that is not racecheck's (racecheck.perturb.patch).
+PATCH_POINTS = (
+    frozenset(COLLECTIVE_POINTS.values()) | frozenset(COLLECTIVE_AFTER_POINTS.values()) | frozenset(HANDOFF_POINTS)
+) | {FREE}
 
 ACTIONS = ("sleep", "reorder", "poison", "pressure")
 FREE_ONLY_ACTIONS = ("poison", "pressure")  # they act on a freed block
@@ -193,11 +197,16 @@ class Profile:
         return Profile(f"{self.name}:{seconds * 1e3:g}ms", rules)
 
 
-def parse_profile(spec: str | None) -> Profile:
+def parse_profile(spec: str) -> Profile:
     """A Profile from a name, a rule list, a random or systematic spec; ValueError with a one-line
-    reason. The parser itself: the runner's process reads spec text through
-    racecheck.suites.catalogue.read_profile, a test process through rank_profile."""
-    spec = (spec or "off").strip()
+    reason. The one parser of spec text: where it enters the runner's process (a suite's file, the
+    command line, run.json) and once per spec in a rank (the plugin, from the session's schedule).
+    Parsing imports no torch."""
+    if not isinstance(spec, str):
+        raise ValueError(f"{spec!r} is not a profile")
+    if not spec.strip():
+        raise ValueError(f"{spec!r} is no profile; write 'off' for none")
+    spec = spec.strip()
     text = PROFILES.get(spec, spec)
     if text == "random" or text.startswith("random:"):
         return Profile(spec, random=_parse_random(text))
@@ -217,12 +226,33 @@ def parse_profile(spec: str | None) -> Profile:
     return Profile(spec, tuple(dict.fromkeys(rules)))  # a rule named twice acts once
 
 
-@functools.lru_cache(maxsize=256)
-def rank_profile(spec: str | None) -> Profile:
-    """The Profile of a spec in a test process (a rank), parsed once per process and spec: the
-    one entry point of the pytest plugin, patch mode, the injector and the scenario harness, which
-    meet the same few specs (the session schedule's canonical ones) block after block."""
-    return parse_profile(spec)
+def check_where(profile: Profile, *, patch_mode: bool) -> None:
+    """ValueError (one line) unless `profile` can be carried out where it runs: in patch mode (a
+    project's own suite), sleeps at patch mode's points and poison@free or pressure@free, on no
+    named stream; on racecheck's runtime (the catalogue's scenarios), anything but the systematic
+    schedule and the hand-off points, which only patch mode has. The one check of both sides: the
+    runner's before a run (runner/config_checks.py), a rank's before its tests and PatchMode's."""
+    if not patch_mode:
+        if profile.systematic is not None or any(r.point in HANDOFF_POINTS for r in profile.rules):
+            raise ValueError(
+                f"{profile.to_spec()}: the systematic schedule and the hand-off points "
+                f"({', '.join(HANDOFF_POINTS)}) act in patch mode, on a project's own suite"
+            )
+        return
+    bad = [
+        r.to_spec()
+        for r in profile.rules
+        if r.stream
+        or not (
+            (r.action == "sleep" and r.point in PATCH_POINTS - {FREE})
+            or (r.action in FREE_ONLY_ACTIONS and r.point == FREE)
+        )
+    ]
+    if bad:
+        raise ValueError(
+            f"patch mode takes sleep@{{{','.join(sorted(PATCH_POINTS - {FREE}))}}} and "
+            f"pressure@free / poison@free rules only, not {', '.join(bad)}"
+        )
 
 
 def _parts(text: str) -> list[str]:

@@ -8,8 +8,9 @@ torch.cuda code passes, and patch mode wraps them exactly as it wraps torch.cuda
 on the HostStream it targets (`stream.delayed`, seconds), so a suite can play a race that a
 delayed hand-off exposes; `allocate(nbytes)` and `release(ptr)` play an allocation on the current
 host stream and a free, as the caching allocator's callbacks report them (its pools are the
-blocks these made). Its tracker (start_tracker) is TorchRaceTracker over CPU tensors, with these
-streams for CUDA's.
+blocks these made). A detector hears the host events' record and wait (listen), as CUDA's trace
+callbacks tell it of CUDA's: the per-test harness runs TorchRaceTracker over CPU tensors with these
+streams for CUDA's (racecheck.rank.detectors).
 
 The trial runner's plugin uses it in place of CudaActions when $RACECHECK_PATCH_ACTIONS is
 `recording` (for tests only: it perturbs no real stream).
@@ -21,12 +22,10 @@ import contextlib
 import itertools
 import threading
 
-ENV_VAR = "RACECHECK_PATCH_ACTIONS"
-
 _names = itertools.count(1)
 _handles = itertools.count(0x100, 0x100)  # what cudaStream_t handles are to CUDA (0: default)
 _allocator_callbacks: list = []  # (on_alloc, on_free) pairs attached
-_trackers: list = []  # active TorchRaceTrackers fed the host events' record and wait
+_listeners: list = []  # what hears the host events' record and wait (a detector, as CUDA's trace)
 _addresses = itertools.count(0x1000, 0x1000)  # fake block addresses
 _blocks: dict[int, list] = {}  # address -> [stream handle, nbytes, live]
 
@@ -60,14 +59,14 @@ class HostEvent:
 
     def record(self, stream: HostStream | None = None) -> None:
         self.stream = stream if stream is not None else current_stream()
-        for tracker in _trackers:  # as CUDA's trace callbacks tell the tracker
-            tracker.event_recorded(id(self), self.stream.handle)
+        for listener in _listeners:  # as CUDA's trace callbacks tell a detector
+            listener.event_recorded(id(self), self.stream.handle)
 
     def wait(self, stream: HostStream | None = None) -> None:
         """Nothing to wait for on the host; a tracker learns of the wait."""
         stream = stream if stream is not None else current_stream()
-        for tracker in _trackers:
-            tracker.event_waited(id(self), stream.handle)
+        for listener in _listeners:
+            listener.event_waited(id(self), stream.handle)
 
 
 DEFAULT = HostStream("default", handle=0)
@@ -96,6 +95,17 @@ def stream(s: HostStream | None):
         yield
     finally:
         set_stream(previous)
+
+
+def listen(listener) -> None:
+    """Have `listener` told of every event record and wait on the host streams, by its
+    `event_recorded(event, stream)` and `event_waited(event, stream)` (TorchRaceTracker's)."""
+    _listeners.append(listener)
+
+
+def unlisten(listener) -> None:
+    while listener in _listeners:
+        _listeners.remove(listener)
 
 
 def allocate(nbytes: int) -> int:
@@ -194,22 +204,3 @@ class RecordingActions:
 
     def pressure(self, nbytes: int, sid: int) -> None:
         self.frees.append((nbytes, False, True))
-
-    @staticmethod
-    def start_tracker():
-        """A TorchRaceTracker over CPU tensors whose streams are the host streams above."""
-        from racecheck.detect.torch_tracker import TorchRaceTracker
-
-        tracker = TorchRaceTracker(
-            device_type="cpu", current_stream=lambda: current_stream().handle, stream_handle=lambda s: s.handle
-        )
-        tracker.name_stream(DEFAULT.handle, "default")
-        tracker.__enter__()
-        _trackers.append(tracker)
-        return tracker
-
-    @staticmethod
-    def stop_tracker(tracker) -> None:
-        if tracker in _trackers:
-            _trackers.remove(tracker)
-        tracker.__exit__(None, None, None)

@@ -5,7 +5,7 @@ reads, detect/kernel_launches.py). A detector run that says nothing of them saw 
 
 from __future__ import annotations
 
-from racecheck.runner.record import TrialRecord
+from racecheck.protocol.records import TrialRecord
 
 SHOWN = 4  # kernel names a note lists; the rest are counted
 

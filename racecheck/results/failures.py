@@ -14,7 +14,8 @@ from __future__ import annotations
 import dataclasses
 import html
 
-from racecheck.runner.record import Outcome
+from racecheck.protocol.printable import first_line
+from racecheck.protocol.records import Outcome
 
 MESSAGE_CHARS = 200  # of a message's first line, in the list
 TERMINAL_KINDS = 10  # kinds listed in the terminal; the Markdown, JSON and HTML list them all
@@ -40,11 +41,6 @@ class FailureKind:
         return {**dataclasses.asdict(self), "total_trials": self.total}
 
 
-def first_line(text: str, limit: int = MESSAGE_CHARS) -> str:
-    line = next((ln.strip() for ln in str(text or "").splitlines() if ln.strip()), "")
-    return line if len(line) <= limit else line[: limit - 3] + "..."
-
-
 def failure_kinds(records) -> list[FailureKind]:
     """The kinds in a tally.load_records frame, most trials first (ties: first seen first)."""
     if records is None or not len(records):
@@ -57,7 +53,7 @@ def failure_kinds(records) -> list[FailureKind]:
             continue
         key = (r.scenario, r.signature or r.outcome)
         if key not in kinds:
-            kinds[key] = FailureKind(r.scenario, key[1], r.outcome, first_line(r.message), {}, 0)
+            kinds[key] = FailureKind(r.scenario, key[1], r.outcome, first_line(r.message, MESSAGE_CHARS), {}, 0)
         trials.setdefault(key, {}).setdefault(r.arm, set()).add(r.trial)
         tests.setdefault(key, set()).add(r.test)
     for key, kind in kinds.items():
@@ -145,13 +141,3 @@ def render_html(records) -> list[str]:
     out.append("</table>")
     out += [f"<p><b>{e(_suite_line(s))}</b></p>" for s in suites_failing(records)]
     return out
-
-
-def failure_list(out_dir) -> str:
-    """render_terminal for the trial log in `out_dir` ("" when it cannot be read)."""
-    from racecheck.results.tally import load_records
-
-    try:
-        return render_terminal(load_records(out_dir), logs=f"{out_dir}/logs")
-    except (OSError, ValueError):
-        return ""

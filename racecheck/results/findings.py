@@ -3,6 +3,7 @@ the table in the terminal and Markdown renderings."""
 
 from __future__ import annotations
 
+from racecheck.protocol.printable import first_line
 from racecheck.results.render_markdown import md
 
 
@@ -14,7 +15,7 @@ def detector_findings(records) -> list[dict]:
     found: dict[tuple, dict] = {}
     for row in records.itertuples():
         for text in row.reports if isinstance(row.reports, list) else ():
-            key = (row.scenario, row.arm, text.strip().splitlines()[0] if text.strip() else "")
+            key = (row.scenario, row.arm, first_line(text))
             entry = found.setdefault(
                 key, {"scenario": row.scenario, "arm": row.arm, "sentence": key[2], "trials": set(), "text": text}
             )

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from racecheck.perturb.profiles import Profile
-from racecheck.runner.record import Outcome, TrialRecord
+from racecheck.protocol.records import Outcome, TrialRecord
 
 
 def perturbation_notes(records: list[TrialRecord], profiles: Mapping[tuple[str, str], Profile]) -> list[str]:

@@ -19,10 +19,10 @@ from __future__ import annotations
 import re
 import xml.etree.ElementTree as ET
 
+from racecheck.protocol.records import Outcome
 from racecheck.results import stats
 from racecheck.results.rows import ALL_TESTS
 from racecheck.results.tally import latest_records, summarize
-from racecheck.runner.record import Outcome
 
 _ERRORS = {Outcome.ERROR.value, Outcome.TIMEOUT.value, Outcome.CRASH.value}
 _FORBIDDEN = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")

@@ -26,14 +26,15 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Protocol
 
 import pandas as pd
 
+from racecheck.protocol.records import Outcome, TrialRecord
 from racecheck.results import stats
 from racecheck.results.rows import ALL_TESTS
-from racecheck.runner.record import Outcome, TrialRecord
-from racecheck.runner.run_folder import open_run_folder
 
 LOG_NAME = "trials.jsonl"
 SUMMARY_NAME = "summary.csv"
@@ -62,16 +63,28 @@ _TRIAL_RANK = {
 }
 
 
-def load_records(out_dir: str | os.PathLike) -> pd.DataFrame:
-    """All records of `OUT/trials.jsonl` in log order, one column per TrialRecord field.
+class RunRecords(Protocol):
+    """A run folder as the results read it, opened by whoever calls them (runner/run_folder.py's
+    RunFolder, which checks run.json and each record against the run's plan): its place, its
+    run.json (`{}` where it has none) and its trial log's records."""
+
+    @property
+    def path(self) -> Path: ...
+
+    @property
+    def run(self) -> dict: ...
+
+    def records(self, *, bad_lines: list | None = None) -> Iterator[TrialRecord]: ...
+
+
+def load_records(folder: RunRecords) -> pd.DataFrame:
+    """All records of the folder's `trials.jsonl` in log order, one column per TrialRecord field.
 
     Raises FileNotFoundError for a missing directory or log, ValueError for a log without records
-    and for a folder that does not read as a run (runner/run_folder.py: a spoiled run.json or
-    completed.jsonl, a line that is no valid record of the run). Lines that are not JSON are
-    skipped, each described in `df.attrs["bad_lines"]` for the caller to report.
+    and for a line that is no valid record of the run (RunRecords.records). Lines that are not
+    JSON are skipped, each described in `df.attrs["bad_lines"]` for the caller to report.
     """
-    out = Path(out_dir)
-    folder = open_run_folder(out, need_run=False)
+    out = folder.path
     if not out.is_dir():
         raise FileNotFoundError(f"{out}: no such directory")
     log = out / LOG_NAME
@@ -135,27 +148,8 @@ def summarize(df: pd.DataFrame, *, signature: str | None = None) -> pd.DataFrame
     df["expect"] = [expect.get((s, a), "") for s, a in zip(df["scenario"], df["arm"], strict=True)]
     with_detected = bool(df["detect"].fillna(False).astype(bool).any())
 
-    per_trial = (
-        df.assign(rank=df["outcome"].map(_TRIAL_RANK))
-        .groupby(["scenario", "arm", "trial"], sort=False)
-        .agg(
-            rank=("rank", "max"),
-            is_failure=("is_failure", "any"),
-            has_report=("has_report", "any"),
-            expect=("expect", "first"),
-            **({"is_other": ("is_other", "any")} if signature is not None else {}),
-        )
-        .reset_index()
-    )
-    if signature is not None:  # a trial that failed by the race is not also an "other" failure
-        per_trial["is_other"] = per_trial["is_other"] & ~per_trial["is_failure"]
-    by_rank = {rank: outcome for outcome, rank in _TRIAL_RANK.items()}
-    per_trial["outcome"] = per_trial["rank"].map(by_rank)
-    per_trial["ran"] = per_trial["outcome"] != Outcome.SKIPPED.value
-    per_trial["test"] = ALL_TESTS
-
     summary = pd.concat(
-        [_aggregate(per_trial, with_detected=with_detected), _aggregate(df, with_detected=with_detected)],
+        [_aggregate(_per_trial(df), with_detected=with_detected), _aggregate(df, with_detected=with_detected)],
         ignore_index=True,
     )
     summary["failures"] = summary["failures"].astype(int)
@@ -178,14 +172,34 @@ def summarize(df: pd.DataFrame, *, signature: str | None = None) -> pd.DataFrame
     return summary[columns].reset_index(drop=True)
 
 
-def skipped_suites(out_dir: str | os.PathLike) -> dict:
-    """The suites a run skipped (run.json's `skipped`); {} for a folder without run.json."""
-    from racecheck.runner.state import read_run
+def _per_trial(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per trial (scenario, arm, trial index) of a prepared record frame, as the `*` row
+    counts it: its outcome the worst of its tests' (_TRIAL_RANK), failing when any test failed."""
+    others = "is_other" in df
+    per_trial = (
+        df.assign(rank=df["outcome"].map(_TRIAL_RANK))
+        .groupby(["scenario", "arm", "trial"], sort=False)
+        .agg(
+            rank=("rank", "max"),
+            is_failure=("is_failure", "any"),
+            has_report=("has_report", "any"),
+            expect=("expect", "first"),
+            **({"is_other": ("is_other", "any")} if others else {}),
+        )
+        .reset_index()
+    )
+    if others:  # a trial that failed by the race is not also an "other" failure
+        per_trial["is_other"] = per_trial["is_other"] & ~per_trial["is_failure"]
+    by_rank = {rank: outcome for outcome, rank in _TRIAL_RANK.items()}
+    per_trial["outcome"] = per_trial["rank"].map(by_rank)
+    per_trial["ran"] = per_trial["outcome"] != Outcome.SKIPPED.value
+    per_trial["test"] = ALL_TESTS
+    return per_trial
 
-    try:
-        return read_run(Path(out_dir)).get("skipped") or {}
-    except ValueError:
-        return {}
+
+def skipped_suites(folder: RunRecords) -> dict:
+    """The suites a run skipped (run.json's `skipped`); {} for a folder without run.json."""
+    return folder.run.get("skipped") or {}
 
 
 def with_skipped(summary: pd.DataFrame, skipped: dict) -> pd.DataFrame:
@@ -218,12 +232,12 @@ def with_skipped(summary: pd.DataFrame, skipped: dict) -> pd.DataFrame:
     return pd.concat([summary, extra[summary.columns]], ignore_index=True)
 
 
-def write_summary(out_dir: str | os.PathLike) -> pd.DataFrame:
-    """Tally `OUT/trials.jsonl`, with a row for every suite the run skipped (run.json), into
-    `OUT/summary.csv` (replaced whole, never left cut), and return that summary. FileNotFoundError
-    without a log, ValueError for a log without records, OSError where it cannot be written."""
-    summary = with_skipped(summarize(load_records(out_dir)), skipped_suites(out_dir))
-    path = Path(out_dir) / SUMMARY_NAME
+def write_summary(folder: RunRecords, records: pd.DataFrame) -> pd.DataFrame:
+    """Tally the folder's `records` (load_records), with a row for every suite the run skipped
+    (run.json), into its `summary.csv` (replaced whole, never left cut), and return that summary.
+    ValueError for a frame without records, OSError where it cannot be written."""
+    summary = with_skipped(summarize(records), skipped_suites(folder))
+    path = folder.path / SUMMARY_NAME
     tmp = path.with_name(f".{SUMMARY_NAME}.{os.getpid()}.tmp")  # whole or not at all: never a cut table
     try:
         tmp.write_text(summary_to_csv(summary), encoding="utf-8")

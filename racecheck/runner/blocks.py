@@ -1,6 +1,7 @@
 """Which trial of which arm runs when: blocks, arm orders, shards, and the sessions that run them.
 
-A block is one trial of one arm: every selected test once, with the trial's seed. A run's blocks
+A block (protocol/schedule.py) is one trial of one arm: every selected test once, with the trial's
+seed. A run's blocks
 are trial-major: trial 0 of every arm, then trial 1, ...; inside a trial the arms come in the
 given order (`alternate`: A B A B) or in a seeded random order (`random`, a fresh permutation per
 trial, so every arm still runs once per trial and drift over time hits all arms alike).
@@ -17,35 +18,20 @@ holds every repeat in memory from the start of the session. Sessions are planned
 has recorded the tests before the one in flight, and that test as `crash` or `timeout`; the next
 session runs the same block with those tests deselected (Block.done), so the tests after the one
 that ended a session still run in every trial.
-
-This module is imported by the pytest plugin: it must stay free of heavy imports.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 import random
 import re
 from collections.abc import Iterable, Iterator
-from pathlib import Path
+
+from racecheck.protocol.schedule import Block
 
 ORDERS = ("alternate", "random")
 SESSION_BLOCKS = 500  # the most blocks one session runs [Note: sessions]
-
-
-@dataclasses.dataclass(frozen=True, order=True)
-class Block:
-    trial: int
-    arm: str
-    # The canonical perturbation spec the block runs (RunConfig.spec_for), written into the
-    # session schedule so that every rank parses it once; "" where the pytest options decide.
-    # Not part of a block's identity.
-    perturb: str = dataclasses.field(default="", compare=False)
-    # The tests of this block that already have their outcome: an earlier session ended (a crash,
-    # a hang) inside the block, and the next one resumes it after them [Note: resumed blocks].
-    done: tuple[str, ...] = dataclasses.field(default=(), compare=False)
 
 
 def arm_order(arms, trial: int, *, seed: int, order: str) -> tuple[str, ...]:
@@ -142,31 +128,3 @@ def _by_trial(pending: Iterator[Block]) -> Iterator[list[Block]]:
     """The pending blocks trial by trial (they come trial-major)."""
     for _, trial in itertools.groupby(pending, key=lambda b: b.trial):
         yield list(trial)
-
-
-# -- the schedule file: how the runner tells the plugin which block each repeat step is ----------
-def write_schedule(path: Path, plan: SessionPlan) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"blocks": [block_to_json(b) for b in plan.blocks]}) + "\n")
-
-
-def block_to_json(b: Block) -> list:
-    """[trial, arm, perturb], with the tests already done as a fourth item where there are any."""
-    return [b.trial, b.arm, b.perturb] + ([list(b.done)] if b.done else [])
-
-
-def block_from_json(item) -> Block:
-    """A block of [trial, arm], [trial, arm, perturb] or [trial, arm, perturb, done]."""
-    perturb = str(item[2]) if len(item) > 2 else ""
-    done = tuple(str(t) for t in item[3]) if len(item) > 3 else ()
-    return Block(int(item[0]), str(item[1]), perturb, done)
-
-
-def read_schedule(path: str | Path) -> list[Block]:
-    """The blocks of a schedule file (block_from_json each); ValueError (one line) when it is
-    unreadable."""
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-        return [block_from_json(b) for b in data["blocks"]]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"cannot read the schedule {path}: {exc}") from None

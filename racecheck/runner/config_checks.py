@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from racecheck import limits
 from racecheck.exitcodes import InputError
+from racecheck.suites.catalogue import SuiteKind
 
 if TYPE_CHECKING:
     from racecheck.runner.run_config import RunConfig
@@ -36,7 +37,7 @@ def fit_worlds(config: RunConfig, gpus: int | None) -> RunConfig:
     for s in config.scenarios:
         if s.world_size <= gpus:
             continue
-        if s.config_file is not None:
+        if s.kind is SuiteKind.PROJECT:
             raise InputError(
                 f"{s.name} has world_size {s.world_size}, and this machine has {_gpus(gpus)}: give "
                 f"--world-size {gpus} if the suite runs on fewer ranks, or --backend sim for a suite "
@@ -139,29 +140,22 @@ def check_perturbation(config: RunConfig) -> None:
     """Each suite's profiles against what can carry them out: patch mode's grammar and a CUDA
     device for a project's own suite (exit 2 rather than a run that silently perturbs nothing),
     the runtime's points for the catalogue's scenarios."""
-    from racecheck.perturb.points import HANDOFF_POINTS
+    from racecheck.perturb.profiles import check_where
 
     for s in config.scenarios:
         profiles = sorted({config.profile_for(s, a) for a in config.arms_for(s)}, key=lambda p: p.to_spec())
-        if s.config_file is None:
-            for p in profiles:
-                if p.systematic is not None or any(r.point in HANDOFF_POINTS for r in p.rules):
-                    raise InputError(
-                        f"{p.to_spec()}: the systematic schedule and the hand-off points "
-                        f"({', '.join(HANDOFF_POINTS)}) act in patch mode, on a project's "
-                        f"own suite; {s.name} runs on racecheck's runtime",
-                        option="--perturb",
-                    )
+        patch_mode = s.kind is SuiteKind.PROJECT
+        for p in profiles:
+            try:
+                check_where(p, patch_mode=patch_mode)
+            except ValueError as exc:
+                where = "" if patch_mode else f"; {s.name} runs on racecheck's runtime"
+                raise InputError(f"{exc}{where}", option="--perturb") from None
+        if not patch_mode:
             continue
-        from racecheck.perturb.patch import PatchMode
         from racecheck.perturb.patch_actions import PatchUnavailable, actions_factory
 
         acting = [p for p in profiles if not p.is_off]
-        for p in acting:
-            try:
-                PatchMode(p, actions=object())  # the grammar check alone; nothing is installed
-            except ValueError as exc:
-                raise InputError(str(exc), option="--perturb") from None
         if acting or config.detect:
             need = f"the profile {acting[0].to_spec()!r}" if acting else "--detect"
             try:

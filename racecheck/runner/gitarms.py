@@ -3,7 +3,7 @@
 A revision is resolved to its commit once, when the run starts (run.json keeps it, so a resumed
 run tests the same commit even if the branch moved). Each commit gets one detached worktree under
 OUT/worktrees/, created on first use, reused by every session of every arm at that commit (and by
-a resumed run), and removed when the run ends; no other session collects it (plugin_collect.py
+a resumed run), and removed when the run ends; no other session collects it (rank/collect.py
 leaves every run folder out). Inside it the suite runs from the same relative folder as in the
 checkout, with that folder (and its `src/`, if any) first on PYTHONPATH, so the revision's own
 code is imported even when the project is installed in editable mode.

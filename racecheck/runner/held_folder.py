@@ -4,7 +4,7 @@ runner.json), kept against two faults that a run cannot prevent:
 
 - a write the file system refuses (a full disk, a quota, a file-size limit, a folder turned
   read-only): FolderFault, an infrastructure error (one line, exit 3) that names the file and says
-  how to continue. Every record written before it is in the log and none is torn (durable.py), so
+  how to continue. Every record written before it is in the log and none is torn (protocol/durable.py), so
   `racecheck run --resume OUT` goes on from there once the folder takes writes again.
 - the folder, or a file of it, removed or replaced under the run (a test's cleanup that deletes
   `racecheck-out`): the runner holds its logs open and run.json and runner.json in memory, so
@@ -20,10 +20,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from racecheck.exitcodes import InfrastructureError
+from racecheck.protocol.records import TrialRecord
+from racecheck.protocol.schedule import Block
 from racecheck.runner import state
-from racecheck.runner.blocks import Block
-from racecheck.runner.record import TrialLog, TrialRecord
-from racecheck.runner.run_config import resume_command
+from racecheck.runner.command_lines import resume_command
+from racecheck.runner.trial_log import TrialLog
 
 TRIALS_FILE = "trials.jsonl"
 _ROUNDS = 5  # how often check() writes the folder again while a removal still goes on

@@ -14,7 +14,7 @@ parent died), and every process that carries the session's mark in its environme
 even after it left the tree and the group; `finish` kills such leftovers after a session that
 ended by itself too. A process that clears its environment and leaves the group escapes all
 three; a container or a cgroup around the whole run (`systemd-run --scope`) contains it. Should
-the runner itself be killed outright, the session gets SIGTERM from the kernel (lifeline.py).
+the runner itself be killed outright, the session gets SIGTERM from the kernel (protocol/lifeline.py).
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ from pathlib import Path
 
 import psutil
 
-from racecheck.runner.lifeline import child_dies_with_us
+from racecheck.protocol.lifeline import child_dies_with_us
+from racecheck.protocol.names import SESSION_MARK_VAR
 from racecheck.runner.session_log import SessionLog
 
-MARK_VAR = "RACECHECK_SESSION_MARK"
 QUICK_EXIT = "racecheck.runner.quick_exit"  # `-m MODULE`, then an exit without the interpreter's teardown
 _marks: dict[int, str] = {}  # a running session's pid -> the mark in its processes' environment
 _logs: dict[int, SessionLog] = {}  # a running session's pid -> its log, until finish()
@@ -64,7 +64,7 @@ def command(spec: SessionSpec) -> list[str]:
 
 def start(spec: SessionSpec) -> subprocess.Popen:
     mark = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
-    env = {**os.environ, **spec.env, "PYTHONUNBUFFERED": "1", MARK_VAR: mark}
+    env = {**os.environ, **spec.env, "PYTHONUNBUFFERED": "1", SESSION_MARK_VAR: mark}
     if spec.world_size == 1 and not spec.rendezvous:
         env.update(one_rank_env())
     log = SessionLog(spec.log_path)  # the session's output, kept once and bounded
@@ -149,7 +149,7 @@ def _marked(mark: str | None, *, pgid: int | None) -> list[psutil.Process]:
         if p.pid == os.getpid():
             continue
         try:
-            if (pgid is not None and os.getpgid(p.pid) == pgid) or (mark and p.environ().get(MARK_VAR) == mark):
+            if (pgid is not None and os.getpgid(p.pid) == pgid) or (mark and p.environ().get(SESSION_MARK_VAR) == mark):
                 found.append(p)
         except (psutil.Error, OSError):  # gone, a zombie, or another user's
             continue

@@ -22,10 +22,10 @@ import os
 import signal
 from pathlib import Path
 
+from racecheck.protocol.records import TrialRecord
 from racecheck.runner import run_location, state
 from racecheck.runner.blocks import Shard
-from racecheck.runner.record import TrialRecord
-from racecheck.runner.run_config import resume_command
+from racecheck.runner.command_lines import resume_command
 from racecheck.runner.run_folder import RunFolder, RunFolderError, open_run_folder, path_problem
 from racecheck.suites import source as suite_source
 from racecheck.suites.fingerprint import DEFINITION, changes

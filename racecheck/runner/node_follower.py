@@ -13,8 +13,9 @@ import time
 from typing import TYPE_CHECKING
 
 from racecheck.exitcodes import InputError
+from racecheck.protocol.schedule import block_from_json
 from racecheck.runner import interrupts, launch, state
-from racecheck.runner.blocks import SessionPlan, block_from_json
+from racecheck.runner.blocks import SessionPlan
 from racecheck.runner.nodes import (
     POLL_S,
     Heartbeat,
@@ -156,7 +157,7 @@ class Follower:
         batch = {}
         for path in sorted(ranks.glob(f"{sid}-rank-*.jsonl")):
             events = tails.setdefault(path, RankTail(path)).read()
-            if events:  # relayed in the rank log's own schema (record.RankEvent)
+            if events:  # relayed in the rank log's own schema (protocol/rank_events.RankEvent)
                 batch[path.name] = [e.to_dict() for e in events]
         if batch:
             index = self.store.add(key(self.spec, "events", sid, self.spec.node_rank, "next"), 1) - 1

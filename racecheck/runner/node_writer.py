@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from racecheck.exitcodes import InputError
-from racecheck.runner.blocks import block_to_json
+from racecheck.protocol.schedule import block_to_json
 from racecheck.runner.nodes import (
     POLL_S,
     Heartbeat,

@@ -11,14 +11,15 @@ import time
 
 from tqdm import tqdm
 
-from racecheck.results.failures import first_line
-from racecheck.runner.blocks import Block
-from racecheck.runner.record import Outcome, TrialRecord
+from racecheck.protocol.printable import first_line
+from racecheck.protocol.records import Outcome, TrialRecord
+from racecheck.protocol.schedule import Block
 from racecheck.runner.stopping import LiveCounts
 from racecheck.runner.trial_runner import RunListener
 
 STATUS_EVERY = 10  # trials between two status lines when the console is no terminal
 STATUS_S = 30.0  # ... or seconds, whichever comes first
+MESSAGE_CHARS = 200  # of a failure's message, in its line
 
 
 class Progress(RunListener):
@@ -66,7 +67,7 @@ class Progress(RunListener):
         if outcome.is_failure and key not in self._reported:
             self._reported.add(key)
             label = f"{record.scenario}/{record.arm}" if self._multi else record.arm
-            message = first_line(record.message)
+            message = first_line(record.message, MESSAGE_CHARS)
             self.note(
                 f"{record.outcome}: {label} trial {record.trial} {record.test.split('::')[-1]}"
                 f" ({record.signature}{': ' + message if message else ''}); replay: {record.replay}"

@@ -1,10 +1,9 @@
 """Merging the per-rank outcome streams of one pytest session into one outcome per test.
 
-Each rank's plugin appends rank events (record.RankEvent: `Started`, `TestOutcome`, ...) to its own
-JSONL file. A test's merged
-outcome is the worst over ranks; it is emitted once every rank has reported it. When a session
-ends early, tests that some ranks started but not all finished become `crash` (or `timeout`);
-session.py decides which.
+Each rank's plugin appends rank events (protocol/rank_events.RankEvent: `Started`,
+`TestOutcome`, ...) to its own JSONL file. A test's merged outcome is the worst over ranks; it is
+emitted once every rank has reported it. When a session ends early, tests that some ranks started
+but not all finished become `crash` (or `timeout`); session.py decides which.
 """
 
 from __future__ import annotations
@@ -14,8 +13,9 @@ import json
 from pathlib import Path
 from typing import BinaryIO
 
-from racecheck.runner.durable import names
-from racecheck.runner.record import Outcome, RankEvent, Started, TestOutcome, worst
+from racecheck.protocol.durable import names
+from racecheck.protocol.rank_events import RankEvent, Started, TestOutcome
+from racecheck.protocol.records import Outcome, worst
 
 
 class RankTail:
@@ -23,7 +23,7 @@ class RankTail:
     not a rank event, such as one torn by a kill, is skipped). The file is held open from the
     first read that finds it until close(), and its name is followed: a test that removes the run
     folder removes the name, and the rank writes the whole file again under it at its next event
-    (record.RankLog), where the tail reads on from the same offset."""
+    (rank/rank_log.RankLog), where the tail reads on from the same offset."""
 
     def __init__(self, path: Path) -> None:
         self.path = path

@@ -1,6 +1,6 @@
-"""What a run is (RunConfig) and its run.json form: the one place that knows which settings a run
-folder keeps, how each is written, and how `--resume` and `merge` read them back; and the one
-command line that replays a trial of the run (replay_command), and the one that resumes it.
+"""What a run is (RunConfig) and its run.json form (which settings it keeps, and how they read
+back, run_json.py). A run's config is built in one place, RunConfig.from_options
+(config_build.py); the command lines that replay and resume a run are command_lines.py's.
 
 Settings travel parsed: the run's profile is a Profile, the mesh a MeshConfig. Each (suite, arm)'s
 profile is resolved once per config by one precedence chain (profile_for: the arm's own, else
@@ -18,30 +18,19 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
-from racecheck import limits
 from racecheck.exitcodes import InputError
-from racecheck.mesh_config import MeshConfig
 from racecheck.perturb.profiles import Profile
-from racecheck.printable import shell_join
-from racecheck.runner import config_checks
+from racecheck.protocol.mesh import MeshConfig
+from racecheck.runner import config_checks, run_json
 from racecheck.runner.blocks import Shard
-from racecheck.runner.record import TrialRecord
 from racecheck.runner.run_location import absolute
 from racecheck.runner.stopping import StopRule
 from racecheck.suites import source as suite_source
-from racecheck.suites.catalogue import Suite, read_profile
-
-# Fields run.json does not keep: the suites (reloaded from `source`), the folder itself, the
-# limits of one invocation (--max-time, --stop-when), and what fit_worlds finds on the machine
-# that resumes (its GPUs decide the worlds and the suites skipped; run.json shows the writer's).
-_NOT_KEPT = ("scenarios", "out", "max_time", "stop_rules", "worlds", "skipped")
-_WRITTEN_FOR_READERS = ("worlds", "skipped")
-RUN_JSON = "run.json"  # written although from_json does not read them back
+from racecheck.suites.catalogue import Suite
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,7 +132,7 @@ class RunConfig:
         data = {
             f.name: _to_json(getattr(self, f.name))
             for f in dataclasses.fields(self)
-            if f.name not in _NOT_KEPT or f.name in _WRITTEN_FOR_READERS
+            if f.name in run_json.KEPT or f.name in run_json.WRITTEN_FOR_READERS
         }
         data["source"] = suite_source.kept(self.source, self.out)  # also relative to the run folder
         data["worlds"] = {s.name: self.world_for(s) for s in self.scenarios}
@@ -154,12 +143,32 @@ class RunConfig:
         return data
 
     @classmethod
+    def from_options(
+        cls,
+        values: Mapping[str, Any],
+        *,
+        given: Collection[str] = (),
+        nnodes: int = 1,
+        warn: Callable[[str], None] = print,
+    ) -> RunConfig:
+        """The run that `racecheck run`'s option `values` describe (keyed by options.py's names; the
+        names `given` on the command line): a fresh run's, or with `resume_dir` the run of that
+        folder's run.json. Fitted to this machine and checked for `nnodes` nodes, its git revisions
+        resolved, its suites fingerprinted and a fresh run's folder made (config_build.py); `warn`
+        says what a resume it lets mix trials mixes. InputError, naming its option, for a mistake."""
+        from racecheck.runner import config_build
+
+        if values["resume_dir"] is not None:
+            return config_build.resumed(cls, values, given=given, nnodes=nnodes, warn=warn)
+        return config_build.fresh(cls, values, nnodes=nnodes)
+
+    @classmethod
     def from_json(cls, data: dict, *, scenarios: tuple[Suite, ...], out: Path, **given) -> RunConfig:
         """The RunConfig run.json describes, for the suites reloaded from its `source`; `given`
         are the settings the resuming command line gives anew (trials, timeout, max_time, ...).
         A setting missing from an older run.json takes its default; ValueError for one that does
-        not read back (settings_from_json), KeyError for `arms` or `trials` missing."""
-        values = {k: v for k, v in settings_from_json(data).items() if k not in given}
+        not read back (run_json.settings_from_json), KeyError for `arms` or `trials` missing."""
+        values = {k: v for k, v in run_json.settings_from_json(data).items() if k not in given}
         for required in ("arms", "trials"):
             if required not in values and required not in given:
                 raise KeyError(required)
@@ -178,192 +187,11 @@ def _to_json(value):
     return value
 
 
-ISOLATIONS = ("session", "process")
-ORDERS = ("alternate", "random")
-BACKENDS = ("auto", "sim", "cuda")
-
-
-def _whole(least: int | None = None) -> Callable[[Any], int]:
-    def read(value) -> int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"{value!r} is not a whole number")
-        if least is not None and value < least:
-            raise ValueError(f"{value} is below {least}")
-        return value
-
-    return read
-
-
-def _seconds(value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not limits.is_seconds(value):
-        raise ValueError(f"{value!r} is not {limits.SECONDS_RANGE}")
-    return float(value)
-
-
-def _flag(value) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"{value!r} is not true or false")
-    return value
-
-
-def _strings(value) -> tuple[str, ...]:
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ValueError(f"{str(value)[:40]!r} is not a list of strings")
-    return tuple(value)
-
-
-def _one_of(choices: tuple[str, ...]) -> Callable[[Any], str]:
-    def read(value) -> str:
-        if value not in choices:
-            raise ValueError(f"{value!r} is not one of {', '.join(choices)}")
-        return value
-
-    return read
-
-
-def _optional(read: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    return lambda value: None if value is None else read(value)
-
-
-def _object(value) -> dict:
-    if not isinstance(value, dict):
-        raise ValueError(f"{str(value)[:40]!r} is not an object")
-    return dict(value)
-
-
-def read_mesh(value) -> MeshConfig:
-    """The MeshConfig of `SHARDxREPLICATE` text given to the runner (`--mesh`, run.json);
-    ValueError with a one-line reason. The one reader of the spelling: the ranks rebuild the mesh
-    from its two integers (MeshConfig.from_env)."""
-    if not isinstance(value, str):
-        raise ValueError(f"{value!r} is not of the form SHARDxREPLICATE")
-    return MeshConfig.parse(value)
-
-
-# How each kept field reads back from run.json, checked as the command line checks it: a value
-# that does not read back is a ValueError naming the field (settings_from_json).
-_READ_BACK: dict[str, Callable[[Any], Any]] = {
-    "arms": _optional(lambda v: _strings(v) or None),  # [] and null: each suite's default arms
-    "trials": _whole(1),
-    "perturb": _optional(read_profile),
-    "seed": _whole(),
-    "isolation": _one_of(ISOLATIONS),
-    "order": _one_of(ORDERS),
-    "chunk": _whole(1),
-    "timeout": _seconds,
-    "backend": _one_of(BACKENDS),
-    "detect": _flag,
-    "pytest_args": _strings,
-    "all_arms": _flag,
-    "world_size": _optional(_whole(1)),
-    "mesh": _optional(read_mesh),
-    "shard": lambda v: Shard.parse(str(v)),
-    "shard_source": lambda v: v if isinstance(v, str) else str(v),
-    "revisions": _object,
-    "source": lambda v: suite_source.without_from_out(_object(v)),
-    "fingerprints": _object,
-}
-
-
-def settings_from_json(data: dict) -> dict:
-    """The settings run.json keeps (every RunConfig field but _NOT_KEPT) that `data` holds, each
-    read back to its field's type; ValueError naming the first one that does not read back
-    (`run.json: chunk: 0 is below 1`). The one reader of run.json's settings: --resume and merge."""
-    kept = [f.name for f in dataclasses.fields(RunConfig) if f.name not in _NOT_KEPT]
-    values = {}
-    for name in kept:
-        if name not in data:
-            continue
-        try:
-            values[name] = _READ_BACK[name](data[name])
-        except ValueError as exc:
-            raise ValueError(f"{RUN_JSON}: {name}: {exc}") from None
-    return values
-
-
-# pytest options whose value may follow as the next argument (so it is no target).
-_VALUE_OPTIONS = {
-    "-k",
-    "-m",
-    "-p",
-    "-n",
-    "-c",
-    "-o",
-    "-W",
-    "--deselect",
-    "--ignore",
-    "--ignore-glob",
-    "--rootdir",
-    "--confcutdir",
-    "--basetemp",
-    "--maxfail",
-    "--dist",
-    "--timeout",
-    "--count",
-    "--numprocesses",
-    "--import-mode",
-    "--tb",
-    "--durations",
-    "-r",
-}
-
-
-def split_targets(args, root: Path) -> tuple[list[str], list[str]]:
-    """(targets, options) of pytest arguments: targets name tests (paths, node ids)."""
-    targets, options = [], []
-    takes_value = False
-    for arg in args:
-        if takes_value:
-            options.append(arg)
-            takes_value = False
-            continue
-        if arg.startswith("-"):
-            options.append(arg)
-            takes_value = arg in _VALUE_OPTIONS
-            continue
-        path = arg.split("::", 1)[0]
-        if "::" in arg or path.endswith(".py") or (root / path).exists() or Path(path).exists():
-            targets.append(arg)
-        else:
-            options.append(arg)
-    return targets, options
-
-
-def replay_spec(record: TrialRecord, profile: Profile) -> str:
-    """The profile that replays the record's trial in a run of one trial: its own, or for a
-    systematic trial (`profile`, the one its arm ran) the schedule with the points it delayed
-    named (`at=`), since trial 0 of a new run would only record them."""
-    spec = record.perturb or "off"
-    if not record.delayed or profile.systematic is None:
-        return spec
-    return dataclasses.replace(profile.systematic, at=tuple(record.delayed)).to_spec()
-
-
-def resume_command(out: Path | str) -> str:
-    """The command line that continues the run in `out`, quoted for a shell on one line."""
-    return shell_join(["racecheck", "run", "--resume", str(out)])
-
-
-def replay_command(record: TrialRecord, *, suite: Suite, config: RunConfig) -> str:
-    """One command line that reruns exactly this test of this trial under this arm."""
-    if suite.config_file is not None:
-        try:
-            where = os.path.relpath(suite.config_file)
-        except ValueError:
-            where = str(suite.config_file)
-        parts = ["racecheck", "run", "--config", where]
-    else:
-        parts = ["racecheck", "run", "--scenario", suite.name]
-    spec = replay_spec(record, config.profile_for(suite, record.arm))
-    parts += ["--arms", record.arm, "--trials", "1", "--seed", str(record.seed), "--perturb", spec]
-    if config.detect:
-        parts.append("--detect")
-    if config.backend != "auto":
-        parts += ["--backend", config.backend]
-    if config.world_size:
-        parts += ["--world-size", str(config.world_size)]
-    if config.mesh:
-        parts += ["--mesh", str(config.mesh)]
-    _, options = split_targets(config.pytest_args, suite.run_root)
-    parts += ["--", *options, record.test]
-    return shell_join(parts)
+# run.json keeps every field but those of one invocation and of one machine (run_json.KEPT).
+assert set(run_json.KEPT) == {f.name for f in dataclasses.fields(RunConfig)} - {
+    "scenarios",
+    "out",
+    "max_time",
+    "stop_rules",
+    *run_json.WRITTEN_FOR_READERS,
+}, "run_json.KEPT names RunConfig's kept fields"

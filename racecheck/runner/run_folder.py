@@ -5,12 +5,12 @@ What a folder must be to be read:
 
 - a path the file system can look up (path_problem: not a name longer than it allows, not behind
   a folder that cannot be searched);
-- `run.json` a JSON object whose settings read back (run_config.settings_from_json: `"chunk": 0`
+- `run.json` a JSON object whose settings read back (run_json.settings_from_json: `"chunk": 0`
   does not), whose `attempts` are objects with whole trial counts, and whose `skipped` suites
   are described as the runner writes them. A folder without one is read by `report` and `gate`
   (a bare trial log), which then know no plan to hold its trials to;
 - `completed.jsonl`, where there is one, a file whose blocks lie within the plan;
-- `trials.jsonl`'s records each valid (record.TrialRecord.from_dict) and within the plan.
+- `trials.jsonl`'s records each valid (protocol/records.TrialRecord.from_dict) and within the plan.
 
 The plan: a trial index lies below the largest trial count that the run and each of its attempts
 had (a resume may lower `--trials`; the trials it ran before stay in the log). A record past it
@@ -24,9 +24,10 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from racecheck.protocol.records import TrialRecord
 from racecheck.runner import state
-from racecheck.runner.record import BadLine, TrialRecord, read_log
-from racecheck.runner.run_config import settings_from_json
+from racecheck.runner.run_json import settings_from_json
+from racecheck.runner.trial_log import BadLine, read_log
 
 
 class RunFolderError(ValueError):
@@ -51,7 +52,7 @@ class RunFolder:
         return max(counts, default=None)
 
     def records(self, *, bad_lines: list[BadLine] | None = None) -> Iterator[TrialRecord]:
-        """The log's records, each valid and within the plan (record.read_log)."""
+        """The log's records, each valid and within the plan (trial_log.read_log)."""
         return read_log(self.path / state.LOG_FILE, bad_lines=bad_lines, trials=self.planned_trials)
 
 

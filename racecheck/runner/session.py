@@ -26,12 +26,12 @@ A session that recorded no outcome at all could not start: that is an infrastruc
 trial.
 
 [Note: graceful stop] The runner writes a trial index T to the stop file; every process checks it
-at each trial boundary and stops before entering trial T (plugin.py). T is one past the latest
+at each trial boundary and stops before entering trial T (rank/plugin.py). T is one past the latest
 trial any rank has started, so ranks kept in step by their collectives stop at the same boundary.
 Should a rank have passed the boundary unseen, it waits in a collective for peers that have left;
 once another process has finished after the stop, such stragglers are killed after a short grace.
 
-[Note: fail-fast] Under the runner every rank exits 0 after failing tests (plugin.py), so torchrun
+[Note: fail-fast] Under the runner every rank exits 0 after failing tests (rank/plugin.py), so torchrun
 does not tear a world down when one rank fails. A rank whose setup raised before it joined a
 collective (or that failed before one) leaves its peers waiting there until the process group's
 own timeout, which user code sets, often to 30 minutes. The runner watches the world instead: once
@@ -54,11 +54,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from racecheck.exitcodes import InfrastructureError, InputError
+from racecheck.protocol.rank_events import Collected, CollectError, Finished, RankEvent, Started, TestOutcome
+from racecheck.protocol.records import Outcome, worst
+from racecheck.protocol.schedule import Block
 from racecheck.runner import interrupts, launch
-from racecheck.runner.blocks import Block, SessionPlan
+from racecheck.runner.blocks import SessionPlan
 from racecheck.runner.held_folder import FolderFault
 from racecheck.runner.ranks import RankMerger, RankTail
-from racecheck.runner.record import Collected, CollectError, Finished, Outcome, RankEvent, Started, TestOutcome, worst
 
 POLL_S = 0.05
 STRAGGLER_GRACE_S = 5.0

@@ -24,11 +24,12 @@ from pathlib import Path
 
 import psutil
 
-from racecheck.runner.blocks import Block
-from racecheck.runner.durable import AppendFile, names
-from racecheck.runner.record import outside_plan
+from racecheck.protocol.durable import AppendFile, names
+from racecheck.protocol.names import LOCK_NAME, RUNNER_TOKEN_VAR
+from racecheck.protocol.schedule import Block
+from racecheck.runner.trial_log import outside_plan
 
-RUN_FILE, COMPLETED_FILE, LOCK_FILE, LOCK_NAME = "run.json", "completed.jsonl", "runner.json", "runner.lock"
+RUN_FILE, COMPLETED_FILE, LOCK_FILE = "run.json", "completed.jsonl", "runner.json"
 LOG_FILE = "trials.jsonl"
 
 
@@ -148,10 +149,6 @@ def read_completed(out: Path, *, trials: int | None = None) -> dict[tuple[str, s
     return done
 
 
-# The variable that carries a runner's token into the environment of every session it starts.
-TOKEN_VARIABLE = "RACECHECK_RUNNER_TOKEN"
-
-
 def _identity(pid: int) -> dict:
     """What proves later that a pid is still the process we meant: its start time and command."""
     p = psutil.Process(pid)
@@ -170,7 +167,7 @@ def _alive(ident: dict | None) -> psutil.Process | None:
         p = psutil.Process(int(ident["pid"]))
         if abs(p.create_time() - float(ident["started"])) >= 0.01 or p.cmdline() != ident["cmdline"]:
             return None
-        if p.environ().get(TOKEN_VARIABLE) == ident["token"]:
+        if p.environ().get(RUNNER_TOKEN_VAR) == ident["token"]:
             return p
     except (psutil.Error, KeyError, TypeError, ValueError):
         pass
@@ -197,7 +194,7 @@ class Lock:
 
     def session_env(self) -> dict[str, str]:
         """The environment entry that marks a session as this runner's."""
-        return {TOKEN_VARIABLE: self.token}
+        return {RUNNER_TOKEN_VAR: self.token}
 
     def acquire(self) -> list[int]:
         """Take the folder; returns the ids of left-over session processes it killed. FolderInUse

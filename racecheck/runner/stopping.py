@@ -12,7 +12,7 @@ import dataclasses
 import re
 from collections import defaultdict
 
-from racecheck.runner.record import Outcome
+from racecheck.protocol.records import Outcome
 
 MEASURES = ("failures", "clean")
 _RULE = re.compile(r"^\s*(?P<arm>[^:,\s]+)\s*:\s*(?P<measure>\w+)\s*>=\s*(?P<n>\d+)\s*$")

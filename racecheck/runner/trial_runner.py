@@ -28,16 +28,21 @@ from collections.abc import Iterator
 from importlib import metadata
 
 from racecheck.exitcodes import InfrastructureError, InputError
+from racecheck.protocol import names
+from racecheck.protocol.rank_events import TestOutcome
+from racecheck.protocol.records import Outcome, TrialRecord, worst
+from racecheck.protocol.schedule import Block, write_schedule
 from racecheck.runner import blocks, launch, run_location, state
-from racecheck.runner.blocks import Block, SessionPlan
+from racecheck.runner.blocks import SessionPlan
+from racecheck.runner.command_lines import replay_command, resume_command, split_targets
 from racecheck.runner.gitarms import Worktrees, pythonpath
 from racecheck.runner.held_folder import FolderFault, HeldFolder
-from racecheck.runner.record import Outcome, TestOutcome, TrialRecord, repair_log, worst
-from racecheck.runner.run_config import RunConfig, replay_command, resume_command, split_targets
+from racecheck.runner.run_config import RunConfig
 from racecheck.runner.run_folder import open_run_folder
 from racecheck.runner.session import Ending, SessionRun
 from racecheck.runner.stopping import LiveCounts
-from racecheck.suites.catalogue import Suite
+from racecheck.runner.trial_log import repair_log
+from racecheck.suites.catalogue import Suite, SuiteKind
 
 
 @dataclasses.dataclass
@@ -73,12 +78,10 @@ def _now() -> str:
 class Runner:
     """Executes a RunConfig into config.out; with `resume`, skips the blocks OUT already finished."""
 
-    def __init__(
-        self, config: RunConfig, *, listener: RunListener | None = None, resume: bool = False, nodes=None
-    ) -> None:
+    def __init__(self, config: RunConfig, *, resume: bool = False, nodes=None) -> None:
         self.config = config
         self.nodes = nodes  # node_writer.Writer when the world spans nodes, else None
-        self.listener = listener or RunListener()
+        self.listener = RunListener()  # what it reports as it goes: the command line's Progress
         self.resume = resume
         self.run_id = uuid.uuid4().hex[:12]
         self.versions = versions()
@@ -272,11 +275,10 @@ class Runner:
         c = self.config
         arm = suite.arm(plan.arms[0])  # every arm of a plan has the same process_key
         ranks = c.out / "ranks"
-        # Every block carries its arm's canonical spec: the ranks take it from the schedule.
+        # Every block carries its arm's canonical spec [Note: resolved specs].
         specs = {a: c.spec_for(suite, a) for a in plan.arms}
-        blocks.write_schedule(
-            ranks / f"{sid}.schedule.json",
-            SessionPlan(tuple(dataclasses.replace(b, perturb=specs[b.arm]) for b in plan.blocks)),
+        write_schedule(
+            ranks / f"{sid}.schedule.json", (dataclasses.replace(b, perturb=specs[b.arm]) for b in plan.blocks)
         )
         targets, _ = split_targets(c.pytest_args, suite.run_root)
         user = list(suite.targets if not targets else ()) + list(suite.pytest_args) + list(arm.pytest_args)
@@ -290,25 +292,25 @@ class Runner:
             "-q",
             "-rN",
             "--no-header",
-            f"--racecheck-schedule={ranks / f'{sid}.schedule.json'}",
-            f"--racecheck-seed={c.seed}",
-            f"--racecheck-log={ranks / sid}-rank-{{rank}}.jsonl",
-            f"--racecheck-stop-file={ranks / sid}.stop",
+            names.arg(names.SCHEDULE, ranks / f"{sid}.schedule.json"),
+            names.arg(names.SEED, c.seed),
+            names.arg(names.LOG, f"{ranks / sid}-rank-{{rank}}.jsonl"),
+            names.arg(names.STOP_FILE, f"{ranks / sid}.stop"),
         ]
         if not any(a == "--tb" or a.startswith("--tb=") for a in user):
             # Python's own tracebacks in the session log: pytest's long ones parse the source of
             # every frame (seconds per rank for a failing trial); the record's signature and
             # message come from the exception, not from this text.
             args.append("--tb=native")
-        if suite.config_file is not None:  # a project's own suite: patch mode, not the injector
-            args += ["--racecheck-patch", f"--racecheck-handoffs={c.out / 'handoffs'}"]
+        if suite.kind is SuiteKind.PROJECT:  # patch mode, not the injector
+            args += [names.arg(names.PATCH), names.arg(names.HANDOFFS, c.out / "handoffs")]
         if len(plan.blocks) > 1:
-            args.append(f"--racecheck-steps={len(plan.blocks)}")
+            args.append(names.arg(names.STEPS, len(plan.blocks)))
         if c.detect:
-            args.append("--racecheck-detect")
+            args.append(names.arg(names.DETECT))
         env = self._lock.session_env()  # proves the session this runner's to a later one (state.Lock)
         cwd = suite.run_root
-        if suite.config_file is None:
+        if suite.kind is SuiteKind.SCENARIO:
             env["OMP_NUM_THREADS"] = "1"
             args.append(f"--rootdir={cwd}")
         if arm.git:
@@ -316,7 +318,7 @@ class Runner:
             env["PYTHONPATH"] = pythonpath(cwd, os.environ.get("PYTHONPATH"))
             args = [f"--rootdir={cwd}" if a.startswith("--rootdir=") else a for a in args]
         if c.backend != "auto":
-            env["RACECHECK_BACKEND"] = c.backend
+            env[names.BACKEND_VAR] = c.backend
         if c.mesh is not None:  # the world's size travels as torchrun's WORLD_SIZE (launch.py)
             env.update(c.mesh.env())
         env.update(dict(arm.env))

@@ -23,7 +23,7 @@ from racecheck.device import Runtime
 from racecheck.fsdp.api import fully_shard
 from racecheck.fsdp.config import MixedPrecisionPolicy
 from racecheck.fsdp.mesh import Mesh
-from racecheck.scenario_kit.harness import max_over_ranks, perturbation, update_errors
+from racecheck.scenario_kit.harness import max_over_ranks, update_errors
 
 GLOBAL_BATCH = 24  # divisible by every world size (1, 2, 4) times every microbatch count (1, 3)
 FP32_RTOL = 1e-4
@@ -168,10 +168,14 @@ def run_case(
 ) -> CaseResult:
     """Train `case` on racecheck.fsdp and on the reference; collective over the world. `perturb`
     is a racecheck.perturb profile installed on the runtime for the case's duration."""
+    from racecheck.perturb.injector import install, uninstall
+    from racecheck.perturb.profiles import parse_profile
+
+    injector = install(runtime, parse_profile(perturb or "off"), seed=seed)
     try:
-        with perturbation(runtime, perturb or "off", seed=seed):
-            result = _run_case(case, mesh=mesh, runtime=runtime, seed=seed)
+        result = _run_case(case, mesh=mesh, runtime=runtime, seed=seed)
     finally:
+        uninstall(runtime, injector)
         runtime.synchronize()
     if perturb:
         result.name = f"{case.name}@{perturb}"
@@ -204,28 +208,7 @@ def _run_case(case: ParityCase, *, mesh: Mesh, runtime: Runtime, seed: int) -> C
         ref_opt.step()
         ref_losses.append(ref_loss.item())
 
-        model.zero_grad(set_to_none=case.set_to_none)
-        local = torch.zeros((), device=device)
-        chunks = list(
-            zip(
-                x.chunk(world)[rank].chunk(case.microbatches),
-                y.chunk(world)[rank].chunk(case.microbatches),
-                strict=True,
-            )
-        )
-        for i, (xb, yb) in enumerate(chunks):
-            last = i == len(chunks) - 1
-            quiet = model.no_sync() if not (case.sync_each_microbatch or last) else contextlib.nullcontext()
-            with quiet:
-                loss = _loss(model(xb), yb) / case.microbatches
-                loss.backward()
-            local += loss.detach()
-        if case.clip is not None:
-            model.clip_grad_norm_(case.clip)
-        opt.step()
-        if dist.is_initialized():
-            dist.all_reduce(local)
-        losses.append(local.item() / world)
+        losses.append(_sharded_step(case, model, opt, x.chunk(world)[rank], y.chunk(world)[rank]) / world)
 
     # Worst over ranks (every rank reaches the same verdict): the update errors, then the loss
     # error and whether any rank saw a detail.
@@ -239,6 +222,27 @@ def _run_case(case: ParityCase, *, mesh: Mesh, runtime: Runtime, seed: int) -> C
     if bad_detail and not detail:
         detail = "meta init differs on another rank"
     return CaseResult(case.name, ok, loss_err, worst.rel_error, worst.name, case.rtol, detail)
+
+
+def _sharded_step(case: ParityCase, model, opt, x: torch.Tensor, y: torch.Tensor) -> float:
+    """One step of the sharded model on this rank's part of the batch, in the case's microbatches;
+    the loss summed over the ranks."""
+    model.zero_grad(set_to_none=case.set_to_none)
+    local = torch.zeros((), device=x.device)
+    chunks = list(zip(x.chunk(case.microbatches), y.chunk(case.microbatches), strict=True))
+    for i, (xb, yb) in enumerate(chunks):
+        last = i == len(chunks) - 1
+        quiet = model.no_sync() if not (case.sync_each_microbatch or last) else contextlib.nullcontext()
+        with quiet:
+            loss = _loss(model(xb), yb) / case.microbatches
+            loss.backward()
+        local += loss.detach()
+    if case.clip is not None:
+        model.clip_grad_norm_(case.clip)
+    opt.step()
+    if dist.is_initialized():
+        dist.all_reduce(local)
+    return local.item()
 
 
 def _equal_shards(a: nn.Module, b: nn.Module) -> bool:

@@ -1,5 +1,6 @@
-"""Building blocks for scenario suites: the process world, the runtime with its injector, and the
-numerical comparison against a single-process reference that decides pass or fail.
+"""Building blocks for scenario suites: the process world and its runtime, and the numerical
+comparison against a single-process reference that decides pass or fail (the perturbation and the
+detector around each test are the per-test harness's, racecheck.rank.harness).
 
 A scenario's tests fail only because numbers differ; the message names the worst parameter and its
 relative error, and every rank reaches the same verdict (errors are max-reduced over the world).
@@ -7,10 +8,8 @@ relative error, and every rank reaches the same verdict (errors are max-reduced 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
-from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
@@ -18,8 +17,6 @@ from torch import nn
 
 from racecheck.device import Runtime, init_runtime, resolve_backend
 from racecheck.fsdp.mesh import MeshConfig
-from racecheck.perturb.injector import install, uninstall
-from racecheck.perturb.profiles import rank_profile
 
 
 class WorldError(RuntimeError):
@@ -53,16 +50,6 @@ def hsdp_mesh_config(world_size: int) -> MeshConfig:
     """The HSDP mesh for a world: MeshConfig.for_world, or the mesh `racecheck run --mesh` passes
     as RACECHECK_MESH_SHARD and RACECHECK_MESH_REPLICATE (MeshConfig.from_env)."""
     return MeshConfig.from_env(world_size)
-
-
-@contextlib.contextmanager
-def perturbation(rt: Runtime, spec: str, *, seed: int) -> Iterator[None]:
-    """Install the injector for `spec` for the duration of a test."""
-    injector = install(rt, rank_profile(spec), seed=seed)
-    try:
-        yield
-    finally:
-        uninstall(rt, injector)
 
 
 @dataclasses.dataclass

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import itertools
 
+from racecheck.perturb.profiles import Profile, parse_profile
 from racecheck.scenario_kit.program_ops import Program
 from racecheck.scenario_kit.program_values import Outcome, changes_value, expected
 from racecheck.scenario_kit.programs import without
@@ -35,6 +37,13 @@ INJECTOR_PROFILES = ("sleep@event_wait:5ms", "poison", "pressure")
 def profile_specs(names: tuple[str, ...]) -> list[str]:
     """Every profile alone, every pair joined, and the random schedule."""
     return [*names, *(f"{a},{b}" for a, b in itertools.combinations(names, 2)), "random"]
+
+
+@functools.cache
+def profile_of(spec: str | None) -> Profile:
+    """The Profile of one of the specs above (None: off), parsed once: the programs meet the
+    same few specs run after run."""
+    return parse_profile(spec or "off")
 
 
 @dataclasses.dataclass
@@ -59,14 +68,13 @@ class EmulationPatch:
         from racecheck.detect.observer import RaceDetector
         from racecheck.device.sim import SimRuntime
         from racecheck.perturb.patch import PatchMode
-        from racecheck.perturb.profiles import rank_profile
         from racecheck.perturb.runtime_actions import RuntimeActions
         from racecheck.scenario_kit.program_runs import run_on_runtime
 
         rt = SimRuntime()
         patch = None
         if spec is not None:
-            profile = rank_profile(spec)
+            profile = profile_of(spec)
             if self.delay is not None and profile.systematic is None:
                 profile = profile.with_delay(self.delay)
             patch = PatchMode(profile, actions=RuntimeActions(rt), seed=seed, plan=plan)
@@ -103,11 +111,10 @@ class EmulationInjector(EmulationPatch):
     def run(self, program: Program, *, spec: str | None = None, seed: int = 0, plan=None, detect=False) -> Run:
         from racecheck.device.sim import SimRuntime
         from racecheck.perturb.injector import Injector
-        from racecheck.perturb.profiles import rank_profile
         from racecheck.scenario_kit.program_runs import run_on_runtime
 
         rt = SimRuntime()
-        profile = rank_profile(spec)
+        profile = profile_of(spec)
         if self.delay is not None:
             profile = profile.with_delay(self.delay)
         injector = Injector(profile, seed=seed, rank=0)
@@ -143,12 +150,11 @@ class TorchCudaPatch(EmulationPatch):
     def run(self, program: Program, *, spec: str | None = None, seed: int = 0, plan=None, detect=False) -> Run:
         from racecheck.detect.torch_tracker import TorchRaceTracker
         from racecheck.perturb.patch import PatchMode
-        from racecheck.perturb.profiles import rank_profile
         from racecheck.scenario_kit.program_runs import run_on_torch_cuda
 
         patch = None
         if spec is not None:
-            profile = rank_profile(spec)
+            profile = profile_of(spec)
             if self.delay is not None and profile.systematic is None:
                 profile = profile.with_delay(self.delay)
             patch = PatchMode(profile, seed=seed, plan=plan)

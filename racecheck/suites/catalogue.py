@@ -6,18 +6,20 @@ perturbation profile and named arms. A catalogue scenario is a suite whose targe
 
 Perturbation specs stay as written (`default_perturb`, `Arm.perturb`: what `racecheck list` shows
 and the fingerprint keeps) and are parsed once, at load, into the Profile the run uses
-(`default_profile`, `Arm.profile`) by read_profile: the one reader of spec text in the runner's
-process (a suite's TOML, `--perturb`, run.json).
+(`default_profile`, `Arm.profile`) by perturb/profiles.parse_profile, which imports no torch.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 import os
 import tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from racecheck.perturb.profiles import parse_profile
 
 if TYPE_CHECKING:
     from racecheck.perturb.profiles import Profile
@@ -55,7 +57,17 @@ class Arm:
     @functools.cached_property
     def profile(self) -> Profile | None:
         """The arm's own profile, parsed once (None: the run's or the suite's applies)."""
-        return None if self.perturb is None else read_profile(self.perturb)
+        return None if self.perturb is None else parse_profile(self.perturb)
+
+
+class SuiteKind(enum.Enum):
+    """What a suite is, which decides how it runs: a catalogue scenario is written on racecheck's
+    runtime (the injector perturbs it; its sessions run one thread a rank, rooted at the
+    catalogue); a project's own suite uses torch.cuda and torch.distributed directly (patch mode
+    perturbs it; it runs in its root as its config says)."""
+
+    SCENARIO = "scenario"
+    PROJECT = "project"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,10 +87,15 @@ class Suite:
     config_file: Path | None = None  # the config that defined a config suite (None: catalogue)
     min_world_size: int = 1  # the fewest ranks whose collectives can still show the race
 
+    @property
+    def kind(self) -> SuiteKind:
+        """The one place that tells a project's suite (it has a config file) from a scenario."""
+        return SuiteKind.PROJECT if self.config_file is not None else SuiteKind.SCENARIO
+
     @functools.cached_property
     def default_profile(self) -> Profile:
         """`default_perturb`, parsed once."""
-        return read_profile(self.default_perturb)
+        return parse_profile(self.default_perturb)
 
     @property
     def run_root(self) -> Path:
@@ -88,7 +105,7 @@ class Suite:
     def targets(self) -> tuple[str, ...]:
         """Default pytest targets: the scenario folder; a config suite's `tests` (may be empty:
         pytest's own testpaths)."""
-        if self.config_file is not None:
+        if self.kind is SuiteKind.PROJECT:
             return self.tests
         return self.tests or (os.path.relpath(self.path, self.run_root),)
 
@@ -96,22 +113,10 @@ class Suite:
         try:
             return self.arms[name]
         except KeyError:
-            kind = "scenario" if self.config_file is None else "suite"
+            kind = "scenario" if self.kind is SuiteKind.SCENARIO else "suite"
             raise CatalogueError(
                 f"unknown arm {name!r} for {kind} {self.name!r}; known: {', '.join(self.arms)}"
             ) from None
-
-
-def read_profile(spec: str) -> Profile:
-    """The Profile of perturbation spec text given to the runner (a suite's TOML, `--perturb`,
-    run.json); ValueError with a one-line reason. Parsing imports no torch."""
-    from racecheck.perturb.profiles import parse_profile
-
-    if not isinstance(spec, str):
-        raise ValueError(f"{spec!r} is not a profile")
-    if not spec.strip():  # parse_profile reads no spec as off: given text must say so
-        raise ValueError(f"{spec!r} is no profile; write 'off' for none")
-    return parse_profile(spec)
 
 
 def _strings(value, what: str, where: str) -> tuple[str, ...]:

@@ -53,6 +53,21 @@ def copy_into(out: torch.Tensor, *parts: torch.Tensor) -> None:
     torch.cat(parts, out=out)
 
 
+def backward_grads(rt, step: int, bucket: int, rank: int, size: int, *, seed: int, reduced: dict, expected: dict):
+    """The bucket's gradients as the backward writes them on the current stream, each persistent
+    until the optimizer step; `reduced` gets each buffer by name, `expected` its average over ranks."""
+    grads = []
+    for p in range(bucket * PARAMS_PER_BUCKET, (bucket + 1) * PARAMS_PER_BUCKET):
+        g = rt.empty(NUMEL)
+        value = local_grad(step, p, rank, seed=seed).to(rt.device)
+        rt.launch("backward_grad", lambda out, v: out.copy_(v), reads=(value,), writes=(g,))
+        grads.append(g)
+        name = f"step{step}.param{p}"
+        expected[name] = sum(local_grad(step, p, r, seed=seed) for r in range(size)) / size
+        reduced[name] = g
+    return grads
+
+
 @pytest.mark.parametrize("steps", [1, 3])
 def test_reduced_gradients_match(steps, runtime, zero2, racecheck_arm, racecheck_seed):
     arm = racecheck_arm or "record_stream"
@@ -62,17 +77,8 @@ def test_reduced_gradients_match(steps, runtime, zero2, racecheck_arm, racecheck
     held: list[HeldBuffers] = []
     for step in range(steps):
         for b in range(BUCKETS):
-            params = range(b * PARAMS_PER_BUCKET, (b + 1) * PARAMS_PER_BUCKET)
-            grads = []
             with rt.stream(default):
-                for p in params:
-                    g = rt.empty(NUMEL)  # the gradient, persistent until the optimizer step
-                    value = local_grad(step, p, rank, seed=racecheck_seed).to(rt.device)
-                    rt.launch("backward_grad", lambda out, v: out.copy_(v), reads=(value,), writes=(g,))
-                    grads.append(g)
-                    name = f"step{step}.param{p}"
-                    expected[name] = sum(local_grad(step, p, r, seed=racecheck_seed) for r in range(size)) / size
-                    reduced[name] = g
+                grads = backward_grads(rt, step, b, rank, size, seed=racecheck_seed, reduced=reduced, expected=expected)
                 # hold_until_wait: buffers whose last use the default stream has waited for can go now.
                 for h in held:
                     default.wait_event(h.event)  # producer: the reduction stream's last use; consumer: reuse here

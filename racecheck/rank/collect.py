@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from racecheck.runner.state import LOCK_NAME
+from racecheck.protocol.names import LOCK_NAME
 
 
 class RunFolders:

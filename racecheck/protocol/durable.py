@@ -1,13 +1,13 @@
-"""Append-only files that their writer can always read back: the trial log and the record of
-finished blocks (record.TrialLog, state.CompletedLog), which the runner writes, and the rank logs
-(record.RankLog), which each process of a session writes, go through AppendFile.
+"""Append-only files that their writer can always read back: the runner's trial log and record of
+finished blocks (runner/trial_log.TrialLog, runner/state.CompletedLog) and the rank log each process
+of a session writes (rank/rank_log.RankLog) go through AppendFile.
 
 An AppendFile is held open, for reading as well as appending, for as long as it is written: an
 open file's data lives on when its name is removed, so a run folder that a test deletes under the
-run can be written again from the files held (restore; held_folder.py for the runner's, RankLog for
-a rank's). Every append lands whole or not at all: where the file system refuses part of it (a
-full disk, a quota, a file-size limit), what did land is taken back, so the file never ends in a
-torn line, and the error is raised. With `sync`, each append is fsynced too (a SIGKILL, even of
+run can be written again from the files held (restore; runner/held_folder.py for the runner's,
+RankLog for a rank's). Every append lands whole or not at all: where the file system refuses part
+of it (a full disk, a quota, a file-size limit), what did land is taken back, so the file never
+ends in a torn line, and the error is raised. With `sync`, each append is fsynced too (a SIGKILL, even of
 the machine, loses no finished outcome).
 """
 

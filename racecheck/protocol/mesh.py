@@ -3,7 +3,7 @@
 It has no torch in it, so that the command line can parse `--mesh` and name the mesh a run uses
 without importing torch; racecheck.fsdp.mesh builds the communicators for it. This dataclass is
 the one owner of the `SHARDxREPLICATE` spelling and of the default layout for a world size; the
-runner reads the spelling once (racecheck.runner.run_config.read_mesh) and passes the value on.
+runner reads the spelling once (racecheck.runner.options.read_mesh) and passes the value on.
 
 A run passes the mesh to its test processes in the environment (`env()`): its two axes as plain
 integers, RACECHECK_MESH_SHARD and RACECHECK_MESH_REPLICATE, from which racecheck's own suites
@@ -17,9 +17,9 @@ import dataclasses
 import os
 from collections.abc import Mapping
 
-MESH_ENV = "RACECHECK_MESH"
-SHARD_ENV = f"{MESH_ENV}_SHARD"
-REPLICATE_ENV = f"{MESH_ENV}_REPLICATE"
+from racecheck.protocol.names import MESH_REPLICATE_VAR as REPLICATE_ENV
+from racecheck.protocol.names import MESH_SHARD_VAR as SHARD_ENV
+from racecheck.protocol.names import MESH_VAR as MESH_ENV
 
 
 @dataclasses.dataclass(frozen=True)

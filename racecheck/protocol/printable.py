@@ -1,11 +1,12 @@
-"""Text that every UTF-8 writer accepts, made from text a test's failure brings.
+"""Failure text as the records hold it: writable as UTF-8 (printable) and cut to the line that
+names it (first_line, the one-line form of a message or a report wherever one is shown).
 
 A failure's message, a detector report or a node id made from a file name may hold lone
 surrogates: os.fsdecode and subprocess output (surrogateescape) turn each byte that is not UTF-8
 into one, and no UTF-8 encoder accepts them, so one such record broke every report that writes
 UTF-8 (Markdown and the step summary died with UnicodeEncodeError, the JUnit XML was no longer
 well-formed, the run's own table died on a strict console). A trial record escapes its text here
-once, where every record is made (record.TrialRecord, for the runner and each reader of a log,
+once, where every record is made (protocol/records.TrialRecord, for the runner and each reader of a log,
 old logs included), rather than in each renderer: every output format, present and future, then
 holds only text it can write, and no renderer needs to know.
 
@@ -28,6 +29,15 @@ def printable(text: str) -> str:
     if text.isascii():
         return text
     return _LONE_SURROGATE.sub(_escape, text)
+
+
+def first_line(text: str, limit: int | None = None) -> str:
+    """The first line of `text` that is not blank, stripped; cut to `limit` characters, the cut
+    marked with "...". "" for text without one."""
+    line = next((ln.strip() for ln in str(text or "").splitlines() if ln.strip()), "")
+    if limit is None or len(line) <= limit:
+        return line
+    return line[: limit - 3] + "..."
 
 
 def _escape(match: re.Match) -> str:

@@ -6,11 +6,11 @@ the `racecheck_step` fixture, ids ending in `-K-N` for step K of N) and maps the
 with --racecheck-schedule (the trial runner writes it; a block that an earlier session ended in
 lists the tests it has recorded, and those are deselected), or, without one, trial k of no arm.
 Every
-test's outcome is written, as soon as it is known, as one rank event (runner/record.py's
+test's outcome is written, as soon as it is known, as one rank event (protocol/rank_events.py's
 RankEvent) to the per-process log given with --racecheck-log; the trial runner merges the ranks.
 Under pytest-xdist every worker writes its own file (the worker id is added to the name).
 With --racecheck-patch (a project's own suite), every test runs under patch mode and, with
---racecheck-detect, TorchRaceTracker (plugin_patch.py); a block's profile comes from the schedule.
+--racecheck-detect, TorchRaceTracker (project.py); a block's profile comes from the schedule.
 torch is imported lazily so that loading the plugin costs nothing for suites that do not use it.
 """
 
@@ -24,16 +24,20 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from racecheck.failure_text import error_line, failure_signature, first_line
-from racecheck.item_trial import ITEM_TRIAL, ItemTrial
-from racecheck.param_targets import Wanted, widen
-from racecheck.perturb.profiles import rank_profile
-from racecheck.runner.blocks import Block, read_schedule
-from racecheck.runner.lifeline import die_with_parent
-from racecheck.runner.record import Collected, CollectError, Finished, Outcome, RankLog, Started, TestOutcome, worst
+from racecheck.perturb.profiles import parse_profile
+from racecheck.protocol import names
+from racecheck.protocol.lifeline import die_with_parent
+from racecheck.protocol.rank_events import Collected, CollectError, Finished, Started, TestOutcome
+from racecheck.protocol.records import Outcome, worst
+from racecheck.protocol.schedule import Block, read_schedule
+from racecheck.rank.failure_text import error_line, failure_signature, message_line
+from racecheck.rank.harness import HARNESS, check_call
+from racecheck.rank.item_trial import ITEM_TRIAL, ItemTrial
+from racecheck.rank.param_targets import Wanted, widen
+from racecheck.rank.rank_log import RankLog
 
 if TYPE_CHECKING:
-    from racecheck.plugin_patch import ProjectTests
+    from racecheck.rank.project import ProjectTests
 
 STEP_FIXTURE = "racecheck_step"  # the fixture this plugin parametrizes with the session's steps
 
@@ -41,59 +45,19 @@ STEP_FIXTURE = "racecheck_step"  # the fixture this plugin parametrizes with the
 _LOG_KEY = pytest.StashKey["RankLog | None"]()
 _STOPPED_KEY = pytest.StashKey[bool]()
 _SCHEDULE_KEY = pytest.StashKey[list]()
+_PROFILES_KEY = pytest.StashKey[dict]()  # each spec of the schedule -> its Profile
 _PROJECT_KEY: pytest.StashKey[ProjectTests] = pytest.StashKey()
 _WANTED_KEY = pytest.StashKey[Wanted]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("racecheck", "racecheck: arms, trials, perturbation and outcome logging")
-    group.addoption(
-        "--racecheck-steps",
-        type=int,
-        default=1,
-        metavar="N",
-        help="run every test N times in this session, one block (trial, arm) per step",
-    )
-    group.addoption(
-        "--racecheck-schedule",
-        default=None,
-        metavar="PATH",
-        help="JSON list of the (trial, arm) block each repeat step runs (the runner's)",
-    )
-    group.addoption(
-        "--racecheck-seed", type=int, default=0, metavar="S", help="base seed; trial t runs with seed S + t"
-    )
-    group.addoption(
-        "--racecheck-detect",
-        action="store_true",
-        default=False,
-        help="run the happens-before detector and report races it finds",
-    )
-    group.addoption(
-        "--racecheck-log",
-        default=None,
-        metavar="PATH",
-        help="per-process JSONL outcome log; '{rank}' in PATH is replaced by the rank",
-    )
-    group.addoption(
-        "--racecheck-stop-file",
-        default=None,
-        metavar="PATH",
-        help="stop before trial T once PATH exists and holds T (the runner's graceful stop)",
-    )
-    group.addoption(
-        "--racecheck-patch",
-        action="store_true",
-        default=False,
-        help="a suite not written against racecheck's runtime: install patch mode around every "
-        "test with its profile, and with --racecheck-detect run it under TorchRaceTracker",
-    )
-    group.addoption(
-        "--racecheck-handoffs",
-        default=None,
-        metavar="DIR",
-        help="where the systematic schedule keeps each test's hand-off points (the runner's)",
-    )
+    for option in names.OPTIONS:  # what the runner gives a session (protocol/names.py)
+        if option.kind is bool:
+            group.addoption(option.flag, action="store_true", default=option.default, help=option.help)
+        else:
+            kind = option.kind if option.kind is not str else None
+            group.addoption(option.flag, type=kind, default=option.default, metavar=option.metavar, help=option.help)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -102,42 +66,41 @@ def pytest_configure(config: pytest.Config) -> None:
         "racecheck_world(n): the test needs a process world of n ranks; "
         "in a world of another size it fails at setup instead of hanging in a collective",
     )
-    count = config.getoption("--racecheck-steps")
+    count = config.getoption(names.STEPS.flag)
     if count < 1:
-        raise pytest.UsageError("--racecheck-steps must be >= 1")
+        raise pytest.UsageError(f"{names.STEPS.flag} must be >= 1")
     # pytest-repeat's public --count, where that plugin is installed, repeats tests outside the
     # steps: every repeat would run block 0. Refuse the mix instead of mislabelling trials.
-    if (config.getoption("count", None) or 1) > 1 and (count > 1 or config.getoption("--racecheck-schedule")):
+    if (config.getoption("count", None) or 1) > 1 and (count > 1 or config.getoption(names.SCHEDULE.flag)):
         raise pytest.UsageError(
             "--count (pytest-repeat) does not map repeats to racecheck's blocks; use --racecheck-steps"
         )
-    schedule = config.getoption("--racecheck-schedule")
+    schedule = config.getoption(names.SCHEDULE.flag)
     if schedule is not None:
         try:
             config.stash[_SCHEDULE_KEY] = read_schedule(schedule)
         except ValueError as exc:
-            raise pytest.UsageError(f"--racecheck-schedule: {exc}") from None
-        for block in config.stash[_SCHEDULE_KEY]:
-            try:
-                rank_profile(block.perturb or None)  # parsed here once; every test reuses it
-            except ValueError as exc:
-                raise pytest.UsageError(f"--racecheck-schedule: {exc}") from None
-        if len(config.stash[_SCHEDULE_KEY]) != count:
-            raise pytest.UsageError(
-                f"--racecheck-schedule lists {len(config.stash[_SCHEDULE_KEY])} blocks but --racecheck-steps is {count}"
-            )
-    if config.getoption("--racecheck-patch"):
-        from racecheck.plugin_patch import configure_project
+            raise pytest.UsageError(f"{names.SCHEDULE.flag}: {exc}") from None
+        # Each spec parsed here once, every test of its blocks runs it [Note: resolved specs].
+        specs = dict.fromkeys(b.perturb for b in config.stash[_SCHEDULE_KEY] if b.perturb)
+        try:
+            config.stash[_PROFILES_KEY] = {spec: parse_profile(spec) for spec in specs}
+        except ValueError as exc:
+            raise pytest.UsageError(f"{names.SCHEDULE.flag}: {exc}") from None
+        listed = len(config.stash[_SCHEDULE_KEY])
+        if listed != count:
+            raise pytest.UsageError(f"{names.SCHEDULE.flag} lists {listed} blocks but {names.STEPS.flag} is {count}")
+    if config.getoption(names.PATCH.flag):
+        from racecheck.rank.project import configure_project
 
-        specs = [b.perturb for b in config.stash.get(_SCHEDULE_KEY, [])]
-        config.stash[_PROJECT_KEY] = configure_project(config, specs)
-    path = config.getoption("--racecheck-log")
+        config.stash[_PROJECT_KEY] = configure_project(config, list(config.stash.get(_PROFILES_KEY, {}).values()))
+    path = config.getoption(names.LOG.flag)
     log = config.stash[_LOG_KEY] = RankLog(path) if path else None
     if log is not None:
         # Under the trial runner: a rank (or xdist worker) dies with its launcher, never orphaned.
         die_with_parent(signal.SIGKILL)
         config.pluginmanager.register(_CollectErrors(log), "racecheck-collect-errors")
-        from racecheck.plugin_collect import RunFolders  # no run folder's files are tests
+        from racecheck.rank.collect import RunFolders  # no run folder's files are tests
 
         config.pluginmanager.register(RunFolders(config.invocation_params.dir), "racecheck-run-folders")
     config.stash[_STOPPED_KEY] = False
@@ -155,7 +118,7 @@ def _blocks(config: pytest.Config, count: int) -> list[Block]:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Repeat the test once per step. Last of all parametrizations, so the step's id comes last
     (`test_x[1-True-3-10]`), and session-scoped, so pytest runs the suite step by step."""
-    count = metafunc.config.getoption("--racecheck-steps")
+    count = metafunc.config.getoption(names.STEPS.flag)
     if count > 1 and STEP_FIXTURE in metafunc.fixturenames:
         metafunc.parametrize(
             STEP_FIXTURE, range(count), indirect=True, scope="session", ids=[step_id(k, count) for k in range(count)]
@@ -191,13 +154,14 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
     """A parametrized target (`f.py::test_x[1-True]`) names no item once every test is repeated
     per step: collect its test whole and keep the parametrizations named (param_targets.py).
     With one step the ids are the test's own, and pytest's arguments stay as given."""
-    if getattr(early_config.known_args_namespace, "racecheck_steps", 1) > 1:
+    if getattr(early_config.known_args_namespace, names.STEPS.dest, 1) > 1:
         args[:], early_config.stash[_WANTED_KEY] = widen(args, early_config.invocation_params.dir)
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list) -> None:
-    count = config.getoption("--racecheck-steps")
+    count = config.getoption(names.STEPS.flag)
     blocks = _blocks(config, count)
+    profiles = config.stash.get(_PROFILES_KEY, {})
     wanted = config.stash.get(_WANTED_KEY, Wanted({}))
     unwanted = [it for it in items if not wanted.keeps(it.path, _inner_id(strip_step(it.nodeid, _step(it), count)))]
     if unwanted:
@@ -209,7 +173,13 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         params = test[test.index("[") + 1 : -1] if test.endswith("]") and "[" in test else ""
         block = blocks[step]
         item.stash[ITEM_TRIAL] = ItemTrial(
-            step=step, trial=block.trial, arm=block.arm, test=test, params=params, perturb=block.perturb
+            step=step,
+            trial=block.trial,
+            arm=block.arm,
+            test=test,
+            params=params,
+            perturb=block.perturb,
+            profile=profiles.get(block.perturb),
         )
     # A block that an earlier session ended in runs only the tests it has not recorded.
     recorded = {k: set(b.done) for k, b in enumerate(blocks) if b.done}
@@ -240,7 +210,7 @@ def racecheck_arm(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def racecheck_seed(request: pytest.FixtureRequest) -> int:
     """The seed of this test's trial: --racecheck-seed plus the trial index."""
-    return request.config.getoption("--racecheck-seed") + request.node.stash[ITEM_TRIAL].trial
+    return request.config.getoption(names.SEED.flag) + request.node.stash[ITEM_TRIAL].trial
 
 
 @pytest.fixture
@@ -248,17 +218,6 @@ def racecheck_perturb(request: pytest.FixtureRequest) -> str | None:
     """This block's perturbation spec, as the runner resolved it into the session's schedule
     (arm over suite over --perturb); None without one: the scenario's default."""
     return request.node.stash[ITEM_TRIAL].perturb or None
-
-
-@pytest.fixture
-def racecheck_detect(request: pytest.FixtureRequest) -> bool:
-    return request.config.getoption("--racecheck-detect")
-
-
-@pytest.fixture
-def racecheck_reports(request: pytest.FixtureRequest) -> list:
-    """A list that fixtures append detector report texts to; they land in the outcome record."""
-    return request.node.stash[ITEM_TRIAL].reports
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -299,8 +258,25 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         t.outcomes.append(Outcome.FAILED if report.when == "call" else Outcome.ERROR)
         if not t.signature and call.excinfo is not None:
             t.signature = failure_signature(call.excinfo, Path(str(item.config.rootpath)))
-            t.message = first_line(call.excinfo)
+            t.message = message_line(call.excinfo)
     return report
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    """A race the test's harness found by the end of its call fails it, with the reports as the
+    failure text, also when the body failed on its own (harness.py)."""
+    if HARNESS not in item.stash:  # set up by the runtime fixture, or by the protocol hook below
+        return (yield)
+    failure = None
+    try:
+        result = yield
+    except (KeyboardInterrupt, pytest.skip.Exception):
+        raise
+    except BaseException as exc:  # pytest.fail's outcome is a BaseException too
+        result, failure = None, exc
+    check_call(item, failure)
+    return result
 
 
 @pytest.hookimpl(wrapper=True)
@@ -308,33 +284,16 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem):
     config = item.config
     t = item.stash.get(ITEM_TRIAL, None)
     project = config.stash.get(_PROJECT_KEY, None)
-    seed = config.getoption("--racecheck-seed") + (t.trial if t is not None else 0)
-    if project is not None and t is not None:
-        project.start(t, spec=t.perturb or "off", seed=seed)
+    seed = config.getoption(names.SEED.flag) + (t.trial if t is not None else 0)
+    harness = project.start(item, t, seed=seed) if project is not None and t is not None else None
     try:
         result = yield
     finally:
-        extra = project.finish(t) if project is not None and t is not None else {}
+        if harness is not None:
+            harness.finish()
     log = config.stash[_LOG_KEY]
     if log is not None and t is not None:
-        device = "cuda" if project is not None and project.cuda else _device()
-        log.write(
-            TestOutcome(
-                test=t.test,
-                params=t.params,
-                trial=t.trial,
-                arm=t.arm,
-                seed=seed,
-                outcome=worst(t.outcomes).value,
-                signature=t.signature,
-                message=t.message,
-                duration=round(t.duration, 4),
-                device=device,
-                detected=len(t.reports),
-                reports=t.reports,
-                **extra,
-            )
-        )
+        log.write(_outcome(t, seed=seed, device="cuda" if project is not None and project.cuda else _device()))
     following = nextitem.stash.get(ITEM_TRIAL, None) if nextitem is not None else None
     if t is not None and following is not None and following.trial != t.trial:
         if _stop_requested(config, following.trial):
@@ -343,9 +302,28 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem):
     return result
 
 
+def _outcome(t: ItemTrial, *, seed: int, device: str) -> TestOutcome:
+    """The outcome event of the test whose ItemTrial is `t`, its reports written as text."""
+    return TestOutcome(
+        test=t.test,
+        params=t.params,
+        trial=t.trial,
+        arm=t.arm,
+        seed=seed,
+        outcome=worst(t.outcomes).value,
+        signature=t.signature,
+        message=t.message,
+        duration=round(t.duration, 4),
+        device=device,
+        detected=len(t.reports),
+        reports=[r.text() for r in t.reports],
+        **t.fields,
+    )
+
+
 def _stop_requested(config: pytest.Config, trial: int) -> bool:
     """Whether the runner asked this session to stop before `trial` (a trial boundary)."""
-    path = config.getoption("--racecheck-stop-file")
+    path = config.getoption(names.STOP_FILE.flag)
     if not path:
         return False
     try:

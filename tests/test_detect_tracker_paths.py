@@ -1,0 +1,223 @@
+"""The PyTorch tracker's two recording paths on the CPU (the native log applied by either engine,
+and the dispatch mode): the same reports, the log built or refused in one line, its callbacks and
+plans, and kernels launched below the dispatcher.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import tracker_kit as kit
+from run_kit import free_port, racecheck
+from tracker_kit import cur, path, tracker  # noqa: F401 (fixtures)
+
+from racecheck.detect import RaceKind
+
+
+# -- the two recording paths ------------------------------------------------------------------------
+def _reports_of(path: str, scenario) -> str:
+    cur = kit.Streams()
+    t = kit.make_tracker(cur, path)
+    t.name_stream(kit.DEFAULT, "default")
+    t.name_stream(kit.RS, "reduce_scatter")
+    scenario(t, cur)
+    assert t.errors == []
+    return t.render()
+
+
+@pytest.mark.parametrize(
+    "scenario",
+    [
+        lambda t, cur: (t.__enter__(), kit.motivating(t, cur, fix=None), t.__exit__(None, None, None)),
+        lambda t, cur: kit.training_loop(t, cur, steps=2, side_read="none"),
+    ],
+    ids=["motivating", "training-loop-side-read"],
+)
+def test_both_paths_give_the_same_reports(scenario):
+    """The native log and the dispatch mode feed the engines the same accesses, and the native
+    engine applies them as the Python one does: the reports are the same text, stacks included."""
+    python, native, native_pyengine = (_reports_of(path, scenario) for path in kit.PATHS)  # one call site
+    assert "race" in python.lower()
+    assert native == python and native_pyengine == python
+
+
+def test_without_a_compiler_the_tracker_takes_the_python_path(tmp_path):
+    """Where op_log.cpp cannot be built, a CUDA tracker runs the Python path (and says why in one
+    line); asking for the native path fails with that line."""
+    code = (
+        "from racecheck.detect import op_log\n"
+        "from racecheck.detect.torch_tracker import TorchRaceTracker\n"
+        "t = TorchRaceTracker(device_type='cuda')\n"
+        "print(t.path)\n"
+        "print(len(op_log.why_not().splitlines()), op_log.why_not()[:60])\n"
+        "try:\n"
+        "    TorchRaceTracker(device_type='cpu', current_stream=lambda: 0, path='native')\n"
+        "except op_log.NativeUnavailable as exc:\n"
+        "    print('refused', len(str(exc).splitlines()))\n"
+    )
+    env = {**os.environ, "CXX": str(tmp_path / "no-compiler"), "RACECHECK_NATIVE_CACHE": str(tmp_path / "cache")}
+    env.pop("RACECHECK_DETECT_PATH", None)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    assert lines[0] == "python"
+    assert lines[1].startswith("1 building op_log.cpp failed")
+    assert lines[2] == "refused 1"
+
+
+def test_build_native_compiles_ahead_of_time_or_says_in_one_line_why_not(tmp_path, monkeypatch):
+    """`racecheck build-native` prints where the log is (the file the tracker then loads), and
+    exits 3 with one line where no compiler can build it."""
+    from racecheck.detect import op_log
+
+    res = racecheck("build-native", cwd=tmp_path)
+    assert res.code == 0 and Path(res.out.strip()) == op_log.build(), res
+    monkeypatch.setenv("CXX", str(tmp_path / "no-compiler"))
+    monkeypatch.setenv("RACECHECK_NATIVE_CACHE", str(tmp_path / "cache"))
+    res = racecheck("build-native", cwd=tmp_path)
+    assert res.code == 3 and res.err.count("\n") == 1 and "Traceback" not in res.err, res
+    assert res.err.startswith("racecheck: infrastructure error: building op_log.cpp failed"), res
+    assert res.err.rstrip().endswith("the tracker runs its Python path here"), res
+
+
+def test_the_native_path_leaves_callees_unobserved_only_while_it_records(cur):
+    """While the native log records, a recorded operator's callees run without RecordFunction (the
+    profiler beside it sees mse_loss but not the mean inside it); once the tracker stops, the
+    thread observes them again."""
+    from torch.profiler import ProfilerActivity, profile
+
+    x, y = torch.randn(8, 8), torch.randn(8, 8)
+    with profile(activities=[ProfilerActivity.CPU]) as during:
+        with kit.make_tracker(cur, "native"):
+            torch.nn.functional.mse_loss(x, y)
+    with profile(activities=[ProfilerActivity.CPU]) as after:
+        torch.nn.functional.mse_loss(x, y)
+    seen_during = [e.name for e in during.events()]
+    seen_after = [e.name for e in after.events()]
+    assert "aten::mse_loss" in seen_during and "aten::mean" not in seen_during
+    assert "aten::mse_loss" in seen_after and "aten::mean" in seen_after
+
+
+def test_the_native_log_plans_operators_only_once(cur):
+    """Autograd's calls named by a string (`autograd::engine::evaluate_function: ...`, a new name
+    pointer every call) and a user's record_function scope are no operators: the log's table
+    holds the operators of the first two steps (the second is the first to accumulate gradients)
+    and no more after later steps."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    x = torch.randn(4, 8)
+    tracker = kit.make_tracker(cur, "native")
+    sizes = []
+    with tracker:
+        for _ in range(4):
+            with torch.autograd.profiler.record_function("user scope"):
+                model(x).sum().backward()
+            tracker.flush()
+            sizes.append(len(tracker._feed.plans))
+    assert tracker.errors == []
+    assert sizes[1] == sizes[2] == sizes[3]
+    assert None not in tracker._feed.plans  # every entry an operator the planner knew
+
+
+def test_the_native_log_told_not_to_record_keeps_its_hooks_and_records_nothing(cur):
+    """`kit.record(False)` (the benchmark's native_hooks floor: the hooks installed, doing nothing)
+    records no operator, however often it runs; `kit.record(True)` records again."""
+    x, y = torch.randn(8, 8), torch.randn(8, 8)
+    tracker = kit.make_tracker(cur, "native")
+    with tracker:
+        log = tracker._feed.log
+        torch.mm(x, y)  # planned, recorded
+        tracker.flush()
+        recorded = tracker.ops
+        log.record(False)
+        for _ in range(3):
+            torch.mm(x, y)
+        tracker.flush()
+        idle = tracker.ops
+        log.record(True)
+        torch.mm(x, y)
+        tracker.flush()
+    assert tracker.errors == []
+    assert recorded == 1 and idle == recorded and tracker.ops == recorded + 1
+
+
+FSDP2_STEP = """
+import torch, torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import fully_shard
+from racecheck.detect.torch_tracker import TorchRaceTracker
+dist.init_process_group("gloo", rank=0, world_size=1)  # the rendezvous from the environment
+torch.manual_seed(0)
+model = nn.Sequential(*[nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True) for _ in range(1)])
+for layer in model:
+    fully_shard(layer)
+fully_shard(model)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+x = torch.randn(2, 8, 32)
+for path, engine in (("python", None), ("native", "native"), ("native", "python")):
+    with TorchRaceTracker(device_type="cpu", current_stream=lambda: 0, stream_handle=lambda s: 0, path=path,
+                          engine=engine) as t:
+        opt.zero_grad(set_to_none=True)
+        model(x).float().pow(2).mean().backward()
+        opt.step()
+    print(path, t.ops, len(t.reports()), t.stats["collectives"], t.engine.accesses, t.errors[:2])
+dist.destroy_process_group()
+"""
+
+
+def test_an_fsdp2_step_with_dtensor_parameters_is_tracked_without_errors_on_every_path():
+    """FSDP2's parameters are DTensors (wrapper subclasses with no memory of their own): every path
+    passes over them, as it passes over any tensor without bytes, instead of failing on each
+    optimizer operator; the step has no race, and both engines of the native path count the same
+    operators, collectives and accesses."""
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0", "WORLD_SIZE": "1"}
+    out = subprocess.run([sys.executable, "-c", FSDP2_STEP], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = [line.split(" ", 5) for line in out.stdout.splitlines()]
+    assert [r[0] for r in rows] == ["python", "native", "native"]
+    for _, ops, reports, _, _, errors in rows:
+        assert int(ops) > 50 and reports == "0" and errors == "[]", rows
+    assert rows[1][1:5] == rows[2][1:5], rows  # ops, reports, collectives, accesses
+
+
+@pytest.mark.parametrize("ordered", [False, True])
+def test_a_kernel_launched_below_the_dispatcher_is_an_access_on_its_stream(tracker, cur, ordered):
+    """A Triton kernel (as kernel_launches.py reports it: name, raw stream, reads, writes) reads a
+    default-stream buffer on the reduce-scatter stream, and the buffer is dropped and its block
+    handed out again on the default stream: a kit.free-while-in-use race unless the default stream
+    waited for the kernel. Both paths: the native one logs the launch in the program's order."""
+    a = kit.alloc(tracker, cur, kit.DEFAULT).normal_()
+    out = kit.alloc(tracker, cur, kit.RS)
+    kit.record(tracker, 1, kit.DEFAULT)
+    kit.wait(tracker, 1, kit.RS)
+    tracker._kernel_launched("triton_poi_fused_mul_0", kit.RS, [a], [out], True)
+    if ordered:
+        kit.record(tracker, 2, kit.RS)
+        kit.wait(tracker, 2, kit.DEFAULT)
+    kit.free(tracker, a)
+    kit.alloc(tracker, cur, kit.DEFAULT, block=a)
+    reports = tracker.reports()
+    assert tracker.stats["kernels"] == 1 and not tracker.unseen_kernels
+    if ordered:
+        assert reports == []
+    else:
+        (report,) = reports
+        assert report.kind is RaceKind.REUSE and report.streams() == ("reduce_scatter", "default")
+        assert "triton_poi_fused_mul_0" in report.text()
+
+
+def test_a_kernel_whose_writes_are_unknown_counts_its_tensors_as_reads(tracker, cur):
+    """Two kernels read one buffer on two streams, unordered: no race. A kernel whose writes the
+    analysis could not tell (known=False) takes its tensors for reads, so it raises no false
+    alarm against the other reader, and the tracker counts it."""
+    a = kit.alloc(tracker, cur, kit.DEFAULT).normal_()
+    kit.record(tracker, 1, kit.DEFAULT)
+    kit.wait(tracker, 1, kit.RS)
+    tracker._kernel_launched("user_kernel", kit.RS, [a], [], False)
+    tracker._kernel_launched("user_kernel", kit.DEFAULT, [a], [], False)
+    assert tracker.reports() == []
+    assert tracker.unseen_kernels == {"user_kernel": 2}
