@@ -11,8 +11,9 @@ import subprocess
 import sys
 
 import pytest
-from racecheck.printable import shell_join
 from run_kit import racecheck, write_suite
+
+from racecheck.protocol.printable import shell_join
 
 pytestmark = pytest.mark.usefixtures("fast_sessions")
 
