@@ -110,6 +110,7 @@ def _after_run(ctx, config, result, *, writer, gate, started: float) -> None:
             f"{writer.lost}; the run stopped; finished trials are in {config.out}; "
             f"continue with this on every node: {resume_command(config.out)}"
         )
+    _control_if_needed(config)
     have_records = summarize_run(
         config.out, footer=f"{config.out}/summary.csv and trials.jsonl written ({time.monotonic() - started:.1f} s)"
     )
@@ -127,6 +128,31 @@ def _after_run(ctx, config, result, *, writer, gate, started: float) -> None:
         raise InfrastructureError(f"no test finished (stopped: {result.stopped or 'no'}); see {config.out}/logs")
     if gate is not None:
         ctx.exit(run_options.apply_gate(config.out, gate))
+
+
+def _control_if_needed(config) -> None:
+    """Where every arm of a suite failed every trial alike under a perturbation or the detector,
+    one trial of each arm without either (runner/control.py), so that the failure list can say
+    whose failure it is (results/blame.py)."""
+    from racecheck.results import blame, failures, tally
+    from racecheck.runner.control import run_control
+    from racecheck.runner.run_folder import open_run_folder
+
+    try:
+        records = tally.load_records(open_run_folder(config.out, need_run=False))
+    except (OSError, ValueError):
+        return
+    suites = {s for s in failures.suites_failing(records) if blame.instrumented(records, s)}
+    if not suites:
+        return
+    click.echo(
+        f"{', '.join(sorted(suites))}: every arm failed every trial alike under racecheck; one control trial "
+        f"of each arm without its perturbation and detector ({config.out}/{blame.CONTROL_FOLDER})"
+    )
+    try:
+        run_control(config, suites)
+    except Exception as exc:  # noqa: BLE001 - the control informs the verdict; the run's own result stands
+        click.echo(f"racecheck: the control could not run ({type(exc).__name__}: {exc}); the verdict cannot tell")
 
 
 def _perturbation_notes(config) -> None:

@@ -89,7 +89,7 @@ class TestOutcome(RankEvent):
 
     __test__ = False  # not a pytest test class, whatever its name
     KIND = RankEventKind.OUTCOME
-    OPTIONAL = ("perturb", "actions", "delayed", "handoffs", "unseen_kernels")
+    OPTIONAL = ("perturb", "actions", "delayed", "handoffs", "unseen_kernels", "racecheck_frame")
     test: str
     params: str = ""
     trial: int
@@ -98,6 +98,7 @@ class TestOutcome(RankEvent):
     outcome: str  # an Outcome value
     signature: str = ""
     message: str = ""
+    racecheck_frame: str | None = None  # the failure was raised inside racecheck's instruments, here
     duration: float = 0.0
     device: str = "cpu"
     detected: int = 0

@@ -58,6 +58,8 @@ class TrialRecord:
     outcome: str  # an Outcome value
     signature: str = ""  # "ExcType at file.py:LINE in func" for failures
     message: str = ""  # first line of the failure, shortened
+    # where racecheck's own instruments (perturb/, detect/) raised the failure; "" where they did not
+    racecheck_frame: str = ""
     duration: float = 0.0
     device: str = "cpu"
     perturb: str = "off"  # the canonical spec that ran (racecheck.perturb.profiles)

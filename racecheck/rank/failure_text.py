@@ -37,8 +37,60 @@ def failure_signature(excinfo: pytest.ExceptionInfo, rootpath: Path) -> str:
 
 
 def message_line(excinfo: pytest.ExceptionInfo, limit: int = 300) -> str:
-    """The first line of the failure's message (its exception type's name when it has none)."""
-    return first_line(str(excinfo.value), limit) or excinfo.typename
+    """The informative line of the failure's message: its first line, joined with the next where
+    it only announces them (`backend='inductor' raised:`), and, for an exception raised from
+    another (`raise ... from exc`), the cause it names (its type's name where it has no message)."""
+    exc = excinfo.value
+    line = _informative(str(exc)) or excinfo.typename
+    cause = _root_cause(exc)
+    if cause is not None:
+        said = _informative(str(cause))
+        named = f"{type(cause).__name__}: {said}" if said else type(cause).__name__
+        if said not in line:
+            line = f"{line} (caused by {named})"
+    return first_line(line, limit)
+
+
+def _informative(text: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    if not lines:
+        return ""
+    line, rest = lines[0], lines[1:]
+    while line.endswith(":") and rest:  # a header: what it announces follows
+        line = f"{line} {rest.pop(0)}"
+    return line
+
+
+def _root_cause(exc: BaseException) -> BaseException | None:
+    """The innermost exception `exc` was raised from (`__cause__`), None where it names none."""
+    cause, seen = exc.__cause__, {id(exc)}
+    while cause is not None and cause.__cause__ is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        cause = cause.__cause__
+    return cause
+
+
+# racecheck's instruments, which run inside the program under test (its wrappers and hooks).
+_INSTRUMENTS = tuple(str(Path(__file__).resolve().parents[1] / part) for part in ("perturb", "detect"))
+
+
+def racecheck_frame(excinfo: pytest.ExceptionInfo) -> str:
+    """`racecheck/perturb/patch.py:140 in wrapper` where the failure was raised inside racecheck's
+    own instruments (the innermost frame of its innermost cause, in perturb/ or detect/): a wrapper
+    of racecheck's broke the program, not the program itself. "" otherwise: a frame of racecheck's
+    that the error only passed through (a wrapped call that raised below it) blames nothing."""
+    exc = _root_cause(excinfo.value) or excinfo.value
+    tb, last = exc.__traceback__, None
+    while tb is not None:
+        last = tb
+        tb = tb.tb_next
+    if last is None:
+        return ""
+    path = str(Path(last.tb_frame.f_code.co_filename).resolve())
+    if not path.startswith(_INSTRUMENTS):
+        return ""
+    rel = Path(path).relative_to(Path(__file__).resolve().parents[2])
+    return f"{rel}:{last.tb_lineno} in {last.tb_frame.f_code.co_name}"
 
 
 def error_line(text: str, limit: int = 300) -> str:

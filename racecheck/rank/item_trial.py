@@ -26,6 +26,7 @@ class ItemTrial:
     outcomes: list = dataclasses.field(default_factory=list)
     signature: str = ""
     message: str = ""
+    racecheck_frame: str = ""  # where racecheck's own instruments raised the failure, if they did
     duration: float = 0.0
     perturb: str = ""  # the canonical spec of this block, "" where the test's own default decides
     profile: Profile | None = None  # that spec, parsed once for the session (None: no spec)

@@ -30,7 +30,7 @@ from racecheck.protocol.lifeline import die_with_parent
 from racecheck.protocol.rank_events import Collected, CollectError, Finished, Started, TestOutcome
 from racecheck.protocol.records import Outcome, worst
 from racecheck.protocol.schedule import Block, read_schedule
-from racecheck.rank.failure_text import error_line, failure_signature, message_line
+from racecheck.rank.failure_text import error_line, failure_signature, message_line, racecheck_frame
 from racecheck.rank.harness import HARNESS, check_call
 from racecheck.rank.item_trial import ITEM_TRIAL, ItemTrial
 from racecheck.rank.param_targets import Wanted, widen
@@ -259,6 +259,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         if not t.signature and call.excinfo is not None:
             t.signature = failure_signature(call.excinfo, Path(str(item.config.rootpath)))
             t.message = message_line(call.excinfo)
+            t.racecheck_frame = racecheck_frame(call.excinfo)
     return report
 
 
@@ -313,6 +314,7 @@ def _outcome(t: ItemTrial, *, seed: int, device: str) -> TestOutcome:
         outcome=worst(t.outcomes).value,
         signature=t.signature,
         message=t.message,
+        racecheck_frame=t.racecheck_frame or None,
         duration=round(t.duration, 4),
         device=device,
         detected=len(t.reports),

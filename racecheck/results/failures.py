@@ -6,7 +6,7 @@ its table, so that what went wrong is read where the counts are, not only in tri
 A failure kind is a (scenario, signature) pair: `ValueError at tests/conftest.py:15 in world` is
 one kind however many tests and trials it failed. When every arm of a scenario (two or more)
 failed in every trial with the same kinds, the counts say nothing about the race: the list says
-that the suite itself fails.
+whose failure it is, the suite's or racecheck's (blame.py).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import html
 
 from racecheck.protocol.printable import first_line
 from racecheck.protocol.records import Outcome
+from racecheck.results import blame
 
 MESSAGE_CHARS = 200  # of a message's first line, in the list
 TERMINAL_KINDS = 10  # kinds listed in the terminal; the Markdown, JSON and HTML list them all
@@ -82,11 +83,13 @@ def suites_failing(records) -> list[str]:
     return out
 
 
-def _suite_line(scenario: str, logs: str = "OUT/logs") -> str:
-    return (
-        f"{scenario}: every arm fails alike, in every trial: this is the suite failing, not the race; "
-        f"fix the suite first (the messages above, the session logs in {logs})"
-    )
+def verdict_lines(records, *, logs: str = "OUT/logs") -> list[str]:
+    """Whose failures they are (blame.py): racecheck's where its own code raised them or a control
+    trial without it passed (the run's, `records.attrs["control"]`, tally.load_records), else, for a
+    suite failing alike in every arm, the suite's."""
+    control = records.attrs.get("control") if hasattr(records, "attrs") else None
+    lines = blame.raised_in_racecheck(records)
+    return lines + [blame.suite_line(s, records, logs=logs, control=control) for s in suites_failing(records)]
 
 
 def render_terminal(records, *, logs: str = "OUT/logs") -> str:
@@ -102,7 +105,7 @@ def render_terminal(records, *, logs: str = "OUT/logs") -> str:
         lines.append(f"    {k.total} trial(s): {k.arms_phrase()}; {k.tests} test(s)")
     if len(kinds) > TERMINAL_KINDS:
         lines.append(f"  and {len(kinds) - TERMINAL_KINDS} more kinds ('racecheck report OUT --format json' lists all)")
-    lines += [_suite_line(s, logs) for s in suites_failing(records)]
+    lines += verdict_lines(records, logs=logs)
     return "\n" + "\n".join(lines) + "\n"
 
 
@@ -119,7 +122,7 @@ def render_markdown(records) -> str:
     for k in kinds:
         cells = [_md(k.scenario), f"`{_md(k.signature)}`", _md(k.message or "-"), str(k.total), _md(k.arms_phrase())]
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", *(f"**{_md(_suite_line(s))}**" for s in suites_failing(records))]
+    lines += ["", *(f"**{_md(line)}**" for line in verdict_lines(records))]
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
@@ -139,5 +142,5 @@ def render_html(records) -> list[str]:
             f'<td class="name">{e(k.arms_phrase())}</td></tr>'
         )
     out.append("</table>")
-    out += [f"<p><b>{e(_suite_line(s))}</b></p>" for s in suites_failing(records)]
+    out += [f"<p><b>{e(line)}</b></p>" for line in verdict_lines(records)]
     return out

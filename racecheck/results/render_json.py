@@ -24,4 +24,5 @@ def render_json(summary, records=None) -> str:
     if records is not None:
         data["failures"] = [k.to_json() for k in failures.failure_kinds(records)]
         data["suite_failing"] = failures.suites_failing(records)
+        data["verdicts"] = failures.verdict_lines(records)  # whose failures they are (blame.py)
     return json.dumps(data, indent=2, sort_keys=False) + "\n"

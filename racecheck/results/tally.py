@@ -33,7 +33,7 @@ from typing import Protocol
 import pandas as pd
 
 from racecheck.protocol.records import Outcome, TrialRecord
-from racecheck.results import stats
+from racecheck.results import blame, stats
 from racecheck.results.rows import ALL_TESTS
 
 LOG_NAME = "trials.jsonl"
@@ -96,6 +96,7 @@ def load_records(folder: RunRecords) -> pd.DataFrame:
         raise ValueError(f"{log}: the trial log holds no records")
     df = pd.DataFrame(rows, columns=[f for f in TrialRecord.__dataclass_fields__])
     df.attrs["bad_lines"] = [f"{log}: {b.describe()}: skipped" for b in bad]
+    df.attrs["control"] = blame.controls(out)  # the run's control trials, where it made some
     return df
 
 

@@ -203,6 +203,7 @@ def merge_ranks(reports: list[TestOutcome]) -> TestOutcome:
         outcome=verdict.value,
         signature=first_bad.signature,
         message=first_bad.message,
+        racecheck_frame=next((r.racecheck_frame for r in reports if r.racecheck_frame), None),
         device=base.device,
         duration=max(float(r.duration) for r in reports),
         detected=max(int(r.detected) for r in reports),

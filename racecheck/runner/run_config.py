@@ -109,6 +109,21 @@ class RunConfig:
             raise InputError("--delay-ms needs --perturb when the scenarios' profiles differ")
         return dataclasses.replace(self, perturb=runs.pop().with_delay(seconds))
 
+    def control(self, suites: set[str], folder: str) -> RunConfig:
+        """The control of `suites` (blame.py): one trial of each of their arms, with no
+        perturbation (an arm's own profile included) and no detector, in OUT/`folder`."""
+        return dataclasses.replace(
+            self,
+            scenarios=tuple(s.unperturbed() for s in self.scenarios if s.name in suites),
+            trials=1,
+            out=self.out / folder,
+            perturb=None,
+            detect=False,
+            shard=Shard(),
+            max_time=None,
+            stop_rules=(),
+        )
+
     def world_for(self, suite: Suite) -> int:
         return self.world_size or self.worlds.get(suite.name) or suite.world_size
 

@@ -23,7 +23,8 @@ from racecheck.runner.state import COMPLETED_FILE, LOCK_FILE, LOCK_NAME, RUN_FIL
 DEFAULT_PARENT = "racecheck-out"
 # What a run or a merge writes into its folder: the files of its state and records, and the
 # folders of its sessions (ranks/, logs/), git arms (worktrees/), hand-off points (handoffs/) and
-# follower nodes (nodes/). No command writes a report over one of them.
+# follower nodes (nodes/), and its control trials (control/). No command writes a report over one
+# of them.
 OWN_FILES = {
     "trials.jsonl": "the run's trial log",
     "trials.jsonl.rejected": "the run's rejected log lines",
@@ -33,7 +34,7 @@ OWN_FILES = {
     LOCK_NAME: "the run's lock",
     "summary.csv": "the run's summary",
 }
-OWN_FOLDERS = ("ranks", "logs", "worktrees", "handoffs", "nodes")
+OWN_FOLDERS = ("ranks", "logs", "worktrees", "handoffs", "nodes", "control")
 
 
 def absolute(path: Path | str) -> Path:

@@ -97,6 +97,11 @@ class Suite:
         """`default_perturb`, parsed once."""
         return parse_profile(self.default_perturb)
 
+    def unperturbed(self) -> Suite:
+        """The suite with no profile anywhere: its default `off`, and no arm's own (a control)."""
+        arms = {name: dataclasses.replace(arm, perturb=None) for name, arm in self.arms.items()}
+        return dataclasses.replace(self, default_perturb="off", arms=arms)
+
     @property
     def run_root(self) -> Path:
         return self.root if self.root is not None else self.path.parent.parent
