@@ -306,8 +306,8 @@ def merge_csv(path: Path, rows: list[dict], *, key, columns, order) -> list[dict
     return merged
 
 
-def merge_bounds(report: Path, bounds: dict) -> dict:
-    """REPORT/foreign_code_bounds.csv with `bounds` replacing the entries of the same key."""
+def merge_bounds(report: Path, bounds: dict, *, name: str = "foreign_code_bounds.csv") -> dict:
+    """REPORT/`name` with `bounds` replacing the entries of the same key."""
     rows = [
         {
             "suite": suite,
@@ -321,7 +321,7 @@ def merge_bounds(report: Path, bounds: dict) -> dict:
         for (suite, case, arm), b in bounds.items()
     ]
     case_key = lambda r: (r["suite"], r["case"], r["arm"])  # noqa: E731
-    merged = merge_csv(report / "foreign_code_bounds.csv", rows, key=case_key, columns=BOUND_COLUMNS, order=case_key)
+    merged = merge_csv(report / name, rows, key=case_key, columns=BOUND_COLUMNS, order=case_key)
     return {
         case_key(r): {
             "k": int(r["k"]),

@@ -212,7 +212,7 @@ def main() -> int:
         for future in [pool.submit(one, r) for r in runs if r.mode != "natural"]:
             future.result()
     merged = merge(args.report, rows)
-    kept = _merge_bounds(args.report, bounds)
+    kept = fc.merge_bounds(args.report, bounds, name="modern_code_bounds.csv")
     where = fc.measured_where(args.from_runs)
     command = "python3 bench/modern_code.py " + " ".join(sys.argv[1:])
     table = render(args.report, merged, kept, where=where, command=command, errors=errors)
@@ -221,27 +221,6 @@ def main() -> int:
     print("\n".join(table))
     print(f"{len(rows)} rows into {args.report / 'modern_code.csv'}; {len(errors)} runs not finished")
     return 0 if not errors else 1
-
-
-def _merge_bounds(report: Path, bounds: dict) -> dict:
-    rows = [
-        {
-            "suite": suite,
-            "case": case,
-            "arm": arm,
-            "k": b["k"],
-            "trials": b["trials"],
-            "first": "" if b["first"] is None else b["first"],
-            "delayed": b["delayed"],
-        }
-        for (suite, case, arm), b in bounds.items()
-    ]
-    key = lambda r: (r["suite"], r["case"], r["arm"])  # noqa: E731
-    merged = fc.merge_csv(report / "modern_code_bounds.csv", rows, key=key, columns=fc.BOUND_COLUMNS, order=key)
-    return {
-        key(r): {"k": int(r["k"]), "trials": int(r["trials"]), "first": int(r["first"]) if r["first"] != "" else None}
-        for r in merged
-    }
 
 
 if __name__ == "__main__":
