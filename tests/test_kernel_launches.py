@@ -14,25 +14,24 @@ import types
 import pytest
 import torch
 
-from racecheck.detect.kernel_launches import KernelWatch, inductor_accesses
+from racecheck.detect.kernel_launches import KernelWatch, inductor_roles
 
 
 def test_inductor_kernels_are_read_and_written_by_their_argument_names():
-    a, b, c, d = (torch.zeros(2) for _ in range(4))
-    reads, writes = inductor_accesses(["in_ptr0", "out_ptr0", "in_out_ptr0", "ws_ptr", "xnumel"], [a, b, c, d, 16])
-    assert [id(t) for t in reads] == [id(a), id(c)]
-    assert [id(t) for t in writes] == [id(b), id(c), id(d)]
-    assert inductor_accesses(["x_ptr", "out_ptr0"], [a, b]) is None  # not one of Inductor's names
+    names = ["in_ptr0", "out_ptr0", "in_out_ptr0", "ws_ptr", "xnumel"]
+    signature = {"in_ptr0": "*fp32", "out_ptr0": "*fp32", "in_out_ptr0": "*bf16", "ws_ptr": "*u8", "xnumel": "i32"}
+    assert inductor_roles(names, signature) == ((0, True, False), (1, False, True), (2, True, True), (3, False, True))
+    assert inductor_roles(["x_ptr", "out_ptr0"], {"x_ptr": "*fp32", "out_ptr0": "*fp32"}) is None  # not Inductor's
 
 
-def _tuner(kernel_name: str, names: list[str], signature: dict[str, str]):
+class _Tuner:
     """What the watch reads of a CachingAutotuner: enough to classify a launch, not to run one."""
-    return types.SimpleNamespace(
-        triton_meta={"signature": signature, "constants": {}},
-        inductor_meta={"kernel_name": kernel_name},
-        fn=types.SimpleNamespace(arg_names=names, __name__=kernel_name),
-        launchers=[],
-    )
+
+    def __init__(self, kernel_name: str, names: list[str], signature: dict[str, str]) -> None:
+        self.triton_meta = {"signature": signature, "constants": {}}
+        self.inductor_meta = {"kernel_name": kernel_name}
+        self.fn = types.SimpleNamespace(arg_names=names, __name__=kernel_name)
+        self.launchers: list = []
 
 
 @pytest.fixture
@@ -59,7 +58,7 @@ def _launch(module, tuner, *args, stream, **kwargs):
 def test_an_inductor_launch_is_reported_on_its_stream_with_its_reads_and_writes(watch):
     w, launches, errors, module = watch
     x, out = torch.zeros(4), torch.zeros(4)
-    tuner = _tuner(
+    tuner = _Tuner(
         "triton_poi_fused_add_0",
         ["in_ptr0", "out_ptr0", "xnumel", "XBLOCK"],
         {"in_ptr0": "*fp32", "out_ptr0": "*fp32", "xnumel": "i32", "XBLOCK": "constexpr"},
@@ -75,7 +74,7 @@ def test_a_user_kernel_the_analysis_cannot_read_counts_as_reads_and_says_so(watc
     """On the CPU there is no Triton to analyze the kernel with: its writes are unknown."""
     w, launches, errors, module = watch
     x, out = torch.zeros(4), torch.zeros(4)
-    tuner = _tuner("add_kernel_0", ["x_ptr", "out_ptr", "n"], {"x_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32"})
+    tuner = _Tuner("add_kernel_0", ["x_ptr", "out_ptr", "n"], {"x_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32"})
     _launch(module, tuner, x, out, 4, stream=0)
     ((name, stream, reads, writes, known),) = launches
     assert (name, known, writes) == ("add_kernel_0", False, [])
@@ -84,7 +83,7 @@ def test_a_user_kernel_the_analysis_cannot_read_counts_as_reads_and_says_so(watc
 
 def test_a_benchmarking_run_is_not_the_programs_launch(watch):
     w, launches, errors, module = watch
-    tuner = _tuner("triton_poi_fused_add_0", ["in_ptr0"], {"in_ptr0": "*fp32"})
+    tuner = _Tuner("triton_poi_fused_add_0", ["in_ptr0"], {"in_ptr0": "*fp32"})
     _launch(module, tuner, torch.zeros(2), stream=0, benchmark_run=True)
     assert launches == []
 

@@ -34,6 +34,7 @@ import logging
 import re
 import sys
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -47,23 +48,34 @@ _INDUCTOR_KERNEL = re.compile(r"^triton_(poi|per|red|tem|for|mix|spl|unk)_")
 Report = Callable[[str, int | None, list, list, bool], None]
 
 
-def inductor_accesses(names: list[str], values: list) -> tuple[list, list] | None:
-    """(reads, writes) of an Inductor kernel's tensor arguments by their names ([Note: a kernel's
-    reads and writes]); None when a name is not one of Inductor's."""
-    reads: list = []
-    writes: list = []
-    for name, value in zip(names, values, strict=False):
-        if not _is_tensor(value):
-            continue
+def inductor_roles(names: list[str], signature: dict) -> tuple[tuple[int, bool, bool], ...] | None:
+    """(position, read, written) of each pointer argument of an Inductor kernel, by its name
+    ([Note: a kernel's reads and writes]); None when a pointer's name is not one of Inductor's.
+    `names` are the arguments a launch passes, in order; `signature` their Triton types."""
+    roles = []
+    for i, name in enumerate(names):
+        if not str(signature.get(name, "")).startswith("*"):
+            continue  # a size or a constant, not memory
         match = _INDUCTOR_ROLE.match(name)
         if match is None:
             return None
         role = match.group(1)
-        if role in ("in_out_ptr", "in_ptr"):
-            reads.append(value)
-        if role in ("in_out_ptr", "out_ptr", "ws_ptr"):
-            writes.append(value)
-    return reads, writes
+        roles.append((i, role in ("in_out_ptr", "in_ptr"), role in ("in_out_ptr", "out_ptr", "ws_ptr")))
+    return tuple(roles)
+
+
+class _InductorPlan:
+    """What a CachingAutotuner's launches touch, worked out at its first launch: the names of the
+    arguments a launch passes and, for a kernel Inductor generated, its pointers' roles (None: a
+    user's kernel, whose writes the analysis tells)."""
+
+    __slots__ = ("name", "names", "roles")
+
+    def __init__(self, tuner) -> None:
+        signature = tuner.triton_meta.get("signature", {})
+        self.names = [n for n in tuner.fn.arg_names if signature.get(n) != "constexpr"]
+        self.name = str(tuner.inductor_meta.get("kernel_name") or tuner.fn.__name__)
+        self.roles = inductor_roles(self.names, signature) if _INDUCTOR_KERNEL.match(self.name) else None
 
 
 def _is_tensor(value) -> bool:
@@ -144,6 +156,8 @@ class KernelWatch:
         self.report = report
         self.error = error  # an internal failure, said by the tracker (never raised into the program)
         self.analysis = KernelAnalysis()
+        # Each compiled kernel's plan, made at its first launch (the kernel dies with its code).
+        self._plans: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._originals: list[tuple[type, str, object]] = []
         self._hook: _OnImport | None = None
         self._local = threading.local()  # inside a reported launch (autotuning, nested runs)
@@ -226,22 +240,20 @@ class KernelWatch:
 
     # -- what a launch touches ---------------------------------------------------------------
     def _inductor_launch(self, tuner, args: tuple, stream) -> None:
-        signature = tuner.triton_meta.get("signature", {})
-        names = [n for n in tuner.fn.arg_names if signature.get(n) != "constexpr"]
-        values = list(args[: len(names)])
-        kernel_name = str(tuner.inductor_meta.get("kernel_name") or tuner.fn.__name__)
-        tensors = [v for v in values if _is_tensor(v)]
-        if not tensors:
+        plan = self._plans.get(tuner)
+        if plan is None:
+            plan = self._plans[tuner] = _InductorPlan(tuner)
+        if plan.roles is not None:  # Inductor's own kernel: its pointers by their roles
+            reads = [args[i] for i, read, _ in plan.roles if read and i < len(args)]
+            writes = [args[i] for i, _, written in plan.roles if written and i < len(args)]
+            if reads or writes:
+                self.report(plan.name, stream, reads, writes, True)
             return
-        found = inductor_accesses(names, values) if _INDUCTOR_KERNEL.match(kernel_name) else None
-        if found is not None:
-            self.report(kernel_name, stream, found[0], found[1], True)
-            return
-        kwargs = dict(zip(names, values, strict=False))
+        kwargs = dict(zip(plan.names, args, strict=False))
         kwargs.update(tuner.triton_meta.get("constants") or {})
         if tuner.launchers:
             kwargs.update(getattr(tuner.launchers[0].config, "kwargs", {}) or {})
-        self._user_launch(kernel_name, tuner.fn, kwargs, stream)
+        self._user_launch(plan.name, tuner.fn, kwargs, stream)
 
     def _triton_launch(self, kernel, args: tuple, kwargs: dict) -> None:
         bound = dict(zip(kernel.arg_names, args, strict=False))
