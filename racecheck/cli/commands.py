@@ -358,10 +358,12 @@ def list_command(scenarios_dir, config_file):
     click.echo("* default arm; expect: race (must reproduce) / safe (must stay clean)")
 
 
-def summarize_run(out_dir: Path, *, footer: str | None = None) -> bool:
+def summarize_run(out_dir: Path, *, footer: str | None = None, before_table=None) -> bool:
     """Write OUT/summary.csv and, with a footer, print the table and the footer; False when the
-    log holds no record. InfrastructureError (exit 3) where summary.csv cannot be written."""
-    from racecheck.results import failures, tally
+    log holds no record. InfrastructureError (exit 3) where summary.csv cannot be written.
+    `before_table(records)`, given the records once they are read, runs before the table is
+    printed (the run's control trials, whose verdict the failure list then reads)."""
+    from racecheck.results import blame, failures, tally
     from racecheck.results.render_terminal import render_terminal
     from racecheck.runner.run_folder import open_run_folder
 
@@ -376,6 +378,9 @@ def summarize_run(out_dir: Path, *, footer: str | None = None) -> bool:
             f"cannot write {Path(out_dir) / 'summary.csv'}: {exc.strerror or exc}; every trial is kept in "
             f"{Path(out_dir) / 'trials.jsonl'} ('racecheck report {out_dir} --format csv' gives the summary)"
         ) from None
+    if before_table is not None:
+        before_table(records)
+        records.attrs["control"] = blame.controls(out_dir)
     if footer is not None:
         click.echo(render_terminal(summary) + failures.render_terminal(records, logs=f"{out_dir}/logs"))
         click.echo(f"\n{footer}")

@@ -110,9 +110,10 @@ def _after_run(ctx, config, result, *, writer, gate, started: float) -> None:
             f"{writer.lost}; the run stopped; finished trials are in {config.out}; "
             f"continue with this on every node: {resume_command(config.out)}"
         )
-    _control_if_needed(config)
     have_records = summarize_run(
-        config.out, footer=f"{config.out}/summary.csv and trials.jsonl written ({time.monotonic() - started:.1f} s)"
+        config.out,
+        footer=f"{config.out}/summary.csv and trials.jsonl written ({time.monotonic() - started:.1f} s)",
+        before_table=lambda records: _control_if_needed(config, records),
     )
     _perturbation_notes(config)
     if result.stopped:
@@ -130,18 +131,13 @@ def _after_run(ctx, config, result, *, writer, gate, started: float) -> None:
         ctx.exit(run_options.apply_gate(config.out, gate))
 
 
-def _control_if_needed(config) -> None:
-    """Where every arm of a suite failed every trial alike under a perturbation or the detector,
-    one trial of each arm without either (runner/control.py), so that the failure list can say
-    whose failure it is (results/blame.py)."""
-    from racecheck.results import blame, failures, tally
+def _control_if_needed(config, records) -> None:
+    """Where every arm of a suite failed every trial alike under a perturbation or the detector
+    (`records`, the run's as read for its table), one trial of each arm without either
+    (runner/control.py), so that the failure list can say whose failure it is (results/blame.py)."""
+    from racecheck.results import blame, failures
     from racecheck.runner.control import run_control
-    from racecheck.runner.run_folder import open_run_folder
 
-    try:
-        records = tally.load_records(open_run_folder(config.out, need_run=False))
-    except (OSError, ValueError):
-        return
     suites = {s for s in failures.suites_failing(records) if blame.instrumented(records, s)}
     if not suites:
         return
