@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from racecheck.protocol.records import Outcome
+from racecheck.protocol.records import Outcome, TrialRecord
 
 CONTROL_FOLDER = "control"  # OUT/control: the control trials' own run folder
 
@@ -37,11 +37,10 @@ def controls(out_dir: Path | str) -> dict[str, bool]:
         return passed
     for line in lines:
         try:
-            r = json.loads(line)
-            failed = Outcome(r["outcome"]).is_failure
-        except (ValueError, KeyError, TypeError):
-            continue
-        passed[r.get("scenario", "")] = passed.get(r.get("scenario", ""), True) and not failed
+            r = TrialRecord.from_dict(json.loads(line))  # the one check of a record, as every reader's
+        except ValueError:
+            continue  # a torn line: the control tells what its whole records tell
+        passed[r.scenario] = passed.get(r.scenario, True) and not Outcome(r.outcome).is_failure
     return passed
 
 
