@@ -19,6 +19,7 @@ it (patch_actions.CudaActions.launch).
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,8 +97,10 @@ def process_group_targets() -> list[tuple[type, str, CollectiveCall]]:
     return [(dist.ProcessGroup, name, call) for name, call in PROCESS_GROUP_METHODS.items() if name in methods]
 
 
+@functools.cache
 def functional_targets() -> dict[str, list[tuple[str, str, CollectiveCall]]]:
-    """By namespace: (operator, overload, call) for every functional collective this PyTorch has."""
+    """By namespace: (operator, overload, call) for every functional collective this PyTorch has
+    (libtorch registers them as it loads: looked up once per process, not at every install)."""
     import torch.distributed as dist
 
     from racecheck.perturb.op_kernels import overloads
