@@ -11,7 +11,10 @@ RACECHECK_SOUNDNESS_EXAMPLES raises their number for a longer search.
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
@@ -146,3 +149,63 @@ def test_the_profiles_act_on_generated_programs(backend):
 
     count()
     assert all(acted.values()), acted
+
+
+MODERN_CODE = """
+import dataclasses, importlib.abc, json, sys
+from hypothesis import HealthCheck, given, settings
+from racecheck.device.base import Stream
+from racecheck.scenario_kit.program_kernels import DISTRIBUTED_FORMS
+from racecheck.scenario_kit.program_values import expected
+from racecheck.scenario_kit.programs import programs
+from racecheck.scenario_kit.soundness import EmulationPatch, correct_failures, profile_specs
+
+LATE = ("torch.distributed._functional_collectives", "torch.distributed.tensor", "torch.distributed.fsdp",
+        "torch._inductor")
+imported = {m: m in sys.modules for m in LATE}  # True: before any run, which must not be
+
+class Watch(importlib.abc.MetaPathFinder):  # notes whether patch mode was installed at each import
+    def find_spec(self, name, path, target=None):
+        if name in LATE and name not in imported_under:
+            imported_under[name] = getattr(Stream.wait_event, "_racecheck_patch", None) is not None
+        return None
+
+imported_under = {}
+sys.meta_path.insert(0, Watch())
+with_copies = []
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+@given(programs())
+def pick(program):  # a program with copies in it
+    if not with_copies and sum(op.kind == "copy" for op in program.ops) >= 2:
+        with_copies.append(program)
+
+pick()
+backend, bad, forms = EmulationPatch(), [], []
+for program in with_copies:
+    for form in (*DISTRIBUTED_FORMS, "compiled"):  # every copy written in the form: the same program
+        ops = tuple(dataclasses.replace(op, form=form) if op.kind == "copy" else op for op in program.ops)
+        variant = dataclasses.replace(program, ops=ops)
+        forms.append(form)
+        bad += correct_failures(backend, variant, profile_specs(backend.profiles))  # and the detector
+        spec = "systematic:delay=2ms:pairs=0"
+        keys = backend.run(variant, spec=spec).handoffs
+        bad += [k for k in keys if backend.run(variant, spec=spec, plan=(k,)).outcome != expected(variant)]
+print(json.dumps({"before": imported, "under_patch": imported_under, "forms": forms, "bad": bad}))
+"""
+
+
+def test_generated_programs_import_the_distributed_modules_under_patch_mode_and_stay_correct():
+    """The soundness check reaches modern code: a generated program with its copies written
+    through the functional collectives, a DTensor's full_tensor(), FSDP2's own operator (over a
+    world of one rank) and a compiled function, in a fresh process where those modules are first
+    imported inside a run with patch mode installed, as a user's test imports FSDP2 in its body.
+    Each variant computes what it should under every profile, every pair, random and every single
+    point delayed, and the detector reports nothing."""
+    out = subprocess.run([sys.executable, "-c", MODERN_CODE], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.splitlines()[-1])
+    assert not any(got["before"].values()), got
+    assert got["under_patch"] == dict.fromkeys(got["before"], True), got
+    assert got["forms"] == ["collective", "dtensor", "fsdp2", "compiled"], got
+    assert got["bad"] == [], got

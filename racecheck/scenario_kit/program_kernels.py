@@ -1,12 +1,14 @@
-"""The copies of generated programs written as compiled code or as a kernel of the program's own
-(program_ops.FORMS): a torch.compile'd function (Inductor's kernel: C++ on the CPU, Triton on
-CUDA) and, on CUDA, a Triton kernel called eagerly. Each is built once per process.
+"""The copies of generated programs written as other code than copy_ (program_ops.FORMS): a
+torch.compile'd function (Inductor's kernel: C++ on the CPU, Triton on CUDA), on CUDA a Triton
+kernel called eagerly, and the distributed forms over a world of one rank (the functional
+collectives, DTensor, FSDP2's operator) with the process group they need for a run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -37,5 +39,82 @@ def triton_copy() -> Callable[[torch.Tensor, torch.Tensor], None]:
     def copy(out: torch.Tensor, src: torch.Tensor) -> None:
         n = src.numel()
         copy_kernel[(triton.cdiv(n, 1024),)](src, out, n, BLOCK=1024)
+
+    return copy
+
+
+# -- the distributed forms: a world of one rank ----------------------------------------------------
+# A copy written as a collective runs on a process group of one rank, where an all-reduce or an
+# all-gather hands back its input: the program's copy, through the functional collectives, DTensor
+# and FSDP2's own operators. Their modules are imported at the first such copy, which in a fresh
+# process is inside the first perturbed run: patch mode has started by then, as it has when a
+# user's test imports FSDP2 inside its body.
+DISTRIBUTED_FORMS = ("collective", "dtensor", "fsdp2")
+
+
+@contextlib.contextmanager
+def world_of_one(forms: set[str], *, cuda: bool) -> Iterator[None]:
+    """A default process group of one rank (gloo on the CPU, NCCL on CUDA) for a run whose copies
+    use `forms`, made for the run and destroyed after it; one already there (a benchmark holds one
+    for all its runs) is used as it is, provided it has one rank."""
+    import torch.distributed as dist
+
+    if not forms & set(DISTRIBUTED_FORMS):
+        yield
+        return
+    if dist.is_initialized():
+        if (ranks := dist.get_world_size()) != 1:
+            raise RuntimeError(f"a generated program's collectives need a world of one rank, not {ranks}")
+        yield
+        return
+    dist.init_process_group("nccl" if cuda else "gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        _mesh.cache_clear()  # its groups are the destroyed world's
+        dist.destroy_process_group()
+
+
+@functools.cache
+def _mesh(device_type: str):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(device_type, (1,))
+
+
+@functools.cache
+def collective_copy() -> Callable[[torch.Tensor, torch.Tensor], None]:
+    """out <- src through a functional all-reduce over the world of one (the sum of one rank's
+    input: the input itself), the collective waited for when the copy reads it."""
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+
+    def copy(out: torch.Tensor, src: torch.Tensor) -> None:
+        out.copy_(funcol.all_reduce(src, "sum", dist.group.WORLD))
+
+    return copy
+
+
+@functools.cache
+def dtensor_copy() -> Callable[[torch.Tensor, torch.Tensor], None]:
+    """out <- src as the local shard of a DTensor over a mesh of one, gathered by full_tensor()
+    (DTensor's redistribution: a functional all-gather)."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    def copy(out: torch.Tensor, src: torch.Tensor) -> None:
+        mesh = _mesh(src.device.type)
+        out.copy_(DTensor.from_local(src, mesh, [Shard(0)], run_check=False).full_tensor())
+
+    return copy
+
+
+@functools.cache
+def fsdp2_copy() -> Callable[[torch.Tensor, torch.Tensor], None]:
+    """out <- src through FSDP2's own operator for copying an all-gather's output into the
+    unsharded parameters (fsdp::split_with_sizes_copy, registered when FSDP2 is imported)."""
+    import torch.distributed.fsdp  # noqa: F401  (registers torch.ops.fsdp)
+
+    def copy(out: torch.Tensor, src: torch.Tensor) -> None:
+        torch.ops.fsdp.split_with_sizes_copy(src, [src.numel()], dim=0, out=[out])
 
     return copy

@@ -59,13 +59,16 @@ HOST = -2  # the host, as the domain of a pinned buffer's host-side accesses
 # - write: `fill` (fill_ with a number) or `add` (fill_(0) then add_ with a Python number, which the
 #   dispatcher wraps as a 0-dim CPU tensor);
 # - copy: `""` (copy_), `compiled` (a torch.compile'd function: Inductor's kernel, C++ on the CPU,
-#   Triton on CUDA) or `triton` (a Triton kernel of the program's own, called eagerly; on the CPU
-#   emulation the compiled function stands in for it);
+#   Triton on CUDA), `triton` (a Triton kernel of the program's own, called eagerly; on the CPU
+#   emulation the compiled function stands in for it), or over a process group of one rank:
+#   `collective` (a functional all-reduce), `dtensor` (a DTensor's full_tensor(): a functional
+#   all-gather) or `fsdp2` (FSDP2's fsdp::split_with_sizes_copy), their modules imported at the
+#   first such copy (program_kernels.py);
 # - record, wait: `""` (the stream named: `ev.record(s)`, `s.wait_event(ev)`) or `context` (inside
 #   `with stream(s)`: `ev.record()`, `ev.wait()` on the current stream).
 FORMS = {
     "write": ("fill", "add"),
-    "copy": ("", "compiled", "triton"),
+    "copy": ("", "compiled", "triton", "collective", "dtensor", "fsdp2"),
     "record": ("", "context"),
     "wait": ("", "context"),
 }

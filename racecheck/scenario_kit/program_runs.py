@@ -53,7 +53,7 @@ def run_on_runtime(
     streams = [rt.default_stream()] + [rt.new_stream(f"s{i}") for i in range(1, STREAMS)]
     slices = _slices(program)
     salt = _salt()
-    with rt.queued_default_stream():
+    with rt.queued_default_stream(), _world(program, cuda=rt.device.type == "cuda"):
         witness = rt.empty(max(1, slices[-1][1] if slices else 1))
         host_witness: dict[int, torch.Tensor] = {}
         bufs: dict[int, torch.Tensor] = {}
@@ -90,7 +90,20 @@ def _copy_as(form: str, *, cuda: bool):
         return program_kernels.triton_copy()
     if form in ("compiled", "triton"):
         return program_kernels.compiled_copy()
+    if form == "collective":
+        return program_kernels.collective_copy()
+    if form == "dtensor":
+        return program_kernels.dtensor_copy()
+    if form == "fsdp2":
+        return program_kernels.fsdp2_copy()
     return _copy
+
+
+def _world(program: Program, *, cuda: bool) -> contextlib.AbstractContextManager:
+    """The process group of one rank that the program's distributed copies need, if any."""
+    from racecheck.scenario_kit import program_kernels
+
+    return program_kernels.world_of_one({op.form for op in program.ops}, cuda=cuda)
 
 
 def _shared_op(
@@ -200,7 +213,7 @@ def run_on_torch_cuda(
     events: dict[int, torch.cuda.Event] = {}
     addresses: dict[int, int] = {}
     torch.cuda.synchronize(device)
-    with around() if around is not None else contextlib.nullcontext():
+    with _world(program, cuda=True), around() if around is not None else contextlib.nullcontext():
         for op in program.ops:
             _torch_op(op, device, streams, bufs, events, witness, slices, host_witness, salt)
             if op.kind == "alloc":

@@ -32,6 +32,14 @@ PATCH_PROFILES = (
     "pressure",
 )
 INJECTOR_PROFILES = ("sleep@event_wait:5ms", "poison", "pressure")
+# On torch.cuda the programs' distributed copies (program_kernels.py) pass patch mode's collective
+# points as well; on the emulation they run inside its stream workers, where those points do not act.
+COLLECTIVE_PROFILES = (
+    "ar_delay",
+    "sleep@before_all_gather:5ms",
+    "sleep@after_all_reduce:5ms",
+    "sleep@after_all_gather:5ms",
+)
 
 
 def profile_specs(names: tuple[str, ...]) -> list[str]:
@@ -143,6 +151,7 @@ class TorchCudaPatch(EmulationPatch):
     """Patch mode (CUDA actions) and the PyTorch tracker on torch.cuda's own streams."""
 
     name = "torch.cuda, patch mode"
+    profiles = PATCH_PROFILES + COLLECTIVE_PROFILES
 
     def __init__(self, *, delay: float | None = None) -> None:
         super().__init__(delay=delay)
