@@ -15,13 +15,15 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from racecheck.scenario_kit.program_values import expected
-from racecheck.scenario_kit.programs import early_record, programs
+from racecheck.scenario_kit.programs import copies_written_as, early_record, programs
 from racecheck.scenario_kit.soundness import (
     EmulationInjector,
     EmulationPatch,
@@ -151,14 +153,29 @@ def test_the_profiles_act_on_generated_programs(backend):
     assert all(acted.values()), acted
 
 
+def program_with_copies():
+    """A generated program with two copies or more (the first of a fixed draw, always the same)."""
+    found = []
+
+    @examples(300)
+    @given(programs())
+    def search(program):
+        if not found and sum(op.kind == "copy" for op in program.ops) >= 2:
+            found.append(program)
+
+    search()
+    assert found, "no generated program with two copies"
+    return found[0]
+
+
 MODERN_CODE = """
-import dataclasses, importlib.abc, json, sys
-from hypothesis import HealthCheck, given, settings
+import importlib.abc, json, sys
 from racecheck.device.base import Stream
 from racecheck.scenario_kit.program_kernels import DISTRIBUTED_FORMS
 from racecheck.scenario_kit.program_values import expected
-from racecheck.scenario_kit.programs import programs
+from racecheck.scenario_kit.programs import copies_written_as
 from racecheck.scenario_kit.soundness import EmulationPatch, correct_failures, profile_specs
+from test_soundness import program_with_copies
 
 LATE = ("torch.distributed._functional_collectives", "torch.distributed.tensor", "torch.distributed.fsdp",
         "torch._inductor")
@@ -172,25 +189,14 @@ class Watch(importlib.abc.MetaPathFinder):  # notes whether patch mode was insta
 
 imported_under = {}
 sys.meta_path.insert(0, Watch())
-with_copies = []
-
-@settings(max_examples=300, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
-@given(programs())
-def pick(program):  # a program with copies in it
-    if not with_copies and sum(op.kind == "copy" for op in program.ops) >= 2:
-        with_copies.append(program)
-
-pick()
-backend, bad, forms = EmulationPatch(), [], []
-for program in with_copies:
-    for form in (*DISTRIBUTED_FORMS, "compiled"):  # every copy written in the form: the same program
-        ops = tuple(dataclasses.replace(op, form=form) if op.kind == "copy" else op for op in program.ops)
-        variant = dataclasses.replace(program, ops=ops)
-        forms.append(form)
-        bad += correct_failures(backend, variant, profile_specs(backend.profiles))  # and the detector
-        spec = "systematic:delay=2ms:pairs=0"
-        keys = backend.run(variant, spec=spec).handoffs
-        bad += [k for k in keys if backend.run(variant, spec=spec, plan=(k,)).outcome != expected(variant)]
+program, backend, bad, forms = program_with_copies(), EmulationPatch(), [], []
+for form in (*DISTRIBUTED_FORMS, "compiled"):  # every copy written in the form: the same program
+    variant = copies_written_as(program, form)
+    forms.append(form)
+    bad += correct_failures(backend, variant, profile_specs(backend.profiles))  # and the detector
+    spec = "systematic:delay=2ms:pairs=0"
+    keys = backend.run(variant, spec=spec).handoffs
+    bad += [k for k in keys if backend.run(variant, spec=spec, plan=(k,)).outcome != expected(variant)]
 print(json.dumps({"before": imported, "under_patch": imported_under, "forms": forms, "bad": bad}))
 """
 
@@ -202,10 +208,30 @@ def test_generated_programs_import_the_distributed_modules_under_patch_mode_and_
     imported inside a run with patch mode installed, as a user's test imports FSDP2 in its body.
     Each variant computes what it should under every profile, every pair, random and every single
     point delayed, and the detector reports nothing."""
-    out = subprocess.run([sys.executable, "-c", MODERN_CODE], capture_output=True, text=True, timeout=300)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-c", MODERN_CODE], capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     got = json.loads(out.stdout.splitlines()[-1])
     assert not any(got["before"].values()), got
     assert got["under_patch"] == dict.fromkeys(got["before"], True), got
     assert got["forms"] == ["collective", "dtensor", "fsdp2", "compiled"], got
     assert got["bad"] == [], got
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="torch.cuda's streams, NCCL and Triton: the GPU check runs it")
+@pytest.mark.parametrize("path", ["native", "python"])
+def test_on_cuda_a_program_with_its_copies_in_every_form_is_correct_and_unreported(monkeypatch, path):
+    """The same on torch.cuda, on both detector paths: the program's copies written in each form
+    (a Triton kernel of its own among them, the distributed ones over an NCCL group of one rank),
+    under profiles at the hand-off points, the collective points and the allocator, and random."""
+    from racecheck.scenario_kit.program_kernels import world_of_one
+    from racecheck.scenario_kit.program_ops import FORMS
+    from racecheck.scenario_kit.soundness import TorchCudaPatch
+
+    monkeypatch.setenv("RACECHECK_DETECT_PATH", path)
+    program, backend = program_with_copies(), TorchCudaPatch()
+    specs = ["enter_delay,poison", "ar_delay,pressure", "sleep@before_all_gather:5ms,wait_delay", "random"]
+    with world_of_one(set(FORMS["copy"]), cuda=True):
+        for form in FORMS["copy"]:
+            variant = copies_written_as(program, form)
+            assert correct_failures(backend, variant, specs) == [], (form, variant.text())

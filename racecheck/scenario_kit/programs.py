@@ -319,3 +319,12 @@ def without(program: Program, i: int) -> Program:
         if j != i and all(o in index for o in s.ops)
     )
     return Program(tuple(program.ops[k] for k in keep), syncs, program.witnesses)
+
+
+def copies_written_as(program: Program, form: str) -> Program:
+    """The program with every copy written in `form` (program_ops.FORMS["copy"]): the same
+    operations, so the same synchronizations and the same values, through other code."""
+    if form not in FORMS["copy"]:
+        raise ValueError(f"copy form {form!r}: expected one of {FORMS['copy']}")
+    ops = tuple(dataclasses.replace(op, form=form) if op.kind == "copy" else op for op in program.ops)
+    return dataclasses.replace(program, ops=ops)
