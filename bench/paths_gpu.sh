@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
 # On the GPU machine: the PyTorch tracker's native and Python recording paths give the same
 # verdicts on code racecheck did not write, through `racecheck run --detect --no-perturb` with
-# RACECHECK_DETECT_PATH set to each path in turn: the catalogue (every scenario that runs on the
-# GPUs there are), the examples in examples/ and the soundness check's generated programs
-# (bench/foreign_code.py, modes detect and soundness); and the native path once more with the
-# Python engine (RACECHECK_DETECT_ENGINE=python, the reference of the native engine).
+# RACECHECK_DETECT_PATH set to each path in turn: the examples in examples/ (bench/foreign_code.py,
+# mode detect; examples/compiled through bench/modern_code.py, whose detect mode runs both paths
+# itself) and the soundness check's generated programs (foreign_code.py's mode soundness); and the
+# native path once more with the Python engine (RACECHECK_DETECT_ENGINE=python, the reference of
+# the native engine).
+# Not the catalogue: its scenarios run on racecheck's runtime, whose detector is the runtime
+# observer (racecheck.detect.observer.RaceDetector, on engine.py); neither the path nor the engine
+# switch reaches it, so its trials would agree whatever the tracker did.
 # bench/paths_compare.py then compares them trial by trial: the paths into $OUT/paths/compare.md,
-# the engines into $OUT/paths/compare_engines.md; the exit code is 1 where either differs.
+# the engines into $OUT/paths/compare_engines.md (examples/compiled's: compare_engines_compiled.md);
+# the exit code is 1 where any differs.
 #   bash bench/paths_gpu.sh   (PATHS_TRIALS trials per arm, default 2; PATHS_SUITES and PATHS_MODES
-#                              pick foreign_code.py's --suites and --modes, PATHS_CATALOGUE=0 skips
-#                              the catalogue, PATHS_VARIANTS some of native, python and
+#                              pick foreign_code.py's --suites and --modes, PATHS_COMPILED=0 skips
+#                              examples/compiled, PATHS_VARIANTS some of native, python and
 #                              native-pyengine, to split the work over device calls)
 # The wheels the machine lacks travel in .whl/ (bench/foreign_code.sh's header: megatron-fsdp too).
 # Regenerates reports/gpu/paths_compare.{md,log}, which the README cites.
@@ -31,9 +36,12 @@ for variant in ${PATHS_VARIANTS:-native python native-pyengine}; do
   engine=native
   [ "$variant" = native-pyengine ] && engine=python
   export RACECHECK_DETECT_PATH=$path RACECHECK_DETECT_ENGINE=$engine
-  [ "${PATHS_CATALOGUE:-1}" = 0 ] ||
-    racecheck run --scenario all --arms all --trials "$trials" \
-      --detect --no-perturb --out "$P/$variant/catalogue" -q >"$P/$variant-catalogue.log" 2>&1
+  # examples/compiled: modern_code.py runs both paths itself (its table has a row per path), so it
+  # runs with each engine, into a folder of its own
+  [ "${PATHS_COMPILED:-1}" = 0 ] || [ "$variant" = python ] ||
+    python3 bench/modern_code.py --out "$P/compiled/$variant" --modes detect --trials "$trials" \
+      --report "$P/compiled/$variant" --jobs 4 --max-seconds "${PATHS_EXAMPLE_SECONDS:-150}" \
+      >"$P/$variant-compiled.log" 2>&1
   python3 bench/foreign_code.py --out "$P/$variant/examples" \
     --suites "${PATHS_SUITES:-megatron_fsdp,fsdp2,plain_torch}" --modes "${PATHS_MODES:-detect,soundness}" \
     --trials "$trials" --report "$P/$variant/examples" --max-seconds "${PATHS_EXAMPLE_SECONDS:-150}" \
@@ -45,5 +53,9 @@ rc=0
 if [ -d "$P/python" ]; then python3 bench/paths_compare.py "$P/native" "$P/python" --out "$P/compare.md" || rc=1; fi
 if [ -d "$P/native-pyengine" ]; then
   python3 bench/paths_compare.py "$P/native" "$P/native-pyengine" --out "$P/compare_engines.md" || rc=1
+fi
+if [ -d "$P/compiled/native" ] && [ -d "$P/compiled/native-pyengine" ]; then
+  python3 bench/paths_compare.py "$P/compiled/native" "$P/compiled/native-pyengine" \
+    --out "$P/compare_engines_compiled.md" || rc=1
 fi
 exit "$rc"

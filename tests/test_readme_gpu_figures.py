@@ -266,9 +266,9 @@ def test_the_last_rounds_gpu_logs_say_what_the_readme_says():
     (tests,) = quoted(r"passed on one H200, torch 2.11: (\d+) tests")
     assert re.search(rf"^{tests} passed", text("gpu/modern_code_cuda_tests.log"), re.M)
     figures = quoted(
-        r"megatron-fsdp 0.6.1 \((\d+) trials, (\d+) detected on each path\), PyTorch's FSDP2 \((\d+), none\), the "
-        r"soundness check's generated programs \(every row equal\) and (\d+) catalogue trials \((\d+) detected on each "
-        r"path\)"
+        r"megatron-fsdp 0.6.1 \((\d+) trials, (\d+) detected on each path\), PyTorch's FSDP2 \((\d+), none\) and the "
+        r"soundness check's generated programs\s+\(every row equal\); plain_torch ran on the native path only, for want "
+        r"of device time. \(That call\s+also compared (\d+) catalogue trials"
     )
     compared = {
         m[0]: m[1:]
@@ -276,7 +276,7 @@ def test_the_last_rounds_gpu_logs_say_what_the_readme_says():
     }
     mega, fsdp2, cat = (compared[k] for k in ("examples/runs/megatron_fsdp.detect.test_hsdp",
                         "examples/runs/fsdp2.detect.test_fully_shard-test_transformer", "catalogue"))  # fmt: skip
-    assert figures == (mega[0], mega[2], fsdp2[0], cat[0], cat[2])
+    assert figures == (mega[0], mega[2], fsdp2[0], cat[0])
     assert all(v[0] == v[1] and v[2] == v[3] for v in compared.values()) and fsdp2[2] == "0"
 
 
