@@ -267,8 +267,8 @@ def test_the_last_rounds_gpu_logs_say_what_the_readme_says():
     assert re.search(rf"^{tests} passed", text("gpu/modern_code_cuda_tests.log"), re.M)
     figures = quoted(
         r"megatron-fsdp 0.6.1 \((\d+) trials, (\d+) detected on each path\), PyTorch's FSDP2 \((\d+), none\) and the "
-        r"soundness check's generated programs\s+\(every row equal\); plain_torch ran on the native path only, for want "
-        r"of device time. \(That call\s+also compared (\d+) catalogue trials"
+        r"soundness check's generated programs\s+\(every row equal\); plain_torch ran on the native path only, for "
+        r"want of device time. \(That call\s+also compared (\d+) catalogue trials"
     )
     compared = {
         m[0]: m[1:]
