@@ -11,6 +11,10 @@
 - `not_an_xdist_worker` (every test): under `pytest -n`, the pytest processes a test starts
   itself (pytester, a session of its own) do not inherit the worker's identity.
 
+torch is imported here, ahead of every test: pytester's in-process runs give back the modules
+they found (sys.modules as it was), so a torch first imported inside one would be imported again
+by the next test while its C extension stays loaded (`SystemError: ... bad call flags`).
+
 The whole suite (`pytest` with no paths and no -n) runs in one process per core and one more where
 pytest-xdist is installed (most tests also wait on the processes they start: sessions, torchrun
 agents, timeouts; the extra process keeps the cores busy meanwhile), a module to a process (--dist
@@ -26,6 +30,7 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch  # noqa: F401 - before any pytester run, see below
 from run_kit import SEEDED_TEST, write_suite
 
 from racecheck.protocol.names import SESSION_MARK_VAR
