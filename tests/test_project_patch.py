@@ -162,6 +162,8 @@ def test_detect_fails_the_racing_arm_with_the_report(tmp_path, monkeypatch):
     race, safe = got["race", 0], got["safe", 0]
     assert race.outcome == "failed" and race.detected == 1 and "test_d.py" in race.reports[0]
     assert race.message.startswith("racecheck detected a race: read-after-write")
+    # named by the test that raced, not by pytest's frame that failed it
+    assert race.signature == "Failed at test_d.py:6 in test_read_on_side_stream", race.signature
     assert safe.outcome == "passed" and safe.detected == 0 and safe.reports == []
     import pandas as pd
 

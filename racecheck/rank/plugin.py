@@ -257,7 +257,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     else:
         t.outcomes.append(Outcome.FAILED if report.when == "call" else Outcome.ERROR)
         if not t.signature and call.excinfo is not None:
-            t.signature = failure_signature(call.excinfo, Path(str(item.config.rootpath)))
+            t.signature = failure_signature(call.excinfo, Path(str(item.config.rootpath)), item)
             t.message = message_line(call.excinfo)
             t.racecheck_frame = racecheck_frame(call.excinfo)
     return report
