@@ -1,5 +1,6 @@
 """The happens-before detector on the CPU emulation: true positives for the race classes it exists
-for, and no report on the correct patterns that order the same accesses.
+for, and no report on the correct patterns that order the same accesses; on each of its engines
+(engine.py and the C++ one, racecheck.detect.native_hb).
 
 Every test drives SimRuntime directly in program order; the verdicts come from the clocks, not from
 timing, so no test sleeps or asserts on time.
@@ -19,9 +20,11 @@ def side(rt):
     return rt.new_stream("side")
 
 
-@pytest.fixture
-def det(rt):
-    detector = RaceDetector()
+@pytest.fixture(params=["python", "native"])
+def det(rt, request):
+    """The detector on each engine: engine.py, and the C++ engine (native_hb.py)."""
+    detector = RaceDetector(engine=request.param)
+    assert detector.engine_kind == request.param  # a test machine has a compiler
     detector.attach(rt)
     yield detector
     detector.detach()

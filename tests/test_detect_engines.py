@@ -289,3 +289,77 @@ def test_the_native_engine_reports_the_same_after_it_has_reused_the_slots_of_fre
         assert python["errors"] == [] and len(python["texts"]) > 10
         made = sum(rec.RECORD.unpack(r)[0] == rec.ALLOCATED for batch in trace.batches for r in batch.records)
         assert slots[0] < made // 2, (slots, made)  # far fewer generations kept than made
+
+
+# -- the runtime observer on either engine ---------------------------------------------------------
+def test_the_runtime_observer_reports_the_same_on_both_engines_over_generated_programs():
+    """The soundness check's programs on the CPU emulation, as generated (no report) and with each
+    synchronization removed in turn (a race, most of the time): racecheck.detect.observer's
+    RaceDetector with engine="compare" feeds engine.py and the C++ engine (native_hb.py) the same
+    events of each run, and its reports raise EnginesDisagree where their texts (stacks included)
+    differ. (Two runs, one per engine, would not do: the emulation's streams are threads, and the
+    order in which blocks are freed and handed out again differs from run to run.)"""
+    from hypothesis import HealthCheck, given, settings
+
+    from racecheck.scenario_kit.programs import programs, without
+    from racecheck.scenario_kit.soundness import EmulationPatch
+
+    reported: list[bool] = []
+
+    @settings(max_examples=40, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+    @given(programs())
+    def compare(program):
+        for variant in [program, *(without(program, i) for i in range(len(program.syncs)))]:
+            run = EmulationPatch().run(variant, detect=True, engine="compare")  # raises where they differ
+            reported.append(bool(run.reports))
+
+    compare()
+    assert len(reported) > 60 and sum(reported) > len(reported) // 3, reported  # they do race
+
+
+def test_compared_engines_fail_the_test_where_the_native_engine_reports_otherwise(rt):
+    """The comparison has teeth: a native engine that misses one access (here: never told of it)
+    makes reports() raise EnginesDisagree, naming both engines' races."""
+    from racecheck.detect.native_hb import EnginesDisagree
+    from racecheck.detect.observer import RaceDetector
+
+    det = RaceDetector(engine="compare")
+    assert det.engine_kind == "compare"
+    side = rt.new_stream("side")
+    with det.attached(rt):
+        buf = rt.empty(256)
+        rt.launch("fill", lambda out: out.fill_(1.0), writes=(buf,))  # on the default stream
+        det.engine.native.access = lambda *args, **kwargs: None  # from here on, the native engine misses them
+        with rt.stream(side):
+            out = rt.empty(256)
+            rt.launch("read", lambda o, b: o.copy_(b), writes=(out,), reads=(buf,))  # unordered with the fill
+        rt.synchronize()
+    with pytest.raises(EnginesDisagree, match=r"native engine reported 0 race\(s\), engine.py 1"):
+        det.reports()
+    assert len(det.engine.reference.reports()) == 1
+
+
+@pytest.mark.usefixtures("fast_sessions")
+def test_the_catalogue_runs_with_both_engines_compared_on_every_event(tmp_path, monkeypatch):
+    """Three scenarios of the catalogue (the motivating reuse, a pinned-memory offload, a wrong
+    stream waited on), every arm, under `--detect` with RACECHECK_DETECT_ENGINE=compare: in every
+    rank engine.py and the native engine see the same events and every test's reports agree (a
+    disagreement would fail the test); the race arms are reported, the safe arms are not.
+    bench/engines_cpu.sh does the whole catalogue (reports/engines_catalogue_cpu.md)."""
+    from pathlib import Path
+
+    import pandas as pd
+    from run_kit import racecheck
+
+    monkeypatch.setenv("RACECHECK_DETECT_ENGINE", "compare")  # the ranks' environment
+    scenarios = "main_grad_reuse,hsdp_offload_copy,wrong_stream_wait"
+    out = tmp_path / "out"
+    res = racecheck("run", "--scenario", scenarios, "--arms", "all", "--trials", 1, "--detect", "--no-perturb",
+                    "--backend", "sim", "--out", out, "-q", cwd=Path(__file__).resolve().parents[1])  # fmt: skip
+    assert res.code == 0, res
+    assert "EnginesDisagree" not in res.out + res.err
+    rows = pd.read_csv(out / "summary.csv", keep_default_na=False)
+    arms = rows[rows.test == "*"]
+    got = {(r.scenario, r.arm): (r.expect, int(r.detected)) for r in arms.itertuples()}
+    assert len(got) == 11, got
+    assert all((detected > 0) == (expect == "race") for expect, detected in got.values()), got

@@ -217,7 +217,20 @@ void Engine::access_many(DomainId d, const std::vector<Touch>& touches, int32_t 
 
 // _access: a write leaves one history on all its bytes (the cells it covers, gaps need none, are
 // checked, then replaced by one cell); a read adds itself to every cell, gaps filled.
-void Engine::access(DomainId d, const Clock& clock, const Touch& t, int32_t op, int64_t stack) {
+bool Engine::access_one(DomainId d, uint64_t ptr, uint64_t nbytes, bool is_write, int32_t op, int64_t stack,
+                        bool record) {
+  if (nbytes == 0) return false;
+  AllocId alloc = allocs_.containing(ptr);
+  if (alloc == NO_ALLOC) {
+    stats_.untracked_accesses++;
+    return false;
+  }
+  access(d, now(d), Touch{ptr, nbytes, is_write, alloc}, op, stack, record);
+  accesses_++;
+  return true;
+}
+
+void Engine::access(DomainId d, const Clock& clock, const Touch& t, int32_t op, int64_t stack, bool record) {
   uint64_t end = std::min(t.ptr + t.nbytes, allocs_[t.alloc].end);
   if (end <= t.ptr) return;  // nothing of the allocation (the tracker never asks for this)
   Access acc = make_access(d, at(clock, d), t.is_write, op, t.alloc, stack);
@@ -236,7 +249,7 @@ void Engine::access(DomainId d, const Clock& clock, const Touch& t, int32_t op, 
     if (t.is_write) {
       for (const Access& r : cell.reads)
         if (r.domain != d && at(clock, r.domain) < r.epoch && first_time(r)) report(WRITE_AFTER_READ, r, acc);
-    } else {
+    } else if (record) {
       cell.set_read(acc);
     }
   }

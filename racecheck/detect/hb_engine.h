@@ -47,7 +47,7 @@ struct Touch {
 
 // The counters engine.py keeps in `stats` (rare events).
 struct EngineStats {
-  uint64_t unseen_frees = 0, unknown_frees = 0, reports_dropped = 0;
+  uint64_t unseen_frees = 0, unknown_frees = 0, reports_dropped = 0, untracked_accesses = 0;
 };
 
 class Engine {
@@ -83,6 +83,10 @@ class Engine {
 
   // -- accesses -----------------------------------------------------------------------------
   void access_many(DomainId stream, const std::vector<Touch>& touches, int32_t op, int64_t stack);
+  // engine.py's access(): one access anywhere, checked against the live allocation holding `ptr`
+  // (none: untracked, false) and clamped to it; a read with `record` false is checked only.
+  bool access_one(DomainId stream, uint64_t ptr, uint64_t nbytes, bool is_write, int32_t op, int64_t stack,
+                  bool record);
 
   // -- reports and housekeeping -------------------------------------------------------------
   std::function<int64_t(int64_t)> stack_key;  // a stack id's user frames, as an id (Python's)
@@ -101,7 +105,7 @@ class Engine {
   void check_reuse(AllocId id, DomainId d, const Clock& clock);
   bool kept_at_reuse(const Access& acc, DomainId d, const Clock& clock, std::vector<Access>& racing) const;
   void drop_from_block(uint64_t ptr, uint64_t end, const std::vector<uint64_t>& dropped);
-  void access(DomainId d, const Clock& clock, const Touch& t, int32_t op, int64_t stack);
+  void access(DomainId d, const Clock& clock, const Touch& t, int32_t op, int64_t stack, bool record = true);
   void report(RaceKind kind, const Access& earlier, const Access& later);
   Access make_access(DomainId d, int64_t epoch, bool is_write, int32_t op, AllocId alloc, int64_t stack) {
     return Access{next_access_++, epoch, stack, alloc, d, op, is_write};

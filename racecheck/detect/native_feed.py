@@ -61,7 +61,7 @@ def wanted_engine(engine: str | None) -> str:
     import os
 
     value = (engine or os.environ.get(ENGINE_ENV, "") or "native").strip().lower()
-    if value not in ("native", "python"):
+    if value not in ("native", "python"):  # "compare" is the runtime observer's (observer.py)
         raise ValueError(f"engine {value!r}: expected native or python ({ENGINE_ENV})")
     return value
 

@@ -34,6 +34,34 @@ from racecheck.detect.engine import HappensBefore
 from racecheck.detect.report import RaceReport, render
 from racecheck.device.base import Runtime, RuntimeObserver
 
+ENGINES = ("python", "native", "compare")
+
+
+def _engine(engine: str | None):
+    """The happens-before engine and its kind, as `engine` (else $RACECHECK_DETECT_ENGINE, else
+    "python") asks: engine.py's ("python"); the native engine ("native", native_hb.py); or both fed
+    the same events, engine.py answering and the native engine checked against it ("compare").
+    Where the op log's extension cannot be had, "native" falls back to engine.py alone, and
+    "compare", which exists to check the native engine, fails (op_log.NativeUnavailable)."""
+    import os
+
+    from racecheck.detect.native_feed import ENGINE_ENV
+
+    kind = (engine or os.environ.get(ENGINE_ENV) or "python").strip().lower()
+    if kind not in ENGINES:
+        raise ValueError(f"engine {kind!r}: expected one of {', '.join(ENGINES)} ({ENGINE_ENV})")
+    reference = HappensBefore(events=weakref.WeakKeyDictionary())
+    if kind != "python":
+        from racecheck.detect import op_log
+
+        log = op_log.load_required() if kind == "compare" else op_log.load_available()
+        if log is not None:
+            from racecheck.detect.native_hb import ComparedEngines, NativeHappensBefore
+
+            native = NativeHappensBefore(log)
+            return (native, kind) if kind == "native" else (ComparedEngines(reference, native), kind)
+    return reference, "python"
+
 
 class RaceDetector(RuntimeObserver):
     """Reports free-while-in-use and unsynchronized cross-stream accesses in one run.
@@ -43,10 +71,14 @@ class RaceDetector(RuntimeObserver):
         ...  # code under test
     for report in detector.reports():
         print(report.text())
+
+    `engine`: "python" (engine.py, the default), "native" (the C++ engine, native_hb.py) or
+    "compare" (both, checked against each other); None: $RACECHECK_DETECT_ENGINE, else "python".
+    `engine_kind` says which runs.
     """
 
-    def __init__(self, *, host_ops: bool = True, stacks_on: bool = True) -> None:
-        self.engine = HappensBefore(events=weakref.WeakKeyDictionary())
+    def __init__(self, *, host_ops: bool = True, stacks_on: bool = True, engine: str | None = None) -> None:
+        self.engine, self.engine_kind = _engine(engine)
         self.host_ops = host_ops
         self._capture = stacks.capture if stacks_on else (lambda skip=0: ())
         self._runtime: Runtime | None = None

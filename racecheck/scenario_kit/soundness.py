@@ -72,7 +72,11 @@ class EmulationPatch:
     def __init__(self, *, delay: float | None = 0.002) -> None:
         self.delay = delay  # every delay of a profile resized (None: as named)
 
-    def run(self, program: Program, *, spec: str | None = None, seed: int = 0, plan=None, detect=False) -> Run:
+    def run(
+        self, program: Program, *, spec: str | None = None, seed: int = 0, plan=None, detect=False, engine=None
+    ) -> Run:
+        """`program` run once on a fresh runtime: under `spec` (None: unperturbed) and, with
+        `detect`, the race detector on `engine` (RaceDetector's: None, its default)."""
         from racecheck.detect.observer import RaceDetector
         from racecheck.device.sim import SimRuntime
         from racecheck.perturb.patch import PatchMode
@@ -86,7 +90,7 @@ class EmulationPatch:
             if self.delay is not None and profile.systematic is None:
                 profile = profile.with_delay(self.delay)
             patch = PatchMode(profile, actions=RuntimeActions(rt), seed=seed, plan=plan)
-        detector = RaceDetector() if detect else None
+        detector = RaceDetector(engine=engine) if detect else None
 
         @contextlib.contextmanager
         def around():
