@@ -134,6 +134,24 @@ def test_the_native_engines_replays_and_instruction_counts_are_its_report():
     assert [f for f in (switch, total, apply, callbacks) if f not in report] == []
 
 
+def test_the_engines_comparison_on_the_cpu_is_its_report():
+    """What the README says of `bash bench/engines_cpu.sh`: no disagreement, every race arm of the
+    catalogue reported in each of its trials and no safe arm, 40 and 40 generated programs."""
+    assert "whole catalogue, every arm, two trials each, and 40 correct and 40 racy generated programs" in FLAT
+    assert "no disagreement; every race arm reported in both of its trials, no safe arm reported" in FLAT
+    report = text("engines_cpu.md")
+    assert "Disagreements: 0 " in report and "disagreements: 0" in text("engines_cpu.log")
+    arms = re.findall(r"^\| (\w+) \| (\w+) \| (race|safe) \| (\d+) \| (\d+) \| (\d+) \|$", report, re.M)
+    assert len({a[0] for a in arms}) == len(load_catalogue(find_catalogue())) and len(arms) > 30
+    assert all(int(t) == 2 and int(r) == (2 if e == "race" else 0) for _, _, e, t, r, _ in arms), arms
+    programs = {
+        case: (runs, reported)
+        for case, runs, reported in re.findall(r"^\| (correct|racy-\w+) \| \w+ \| (\d+) \| (\d+) \|$", report, re.M)
+    }
+    assert programs.pop("correct") == ("40", "0") and "--programs 40 --racy 40" in text("engines_cpu.log")
+    assert programs and all(runs == reported for runs, reported in programs.values()), programs
+
+
 def test_every_report_the_readme_cites_is_read_by_a_test_of_its_figures():
     """A report cited beside figures that no test reads would let them drift from it: every report
     the README names is read by this file or test_readme_gpu_figures.py, or is one of NAMED_ONLY."""
