@@ -6,16 +6,18 @@
 # itself) and the soundness check's generated programs (foreign_code.py's mode soundness); and the
 # native path once more with the Python engine (RACECHECK_DETECT_ENGINE=python, the reference of
 # the native engine).
-# Not the catalogue: its scenarios run on racecheck's runtime, whose detector is the runtime
-# observer (racecheck.detect.observer.RaceDetector, on engine.py); neither the path nor the engine
-# switch reaches it, so its trials would agree whatever the tracker did.
+# The catalogue's detector is the runtime observer (racecheck.detect.observer.RaceDetector), which
+# the tracker's path does not reach: its scenarios run once, with RACECHECK_DETECT_ENGINE=compare
+# (engine.py and the native engine fed every event, a test failing where their reports differ),
+# into $OUT/paths/catalogue-compare (PATHS_CATALOGUE=0 skips it).
 # bench/paths_compare.py then compares them trial by trial: the paths into $OUT/paths/compare.md,
 # the engines into $OUT/paths/compare_engines.md (examples/compiled's: compare_engines_compiled.md);
 # the exit code is 1 where any differs.
 #   bash bench/paths_gpu.sh   (PATHS_TRIALS trials per arm, default 2; PATHS_SUITES and PATHS_MODES
 #                              pick foreign_code.py's --suites and --modes, PATHS_COMPILED=0 skips
-#                              examples/compiled, PATHS_VARIANTS some of native, python and
-#                              native-pyengine, to split the work over device calls)
+#                              examples/compiled, PATHS_CATALOGUE=0 the catalogue, PATHS_VARIANTS
+#                              some of native, python and native-pyengine, to split the work over
+#                              device calls)
 # The wheels the machine lacks travel in .whl/ (bench/foreign_code.sh's header: megatron-fsdp too).
 # Regenerates reports/gpu/paths_compare.{md,log}, which the README cites.
 set -uo pipefail
@@ -50,6 +52,11 @@ for variant in ${PATHS_VARIANTS:-native python native-pyengine}; do
 done
 unset RACECHECK_DETECT_PATH RACECHECK_DETECT_ENGINE
 rc=0
+if [ "${PATHS_CATALOGUE:-1}" != 0 ]; then
+  RACECHECK_DETECT_ENGINE=compare racecheck run --scenario all --arms all --trials "$trials" --detect --no-perturb \
+    --out "$P/catalogue-compare" -q >"$P/catalogue-compare.log" 2>&1 || rc=1
+  grep -q EnginesDisagree "$P/catalogue-compare/trials.jsonl" && rc=1
+fi
 if [ -d "$P/python" ]; then python3 bench/paths_compare.py "$P/native" "$P/python" --out "$P/compare.md" || rc=1; fi
 if [ -d "$P/native-pyengine" ]; then
   python3 bench/paths_compare.py "$P/native" "$P/native-pyengine" --out "$P/compare_engines.md" || rc=1
