@@ -9,7 +9,10 @@ engine.py's own.
 
 RaceDetector(engine="native"), or $RACECHECK_DETECT_ENGINE=native, selects it; engine.py stays the
 runtime observer's default and the reference, with the same reports (tests/test_detect_engines.py
-runs the catalogue's scenarios and the soundness check's programs on both).
+runs the catalogue's scenarios and the soundness check's programs on both, fed the same events:
+ComparedEngines below). One cost engine.py does not have: the stack table keeps every stack the
+run captured (one per launch, allocation and free; the C++ engine does not say when it forgets
+an access), which suits a test's run, not a process that detects for hours.
 """
 
 from __future__ import annotations
