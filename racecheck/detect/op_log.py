@@ -28,11 +28,21 @@ from types import ModuleType
 _HERE = Path(__file__).resolve().parent
 SOURCE = _HERE / "op_log.cpp"
 # The extension's sources: the log (op_log.cpp) and the native engine beside it (hb_*.cpp, its
-# Python type in hb_module.cpp), with the headers they share; a change to any one rebuilds it.
-SOURCES = (SOURCE, *(_HERE / f"hb_{part}.cpp" for part in ("allocations", "shadow", "engine", "tracker", "module")))
+# Python types in hb_module.cpp and hb_alone.cpp), with the headers they share; a change to any one
+# rebuilds it.
+_ENGINE_PARTS = ("allocations", "shadow", "engine", "tracker", "module", "alone")
+SOURCES = (SOURCE, *(_HERE / f"hb_{part}.cpp" for part in _ENGINE_PARTS))
 HEADERS = tuple(
     _HERE / name
-    for name in ("op_log.h", "hb_clocks.h", "hb_allocations.h", "hb_shadow.h", "hb_engine.h", "hb_tracker.h")
+    for name in (
+        "op_log.h",
+        "hb_clocks.h",
+        "hb_allocations.h",
+        "hb_shadow.h",
+        "hb_engine.h",
+        "hb_tracker.h",
+        "hb_module.h",
+    )
 )
 MODULE = "_op_log"  # PyInit__op_log in op_log.cpp
 PATH_ENV = "RACECHECK_DETECT_PATH"
