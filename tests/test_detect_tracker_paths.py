@@ -70,6 +70,23 @@ def test_without_a_compiler_the_tracker_takes_the_python_path(tmp_path):
     assert lines[2] == "refused 1"
 
 
+def test_an_installed_package_carries_every_source_the_native_log_is_built_from():
+    """The log and engine are compiled at first use from the installed package's files: every
+    .cpp and .h beside them is one op_log builds from, and pyproject.toml ships each as package
+    data (a wheel without them left a plain `pip install` on the Python path)."""
+    import fnmatch
+    import tomllib
+
+    from racecheck.detect import op_log
+
+    detect = Path(op_log.__file__).parent
+    on_disk = {p.name for p in detect.iterdir() if p.suffix in (".cpp", ".h")}
+    assert on_disk == {p.name for p in (*op_log.SOURCES, *op_log.HEADERS)}
+    config = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    patterns = config["tool"]["setuptools"]["package-data"]["racecheck.detect"]
+    assert [name for name in sorted(on_disk) if not any(fnmatch.fnmatch(name, p) for p in patterns)] == []
+
+
 def test_build_native_compiles_ahead_of_time_or_says_in_one_line_why_not(tmp_path, monkeypatch):
     """`racecheck build-native` prints where the log is (the file the tracker then loads), and
     exits 3 with one line where no compiler can build it."""
