@@ -49,6 +49,7 @@ LONGEST_FIRST = (
     "test_cli_worlds.py",
     "test_runner.py",
     "test_project_patch.py",
+    "test_detect_engines.py",
     "test_early_ends.py",
     "test_run_folder.py",
     "test_recipes.py",
