@@ -7,10 +7,10 @@ more examples.
     python3 bench/soundness.py --out rows.csv [--programs 20] [--racy 20] [--backend cuda|emulation]
 
 The programs' copies are written several ways (program_ops.FORMS): copy_, a compiled function, a
-Triton kernel, and over a process group of one rank the functional collectives, a DTensor's
-full_tensor() and FSDP2's own operator, whose modules the first such copy imports, with patch mode
-installed. On CUDA the check holds that group (NCCL) for all its runs and adds profiles at the
-collective points.
+Triton kernel, and over a process group of one rank the functional collectives (an all-reduce,
+then an all-gather), a DTensor's full_tensor() and FSDP2's own operator, whose modules the first
+such copy imports, with patch mode installed. On CUDA the check holds that group (NCCL) for all
+its runs and adds profiles at the collective points.
 
 Rows (`suite,case,arm,expect,mode,trials,failures,detected`, as bench/foreign_code.py writes):
 suite `generated`; case `correct` (a program as generated), `racy-access` or `racy-reuse` (one

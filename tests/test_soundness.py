@@ -226,7 +226,7 @@ def test_on_cuda_a_program_with_its_copies_in_every_form_is_correct_and_unreport
     under profiles at the hand-off points, the collective points and the allocator, and random."""
     from racecheck.scenario_kit.program_kernels import world_of_one
     from racecheck.scenario_kit.program_ops import FORMS
-    from racecheck.scenario_kit.soundness import TorchCudaPatch
+    from racecheck.scenario_kit.soundness import COLLECTIVE_PROFILES, TorchCudaPatch
 
     monkeypatch.setenv("RACECHECK_DETECT_PATH", path)
     program, backend = program_with_copies(), TorchCudaPatch()
@@ -235,3 +235,7 @@ def test_on_cuda_a_program_with_its_copies_in_every_form_is_correct_and_unreport
         for form in FORMS["copy"]:
             variant = copies_written_as(program, form)
             assert correct_failures(backend, variant, specs) == [], (form, variant.text())
+        # the collective points act on the collective form: its profiles are no vacuous pass
+        collective = copies_written_as(program, "collective")
+        acted = {spec: backend.run(collective, spec=spec).counts["sleep"] for spec in COLLECTIVE_PROFILES}
+        assert all(acted.values()), acted

@@ -62,15 +62,21 @@ def world_of_one(forms: set[str], *, cuda: bool) -> Iterator[None]:
     if not forms & set(DISTRIBUTED_FORMS):
         yield
         return
+    backend = "nccl" if cuda else "gloo"
     if dist.is_initialized():
-        if (ranks := dist.get_world_size()) != 1:
-            raise RuntimeError(f"a generated program's collectives need a world of one rank, not {ranks}")
+        ranks, held = dist.get_world_size(), dist.get_backend()
+        if ranks != 1 or held != backend:
+            raise RuntimeError(
+                f"a generated program's collectives need a {backend} world of one rank, not {held} of {ranks}"
+            )
         yield
         return
-    dist.init_process_group("nccl" if cuda else "gloo", store=dist.HashStore(), rank=0, world_size=1)
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     try:
         yield
     finally:
+        if cuda:  # the group's last work done before it goes (the run may have ended in an error)
+            torch.cuda.synchronize()
         _mesh.cache_clear()  # its groups are the destroyed world's
         dist.destroy_process_group()
 
@@ -84,21 +90,26 @@ def _mesh(device_type: str):
 
 @functools.cache
 def collective_copy() -> Callable[[torch.Tensor, torch.Tensor], None]:
-    """out <- src through a functional all-reduce over the world of one (the sum of one rank's
-    input: the input itself), the collective waited for when the copy reads it."""
+    """out <- src through a functional all-reduce and all-gather over the world of one (one rank's
+    sum, one rank's shard: the input itself), each waited for when the next reads its result."""
     import torch.distributed as dist
     import torch.distributed._functional_collectives as funcol
 
+    # all_gather_single where it exists (all_gather_tensor warns there that it is deprecated)
+    all_gather = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
+
     def copy(out: torch.Tensor, src: torch.Tensor) -> None:
-        out.copy_(funcol.all_reduce(src, "sum", dist.group.WORLD))
+        out.copy_(all_gather(funcol.all_reduce(src, "sum", dist.group.WORLD), 0, dist.group.WORLD))
 
     return copy
 
 
 @functools.cache
 def dtensor_copy() -> Callable[[torch.Tensor, torch.Tensor], None]:
-    """out <- src as the local shard of a DTensor over a mesh of one, gathered by full_tensor()
-    (DTensor's redistribution: a functional all-gather)."""
+    """out <- src as the local shard of a DTensor over a mesh of one, made whole by full_tensor().
+    On a mesh of one rank DTensor hands the local tensor back without a collective: what this
+    form covers is DTensor itself (its import under patch mode, its dispatch), the collectives
+    being collective_copy's."""
     from torch.distributed.tensor import DTensor, Shard
 
     def copy(out: torch.Tensor, src: torch.Tensor) -> None:

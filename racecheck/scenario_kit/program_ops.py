@@ -61,9 +61,9 @@ HOST = -2  # the host, as the domain of a pinned buffer's host-side accesses
 # - copy: `""` (copy_), `compiled` (a torch.compile'd function: Inductor's kernel, C++ on the CPU,
 #   Triton on CUDA), `triton` (a Triton kernel of the program's own, called eagerly; on the CPU
 #   emulation the compiled function stands in for it), or over a process group of one rank:
-#   `collective` (a functional all-reduce), `dtensor` (a DTensor's full_tensor(): a functional
-#   all-gather) or `fsdp2` (FSDP2's fsdp::split_with_sizes_copy), their modules imported at the
-#   first such copy (program_kernels.py);
+#   `collective` (a functional all-reduce, then an all-gather), `dtensor` (a DTensor's
+#   full_tensor(), which on one rank gathers nothing) or `fsdp2` (FSDP2's
+#   fsdp::split_with_sizes_copy), their modules imported at the first such copy (program_kernels.py);
 # - record, wait: `""` (the stream named: `ev.record(s)`, `s.wait_event(ev)`) or `context` (inside
 #   `with stream(s)`: `ev.record()`, `ev.wait()` on the current stream).
 FORMS = {

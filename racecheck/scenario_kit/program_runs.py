@@ -53,7 +53,7 @@ def run_on_runtime(
     streams = [rt.default_stream()] + [rt.new_stream(f"s{i}") for i in range(1, STREAMS)]
     slices = _slices(program)
     salt = _salt()
-    with rt.queued_default_stream(), _world(program, cuda=rt.device.type == "cuda"):
+    with _world(program, cuda=rt.device.type == "cuda"), _drained(rt), rt.queued_default_stream():
         witness = rt.empty(max(1, slices[-1][1] if slices else 1))
         host_witness: dict[int, torch.Tensor] = {}
         bufs: dict[int, torch.Tensor] = {}
@@ -97,6 +97,17 @@ def _copy_as(form: str, *, cuda: bool):
     if form == "fsdp2":
         return program_kernels.fsdp2_copy()
     return _copy
+
+
+@contextlib.contextmanager
+def _drained(rt):
+    """Every stream's queued work done on the way out, an error's way too: before the process
+    group that a distributed copy queued on a stream uses is destroyed."""
+    try:
+        yield
+    finally:
+        with contextlib.suppress(Exception):  # the error on its way out says what went wrong
+            rt.synchronize()
 
 
 def _world(program: Program, *, cuda: bool) -> contextlib.AbstractContextManager:
