@@ -360,6 +360,7 @@ def test_the_catalogue_runs_with_both_engines_compared_on_every_event(tmp_path, 
     assert "EnginesDisagree" not in res.out + res.err
     rows = pd.read_csv(out / "summary.csv", keep_default_na=False)
     arms = rows[rows.test == "*"]
-    got = {(r.scenario, r.arm): (r.expect, int(r.detected)) for r in arms.itertuples()}
+    got = {(r.scenario, r.arm): (r.expect, int(r.detected), int(r.failures)) for r in arms.itertuples()}
     assert len(got) == 7, got
-    assert all((detected > 0) == (expect == "race") for expect, detected in got.values()), got
+    # a race arm fails for the race it is reported for; a safe arm neither fails nor is reported
+    assert all((expect == "race") == (detected > 0) == (failed > 0) for expect, detected, failed in got.values()), got

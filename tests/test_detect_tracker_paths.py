@@ -238,3 +238,16 @@ def test_a_kernel_whose_writes_are_unknown_counts_its_tensors_as_reads(tracker, 
     tracker._kernel_launched("user_kernel", kit.DEFAULT, [a], [], False)
     assert tracker.reports() == []
     assert tracker.unseen_kernels == {"user_kernel": 2}
+
+
+def test_the_engine_variable_compare_leaves_the_tracker_on_the_native_engine(monkeypatch):
+    """RACECHECK_DETECT_ENGINE=compare is the runtime observer's check of its two engines: a tracker
+    in the same run (a project suite beside the catalogue) takes the native engine instead of
+    failing on a value it does not know; an unknown value is refused in one line."""
+    from racecheck.detect.native_feed import wanted_engine
+
+    monkeypatch.setenv("RACECHECK_DETECT_ENGINE", "compare")
+    assert wanted_engine(None) == "native"
+    monkeypatch.setenv("RACECHECK_DETECT_ENGINE", "both")
+    with pytest.raises(ValueError, match="expected native, python or compare"):
+        wanted_engine(None)

@@ -6,8 +6,9 @@
 // called, one method per event: what racecheck's runtime observer (observer.RaceDetector) feeds
 // it, through native_hb.py, which turns its keys (streams, events, stacks: Python objects) into
 // integers. Domains are made by `domain(key, name)` before any other call names them. Every method
-// runs with the GIL held and never releases it, so calls from several threads (the emulation's
-// stream workers free blocks) are applied one at a time.
+// runs with the GIL held, but `stack_key` runs Python, where the interpreter may switch threads:
+// native_hb.py's lock keeps the calls of several threads (the emulation's stream workers free
+// blocks) one at a time.
 //   domain(key, name), rename(key, name)
 //   record_event(event, key), wait_event(event, key), forget_event(event)
 //   host_sync_stream(key), host_sync_event(event), host_sync_all()

@@ -51,6 +51,7 @@ class NativeHappensBefore:
         self._domains: dict[int, Domain] = {}  # the engine's key -> the Domain reports show
         self._events: weakref.WeakKeyDictionary[object, int] = weakref.WeakKeyDictionary()
         self._next_event = itertools.count(1)
+        self._collected: list[int] = []  # events gone since the last record: the engine forgets them
         self._stacks: list[object] = []  # stack id -> the stack as captured
         self._user_frames: dict[tuple, int] = {}  # a stack's user frames -> their id
 
@@ -80,12 +81,10 @@ class NativeHappensBefore:
         i = self._events.get(event)
         if i is None and make:
             i = self._events[event] = next(self._next_event)
-            weakref.finalize(event, self._forget, i)
+            # Noted when the event is collected (whenever the collector runs, inside a call of the
+            # engine too), forgotten at the next record; the note holds neither engine alive.
+            weakref.finalize(event, self._collected.append, i).atexit = False
         return i
-
-    def _forget(self, event_id: int) -> None:
-        with self.lock:
-            self._core.forget_event(event_id)
 
     def _stack(self, stack) -> int:
         """The id of `stack`: a launch's reads and writes share the one stack the observer captured."""
@@ -101,6 +100,8 @@ class NativeHappensBefore:
     # -- clocks ------------------------------------------------------------------------------
     def record_event(self, event, stream) -> None:
         with self.lock:
+            while self._collected:
+                self._core.forget_event(self._collected.pop())
             self._core.record_event(self._event(event, make=True), self._id(stream))
 
     def wait_event(self, event, stream) -> None:
@@ -232,9 +233,13 @@ class ComparedEngines:
     def reports(self) -> list[RaceReport]:
         with self.lock:
             want, got = self.reference.reports(), self.native.reports()
+            counted = (self.reference.accesses, dict(self.reference.stats))
+            native_counted = (self.native.accesses, dict(self.native.stats))
         if [r.text() for r in got] != [r.text() for r in want]:
             raise EnginesDisagree(
                 f"the native engine reported {len(got)} race(s), engine.py {len(want)}, on the same events: "
                 f"{[r.text().splitlines()[0] for r in got]} vs {[r.text().splitlines()[0] for r in want]}"
             )
+        if native_counted != counted:
+            raise EnginesDisagree(f"the native engine counted {native_counted} (accesses, stats), engine.py {counted}")
         return want
