@@ -340,6 +340,8 @@ class HappensBefore:
         end = ptr + nbytes
         if end > alloc.end:
             end = alloc.end
+        if end <= ptr:
+            return  # no byte of the allocation (one of 0 bytes at this address)
         acc = Access(d, clock[d], write, op, alloc, stack)
         shadow = self.shadow
         # A write leaves one history on all its bytes: the cells it covers (gaps need none) are

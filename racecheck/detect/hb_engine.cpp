@@ -232,7 +232,7 @@ bool Engine::access_one(DomainId d, uint64_t ptr, uint64_t nbytes, bool is_write
 
 void Engine::access(DomainId d, const Clock& clock, const Touch& t, int32_t op, int64_t stack, bool record) {
   uint64_t end = std::min(t.ptr + t.nbytes, allocs_[t.alloc].end);
-  if (end <= t.ptr) return;  // nothing of the allocation (the tracker never asks for this)
+  if (end <= t.ptr) return;  // no byte of the allocation (one of 0 bytes at this address), as engine.py
   Access acc = make_access(d, at(clock, d), t.is_write, op, t.alloc, stack);
   auto [i, j] = shadow_.span(t.ptr, end, !t.is_write);
   std::vector<uint64_t> reported;  // one report per earlier access, however many cells
