@@ -19,8 +19,8 @@ if TYPE_CHECKING:
 
 def failure_signature(excinfo: pytest.ExceptionInfo, rootpath: Path, item: pytest.Item | None = None) -> str:
     """`ExcType at file.py:LINE in func`, naming the innermost frame in the user's own code; where
-    the traceback has none (a race the test's harness found fails it from pytest's own frames),
-    the test `item` itself, else the innermost frame."""
+    the traceback has none: for pytest's own failure (a race the test's harness found fails the
+    test from pytest's frames) the test `item` itself, else the innermost frame (a library's)."""
     package_dir = str(Path(__file__).resolve().parents[1])  # racecheck's own frames
     frame = None
     for entry in excinfo.traceback:
@@ -28,7 +28,7 @@ def failure_signature(excinfo: pytest.ExceptionInfo, rootpath: Path, item: pytes
         if "site-packages" in path or path.startswith(package_dir):
             continue  # library frames: not where the user's failure is
         frame = entry
-    if frame is None and item is not None:
+    if frame is None and item is not None and excinfo.errisinstance(pytest.fail.Exception):
         test_file, line, _ = item.location  # relative to the root; line 0-based, as a frame's
         if line is not None:
             return f"{excinfo.typename} at {test_file}:{line + 1} in {getattr(item, 'originalname', item.name)}"
