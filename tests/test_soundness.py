@@ -218,7 +218,9 @@ def test_generated_programs_import_the_distributed_modules_under_patch_mode_and_
     assert got["bad"] == [], got
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: torch.cuda, NCCL and Triton (bench/modern_code.sh runs it)")
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU: torch.cuda, NCCL and Triton (bench/modern_code.sh runs it)"
+)
 @pytest.mark.parametrize("path", ["native", "python"])
 def test_on_cuda_a_program_with_its_copies_in_every_form_is_correct_and_unreported(monkeypatch, path):
     """The same on torch.cuda, on both detector paths: the program's copies written in each form
