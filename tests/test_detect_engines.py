@@ -383,3 +383,27 @@ def test_an_access_at_a_0_byte_allocation_touches_nothing_on_either_engine(engin
     e.access("a", 0x1000, 16, write=True, op="fill_")
     e.access("b", 0x1000, 16, write=False, op="copy_")
     assert e.reports() == []
+
+
+def test_a_failing_stack_key_fails_the_call_that_reported_and_the_engine_goes_on():
+    """The standalone engine asks Python for a stack's user frames when it reports a race: where
+    that raises, the call that reported raises it, and the engine keeps working (the race is
+    reported under a key of that stack alone)."""
+    log = op_log.load_required()
+    answers = iter([RuntimeError("no frames"), 0, 1, 2, 3])
+
+    def stack_key(stack_id):
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    core = log.HappensBefore(stack_key)
+    core.domain(0, "a")
+    core.domain(1, "b")
+    core.allocate(0, 0x1000, 64, 0)
+    core.access(0, 0x1000, 64, True, "fill_", 1, True)
+    with pytest.raises(RuntimeError, match="no frames"):
+        core.access(1, 0x1000, 64, False, "copy_", 2, True)  # unordered with the write: a race
+    assert core.access(1, 0x1000, 64, True, "add_", 3, True) is True  # the engine goes on
+    assert len(core.report_data()[2]) == 2

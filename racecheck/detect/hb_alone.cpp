@@ -200,14 +200,16 @@ PyObject* hb_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
   self->engine = new hb::Engine();
   self->failed = false;
   // Asked once per stack id, when a race is reported; a failure fails the method that reported.
+  // The engine keeps the answer: a failed one is a key of that stack alone (negative, where the
+  // user frames' ids count from 0), so that it merges with no other stack's races.
   self->engine->stack_key = [self](int64_t stack) -> int64_t {
-    if (self->failed) return stack;
+    if (self->failed) return -2 - stack;
     PyObject* got = PyObject_CallFunction(self->stack_key, "L", static_cast<long long>(stack));
     long long key = got == nullptr ? -1 : PyLong_AsLongLong(got);
     Py_XDECREF(got);
     if (PyErr_Occurred()) {
       self->failed = true;
-      return stack;
+      return -2 - stack;
     }
     return key;
   };
