@@ -251,3 +251,30 @@ def test_the_engine_variable_compare_leaves_the_tracker_on_the_native_engine(mon
     monkeypatch.setenv("RACECHECK_DETECT_ENGINE", "both")
     with pytest.raises(ValueError, match="expected native, python or compare"):
         wanted_engine(None)
+
+
+@pytest.mark.parametrize("path", ["python", "native"])
+def test_a_compiled_function_runs_compiled_under_the_tracker(path):
+    """torch.compile under the tracker, on the CPU (Inductor's C++ kernel): Dynamo captures the
+    function as one graph, with no graph break, and it computes what it computes without the
+    tracker. The Python path's dispatch mode steps aside while Dynamo compiles
+    (TrackerMode.ignore_compile_internals); without that, Dynamo traced the mode's own frames and
+    broke the function into some twenty frames."""
+    from torch._dynamo.utils import counters
+
+    from racecheck.detect.torch_tracker import TorchRaceTracker
+
+    torch._dynamo.reset()
+    counters.clear()
+
+    @torch.compile
+    def scaled_sine(x):
+        return torch.sin(x) * 2 + 1
+
+    x = torch.randn(1024)
+    with TorchRaceTracker(device_type="cpu", current_stream=lambda: 0, stream_handle=lambda s: s, path=path) as t:
+        y = scaled_sine(x)
+    assert t.path == path and t.errors == []
+    assert dict(counters["graph_break"]) == {} and counters["stats"]["unique_graphs"] == 1
+    assert dict(counters["frames"]) == {"total": 1, "ok": 1}
+    torch.testing.assert_close(y, torch.sin(x) * 2 + 1)
