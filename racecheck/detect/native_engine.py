@@ -12,6 +12,7 @@ tests/test_detect_engines.py checks that both give the same reports.
 from __future__ import annotations
 
 import collections
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from racecheck.detect import stacks
@@ -84,20 +85,26 @@ class NativeEngine:
 
     def reports(self) -> list[RaceReport]:
         """The races found so far, as the Python engine reports them (its objects, built now)."""
-        domain_rows, alloc_rows, report_rows = self._core.report_data()
-        stack = self._feed.stack
+        domain_rows, _, _ = data = self._core.report_data()
         domains = [Domain(_HOST if key is None else key, name) for key, name in domain_rows]
-        allocs: dict[int, Allocation] = {}
-        for slot, (serial, ptr, nbytes, stream, alloc_stack, free_stack, live) in alloc_rows.items():
-            alloc = Allocation(serial, ptr, nbytes, domains[stream] if stream >= 0 else None, stack(alloc_stack))
-            if not live:
-                alloc.state = AllocState.FREED
-            if free_stack is not None:
-                alloc.free_stack = stack(free_stack)
-            allocs[slot] = alloc
+        return reports_from(data, domains, self._feed.stack)
 
-        def access(row: tuple) -> Access:
-            domain, epoch, is_write, op, slot, access_stack = row
-            return Access(domains[domain], epoch, is_write, op, allocs[slot], stack(access_stack))
 
-        return [RaceReport(_KINDS[kind], access(e), access(later), count) for kind, count, e, later in report_rows]
+def reports_from(data: tuple, domains: list[Domain], stack: Callable[[int], object]) -> list[RaceReport]:
+    """RaceReport objects of a native engine's report_data() (hb_module.cpp says its fields), over
+    `domains` (the Domain of each of its domain rows, in order) and `stack` (a stack id's stack)."""
+    _, alloc_rows, report_rows = data
+    allocs: dict[int, Allocation] = {}
+    for slot, (serial, ptr, nbytes, stream, alloc_stack, free_stack, live) in alloc_rows.items():
+        alloc = Allocation(serial, ptr, nbytes, domains[stream] if stream >= 0 else None, stack(alloc_stack))
+        if not live:
+            alloc.state = AllocState.FREED
+        if free_stack is not None:
+            alloc.free_stack = stack(free_stack)
+        allocs[slot] = alloc
+
+    def access(row: tuple) -> Access:
+        domain, epoch, is_write, op, slot, access_stack = row
+        return Access(domains[domain], epoch, is_write, op, allocs[slot], stack(access_stack))
+
+    return [RaceReport(_KINDS[kind], access(e), access(later), count) for kind, count, e, later in report_rows]

@@ -24,12 +24,9 @@ import weakref
 from types import ModuleType
 
 from racecheck.detect import stacks
-from racecheck.detect.allocations import Allocation, AllocState
 from racecheck.detect.clocks import Domain
-from racecheck.detect.report import RaceKind, RaceReport
-from racecheck.detect.shadow import Access
-
-_KINDS = (RaceKind.REUSE, RaceKind.READ_AFTER_WRITE, RaceKind.WRITE_AFTER_READ, RaceKind.WRITE_AFTER_WRITE)
+from racecheck.detect.native_engine import reports_from
+from racecheck.detect.report import RaceReport
 
 
 class LiveBlock:
@@ -170,23 +167,8 @@ class NativeHappensBefore:
     def reports(self) -> list[RaceReport]:
         """The races found so far, as engine.py's objects (built now)."""
         with self.lock:
-            domain_rows, alloc_rows, report_rows = self._core.report_data()
-            domains = [self._domains[key] for key, _ in domain_rows]
-            stack = self._stacks.__getitem__
-            allocs: dict[int, Allocation] = {}
-            for slot, (serial, ptr, nbytes, owner, alloc_stack, free_stack, live) in alloc_rows.items():
-                alloc = Allocation(serial, ptr, nbytes, domains[owner] if owner >= 0 else None, stack(alloc_stack))
-                if not live:
-                    alloc.state = AllocState.FREED
-                if free_stack is not None:
-                    alloc.free_stack = stack(free_stack)
-                allocs[slot] = alloc
-
-            def access(row: tuple) -> Access:
-                domain, epoch, is_write, op, slot, access_stack = row
-                return Access(domains[domain], epoch, is_write, op, allocs[slot], stack(access_stack))
-
-            return [RaceReport(_KINDS[kind], access(e), access(later), count) for kind, count, e, later in report_rows]
+            domain_rows, _, _ = data = self._core.report_data()
+            return reports_from(data, [self._domains[key] for key, _ in domain_rows], self._stacks.__getitem__)
 
 
 class EnginesDisagree(AssertionError):
