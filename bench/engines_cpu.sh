@@ -33,26 +33,22 @@ start=$SECONDS
   echo "the native engine every event of every rank; a test whose reports differ fails with EnginesDisagree."
   echo "Disagreements: $(grep -c EnginesDisagree "$OUT/catalogue/trials.jsonl") (the log: \`reports/engines_cpu.log\`)."
   echo
-  echo "## The catalogue, every arm"
-  echo
-  python3 - "$OUT/catalogue/summary.csv" <<'PY'
+  python3 - "$OUT/catalogue/summary.csv" "$OUT/soundness.csv" <<'PY'
 import csv, sys
-rows = [r for r in csv.DictReader(open(sys.argv[1])) if r["test"] == "*"]
-print("| scenario | arm | expect | trials | reported | failed |")
-print("|---|---|---|---:|---:|---:|")
-for r in rows:
-    print(f"| {r['scenario']} | {r['arm']} | {r['expect']} | {r['trials']} | {r['detected']} | {r['failures']} |")
-PY
-  echo
-  echo "## The soundness check's generated programs (bench/soundness.py, emulation)"
-  echo
-  python3 - "$OUT/soundness.csv" <<'PY'
-import csv, sys
-rows = [r for r in csv.DictReader(open(sys.argv[1])) if r["mode"] == "detect"]
-print("| case | expect | programs run | reported |")
-print("|---|---|---:|---:|")
-for r in rows:
-    print(f"| {r['case']} | {r['expect']} | {r['trials']} | {r['detected']} |")
+
+def table(path, keep, columns):
+    """A Markdown table of the CSV's rows that `keep` keeps: (heading, CSV column) pairs."""
+    print("| " + " | ".join(h for h, _ in columns) + " |")
+    print("|" + "|".join("---" if c in ("scenario", "arm", "expect", "case") else "---:" for _, c in columns) + "|")
+    for r in filter(keep, csv.DictReader(open(path))):
+        print("| " + " | ".join(r[c] for _, c in columns) + " |")
+
+print("## The catalogue, every arm\n")
+table(sys.argv[1], lambda r: r["test"] == "*", [("scenario", "scenario"), ("arm", "arm"), ("expect", "expect"),
+      ("trials", "trials"), ("reported", "detected"), ("failed", "failures")])
+print("\n## The soundness check's generated programs (bench/soundness.py, emulation)\n")
+table(sys.argv[2], lambda r: r["mode"] == "detect", [("case", "case"), ("expect", "expect"),
+      ("programs run", "trials"), ("reported", "detected")])
 PY
 } >reports/engines_cpu.md
 grep -q "^disagreements: 0$" "$log" && grep -q " 0 unsound, 0 missed$" "$log"
