@@ -36,6 +36,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 COLUMNS = ("suite", "case", "arm", "expect", "mode", "trials", "failures", "detected")
+# The systematic schedule's delay on the emulation, tests/test_soundness.py's RACE_DELAY_S: the
+# delayed stream must still be behind when the host makes the racing access, however long the host
+# thread waits for a core (50 ms missed a racy program beside other work on the 2-core machine).
+EMULATION_DELAY_S = 0.25
 
 
 def draw_programs(n: int, *, seed: int) -> list:
@@ -131,7 +135,7 @@ def _racy(args, backend, count, start: float) -> None:
 
     for program in draw_programs(args.racy, seed=args.seed + 1):
         for i in range(len(program.syncs)):
-            verdict = racy_verdict(backend, program, i, delay=0.005 if args.backend == "cuda" else 0.05)
+            verdict = racy_verdict(backend, program, i, delay=0.005 if args.backend == "cuda" else EMULATION_DELAY_S)
             case = f"racy-{verdict.reason}"
             if verdict.physical:
                 count(case, "race", "detect", detected=verdict.reported)
