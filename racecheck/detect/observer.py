@@ -50,7 +50,6 @@ def _engine(engine: str | None):
     kind = (engine or os.environ.get(ENGINE_ENV) or "python").strip().lower()
     if kind not in ENGINES:
         raise ValueError(f"engine {kind!r}: expected one of {', '.join(ENGINES)} ({ENGINE_ENV})")
-    reference = HappensBefore(events=weakref.WeakKeyDictionary())
     if kind != "python":
         from racecheck.detect import op_log
 
@@ -59,8 +58,13 @@ def _engine(engine: str | None):
             from racecheck.detect.native_hb import ComparedEngines, NativeHappensBefore
 
             native = NativeHappensBefore(log)
-            return (native, kind) if kind == "native" else (ComparedEngines(reference, native), kind)
-    return reference, "python"
+            return (native, kind) if kind == "native" else (ComparedEngines(_reference(), native), kind)
+    return _reference(), "python"
+
+
+def _reference() -> HappensBefore:
+    """engine.py's engine, its events forgotten as they are collected."""
+    return HappensBefore(events=weakref.WeakKeyDictionary())
 
 
 class RaceDetector(RuntimeObserver):
