@@ -265,3 +265,47 @@ def test_pytest_repeats_count_with_racecheck_steps_is_a_usage_error(pytester):
     assert result.ret == pytest.ExitCode.USAGE_ERROR and "use --racecheck-steps" in result.stderr.str()
     result = pytester.runpytest("-p", "racecheck", "--racecheck-steps=0")
     assert result.ret == pytest.ExitCode.USAGE_ERROR and "--racecheck-steps must be >= 1" in result.stderr.str()
+
+
+OWN_NAMES = """
+import json, os
+import pytest
+
+def seen(request):
+    callspec = getattr(request.node, "callspec", None)
+    view = [request.node.name, callspec and callspec.id, callspec and sorted(callspec.params), request.node.nodeid]
+    with open(os.environ["SEEN"], "a") as f:
+        f.write(json.dumps(view) + "\\n")
+
+@pytest.fixture(scope="module", params=["m1", "m2"])
+def shared(request):
+    return request.param
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_p(dtype, shared, request):
+    seen(request)
+
+def test_q(request):
+    seen(request)
+"""
+
+
+def test_a_repeated_test_sees_its_own_name_and_parametrization(pytester, tmp_path, monkeypatch):
+    """The step's id is in the node id only: a test that names files or goldens from
+    request.node.name or callspec.id sees what plain pytest gives it, whatever the step; and the
+    steps still run in order (every test of a step before any of the next, module-scoped
+    parameters or not)."""
+    pytester.makepyfile(test_own=OWN_NAMES)
+    views = {}
+    for steps in (1, 3):
+        monkeypatch.setenv("SEEN", str(tmp_path / f"seen{steps}"))
+        result = pytester.runpytest("-p", "racecheck", "-p", "no:randomly", f"--racecheck-steps={steps}")
+        result.assert_outcomes(passed=steps * 5)
+        views[steps] = [json.loads(line) for line in (tmp_path / f"seen{steps}").read_text().splitlines()]
+    assert [v[:3] for v in views[3]] == [v[:3] for v in views[1]] * 3
+    assert [v[3] for v in views[3]] == [with_step_id(v[3], k) for k in (1, 2, 3) for v in views[1]]
+
+
+def with_step_id(nodeid, step):
+    """The node id of a test under --racecheck-steps=3 at `step` (1-based) from its plain one."""
+    return f"{nodeid[:-1]}-{step}-3]" if nodeid.endswith("]") else f"{nodeid}[{step}-3]"

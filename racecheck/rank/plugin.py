@@ -1,7 +1,8 @@
 """The racecheck pytest plugin (entry point `pytest11`): trial/arm bookkeeping and outcome capture.
 
 In one pytest session it repeats every test --racecheck-steps times (its own parametrization of
-the `racecheck_step` fixture, ids ending in `-K-N` for step K of N) and maps the steps to blocks
+the `racecheck_step` fixture, node ids ending in `-K-N` for step K of N; the test itself sees its
+own name and parametrization, as plain pytest gives them) and maps the steps to blocks
 (one trial of one arm, with its resolved perturbation): step k runs block k of the schedule given
 with --racecheck-schedule (the trial runner writes it; a block that an earlier session ended in
 lists the tests it has recorded, and those are deselected), or, without one, trial k of no arm.
@@ -16,6 +17,7 @@ torch is imported lazily so that loading the plugin costs nothing for suites tha
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import sys
@@ -146,7 +148,8 @@ def strip_step(nodeid: str, step: int, count: int) -> str:
 @pytest.fixture(autouse=True)
 def racecheck_step(request: pytest.FixtureRequest) -> int:
     """This test's step in the session (0 with one step): the position of its block."""
-    return getattr(request, "param", 0)
+    trial = request.node.stash.get(ITEM_TRIAL, None)
+    return trial.step if trial is not None else 0
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -158,6 +161,7 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
         args[:], early_config.stash[_WANTED_KEY] = widen(args, early_config.invocation_params.dir)
 
 
+@pytest.hookimpl(trylast=True)  # after pytest's own reordering by parameter, which needs the step's
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list) -> None:
     count = config.getoption(names.STEPS.flag)
     blocks = _blocks(config, count)
@@ -181,6 +185,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
             perturb=block.perturb,
             profile=profiles.get(block.perturb),
         )
+        _own_name(item, step, count)
     # A block that an earlier session ended in runs only the tests it has not recorded.
     recorded = {k: set(b.done) for k, b in enumerate(blocks) if b.done}
     if recorded:
@@ -194,6 +199,32 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 def _step(item: pytest.Item) -> int:
     callspec = getattr(item, "callspec", None)
     return callspec.params.get(STEP_FIXTURE, 0) if callspec is not None else 0
+
+
+def _own_name(item: pytest.Item, step: int, count: int) -> None:
+    """Give a repeated test its own name and parametrization back: the step's id stays in its node
+    id (which must differ step to step), while `request.node.name`, `callspec.id` and
+    `callspec.params`, which tests name files, goldens and ops after, are plain pytest's. An
+    instrument never changes what the test sees. The step lives on in the item's ItemTrial."""
+    callspec = getattr(item, "callspec", None)
+    if count <= 1 or not isinstance(item, pytest.Function) or callspec is None or STEP_FIXTURE not in callspec.params:
+        return
+    ids = list(callspec._idlist)
+    own = step_id(step, count)
+    if own in ids:
+        del ids[len(ids) - 1 - ids[::-1].index(own)]
+    params = {k: v for k, v in callspec.params.items() if k != STEP_FIXTURE}
+    if not params and not ids:
+        del item.callspec  # an unparametrized test has none
+    else:
+        item.callspec = dataclasses.replace(
+            callspec,
+            params=params,
+            indices={k: v for k, v in callspec.indices.items() if k != STEP_FIXTURE},
+            _arg2scope={k: v for k, v in callspec._arg2scope.items() if k != STEP_FIXTURE},
+            _idlist=ids,
+        )
+    item.name = f"{item.originalname}[{'-'.join(ids)}]" if ids else item.originalname
 
 
 def _inner_id(nodeid: str) -> str:
