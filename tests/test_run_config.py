@@ -157,6 +157,15 @@ def test_each_arms_profile_is_resolved_once_by_one_chain_arm_then_run_then_suite
     assert given.profile_for(suite, "a") is given.profile_for(suite, "a")
 
 
+def test_no_perturbation_given_to_the_run_overrides_an_arms_own_profile():
+    """--no-perturb (the run's profile `off`) is the natural rate: no arm keeps a profile."""
+    suite = dataclasses.replace(_suite(), arms={"a": Arm("a", perturb="poison"), "b": Arm("b")})
+    assert _config(perturb=None).spec_for(suite, "a") == "poison@free"
+    assert _config(perturb=parse_profile("rs_delay")).spec_for(suite, "a") == "poison@free"
+    natural = _config(perturb=parse_profile("off"))
+    assert natural.spec_for(suite, "a") == natural.spec_for(suite, "b") == "off"
+
+
 def test_delay_ms_resizes_the_runs_profile_and_keeps_an_arms_own():
     suite = _suite()
     config = _config(perturb=None).with_delay(0.001)

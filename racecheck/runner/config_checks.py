@@ -155,9 +155,9 @@ def check_perturbation(config: RunConfig) -> None:
             continue
         from racecheck.perturb.patch_actions import PatchUnavailable, actions_factory
 
-        acting = [p for p in profiles if not p.is_off]
+        acting = [(a, config.profile_for(s, a)) for a in config.arms_for(s) if not config.profile_for(s, a).is_off]
         if acting or config.detect:
-            need = f"the profile {acting[0].to_spec()!r}" if acting else "--detect"
+            need = f"the profile {acting[0][1].to_spec()!r} (arm {acting[0][0]!r})" if acting else "--detect"
             try:
                 actions_factory(need=need)
             except PatchUnavailable as exc:

@@ -46,7 +46,7 @@ _HELP = {
     "run started (the tally then mixes trials of both); without it such a resume is "
     "refused.",
     "perturb": "Perturbation profile or rules (default: the suite's; an arm's own profile wins).",
-    "no_perturb": "Run without perturbation: the natural failure rate.",
+    "no_perturb": "Run without perturbation, an arm's own profile included: the natural failure rate.",
     "delay_ms": "Resize every sleep of the profile to this many milliseconds (at most an hour).",
     "seed": "Base seed; trial t uses seed+t.",
     "isolation": "session: many trials per process world (fast, trials share state); process: a fresh "

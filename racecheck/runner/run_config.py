@@ -41,7 +41,8 @@ class RunConfig:
     arms: tuple[str, ...] | None  # None: each suite's default arms
     trials: int
     out: Path
-    perturb: Profile | None = None  # --perturb; None: each suite's default (an arm's own profile wins)
+    # --perturb; None: each suite's default (an arm's own profile wins); off: none anywhere, an arm's own included
+    perturb: Profile | None = None
     seed: int = 0
     isolation: str = "session"
     order: str = "alternate"
@@ -81,7 +82,9 @@ class RunConfig:
         key = (suite.name, arm)
         if key not in self._resolved:
             own = suite.arms[arm].profile if arm in suite.arms else None
-            if own is not None:
+            if self.perturb is not None and self.perturb.is_off:
+                profile = self.perturb  # --no-perturb (or `off`): the natural rate, an arm's own profile included
+            elif own is not None:
                 profile = own
             elif self.perturb is not None:
                 profile = self.perturb
@@ -91,8 +94,9 @@ class RunConfig:
         return self._resolved[key]
 
     def profile_for(self, suite: Suite, arm: str | None = None) -> Profile:
-        """The profile an arm of a suite runs: the arm's own, else the run's (--perturb), else
-        the suite's default; without an arm, the run's profile for the suite. Resolved once."""
+        """The profile an arm of a suite runs: none under --no-perturb (or --perturb off), else the
+        arm's own, else the run's (--perturb), else the suite's default; without an arm, the run's
+        profile for the suite. Resolved once."""
         return self._resolve(suite, arm)[0]
 
     def spec_for(self, suite: Suite, arm: str) -> str:
