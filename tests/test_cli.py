@@ -275,3 +275,24 @@ def test_pytest_xdist_workers_are_merged_into_one_outcome_per_test(project, tmp_
     recs = records(tmp_path / "out")
     assert len(recs) == len({(r.arm, r.trial, r.test) for r in recs}) == 12
     assert summary_counts(tmp_path / "out") == expected_failures({"often": 0.6, "never": 0.0}, range(3))
+
+
+def test_a_unittest_suite_is_refused_by_session_isolation_and_runs_every_trial_in_process(tmp_path):
+    suite = write_suite(
+        tmp_path / "u",
+        arms={"main": {"expect": "safe"}},
+        tests={
+            "test_u.py": "import unittest\n\nclass TestU(unittest.TestCase):\n    def test_u(self):\n        pass\n"
+        },
+    )
+    res = racecheck("run", "--trials", 2, "--out", tmp_path / "s", cwd=suite)
+    assert res.code == 2 and "Traceback" not in res.err, res
+    line = res.err.strip().splitlines()[-1]  # after the progress's first line
+    assert "test_u.py::TestU::test_u: a unittest.TestCase method runs once per pytest session" in line
+    assert "--isolation process" in line
+    res = racecheck("run", "--trials", 2, "--isolation", "process", "--out", tmp_path / "p", cwd=suite)
+    assert res.code == 0, res
+    assert sorted((r.trial, r.test) for r in records(tmp_path / "p")) == [
+        (0, "test_u.py::TestU::test_u"),
+        (1, "test_u.py::TestU::test_u"),
+    ]

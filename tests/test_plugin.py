@@ -309,3 +309,30 @@ def test_a_repeated_test_sees_its_own_name_and_parametrization(pytester, tmp_pat
 def with_step_id(nodeid, step):
     """The node id of a test under --racecheck-steps=3 at `step` (1-based) from its plain one."""
     return f"{nodeid[:-1]}-{step}-3]" if nodeid.endswith("]") else f"{nodeid}[{step}-3]"
+
+
+UNREPEATABLE = """
+import unittest
+
+class TestU(unittest.TestCase):
+    def test_counts(self):
+        pass
+
+def test_plain():
+    pass
+"""
+
+
+def test_a_test_the_steps_cannot_repeat_is_refused_not_run_once(pytester, tmp_path):
+    """A unittest.TestCase method is no pytest function: no parametrization repeats it, and it ran
+    in the session's first step alone while every step's trial counted it clean. Refused, naming it
+    and the isolation that runs it in every trial; one step runs it as pytest does."""
+    pytester.makepyfile(test_ut=UNREPEATABLE)
+    log = tmp_path / "log.jsonl"
+    result = pytester.runpytest("-p", "racecheck", "--racecheck-steps=3", f"--racecheck-log={log}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "test_ut.py::TestU::test_counts" in result.stderr.str()
+    [error] = events(log, "collecterror")
+    assert error["nodeid"] == "test_ut.py::TestU::test_counts"
+    assert "--isolation process" in error["message"] and "unittest.TestCase" in error["message"]
+    pytester.runpytest("-p", "racecheck", "--racecheck-steps=1").assert_outcomes(passed=2)

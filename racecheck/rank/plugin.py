@@ -171,6 +171,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     if unwanted:
         config.hook.pytest_deselected(items=unwanted)
         items[:] = [it for it in items if it not in unwanted]
+    _refuse_unrepeatable(config, items, count)
     for item in items:
         step = _step(item)
         test = strip_step(item.nodeid, step, count)
@@ -199,6 +200,29 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 def _step(item: pytest.Item) -> int:
     callspec = getattr(item, "callspec", None)
     return callspec.params.get(STEP_FIXTURE, 0) if callspec is not None else 0
+
+
+def _refuse_unrepeatable(config: pytest.Config, items: list, count: int) -> None:
+    """The steps repeat a test by parametrizing it; an item pytest does not parametrize (a
+    unittest.TestCase method, a doctest, another plugin's item) would run in the first step alone
+    while every step's trial counted it: a usage error naming it (also logged, for the runner's
+    one line), never a tally of tests that did not run."""
+    if count <= 1:
+        return
+    unrepeated = [it for it in items if STEP_FIXTURE not in getattr(getattr(it, "callspec", None), "params", {})]
+    if not unrepeated:
+        return
+    first = unrepeated[0]
+    kind = "a unittest.TestCase method" if getattr(first, "nofuncargs", False) else f"a {type(first).__name__}"
+    more = f" (and {len(unrepeated) - 1} more)" if len(unrepeated) > 1 else ""
+    reason = (
+        f"{kind}{more} runs once per pytest session, and session isolation repeats each test in one "
+        f"session; run this suite with --isolation process (a session per trial)"
+    )
+    log = config.stash.get(_LOG_KEY, None)
+    if log is not None:
+        log.write(CollectError(nodeid=first.nodeid, message=reason))
+    raise pytest.UsageError(f"{first.nodeid}: {reason}")
 
 
 def _own_name(item: pytest.Item, step: int, count: int) -> None:
