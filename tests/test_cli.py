@@ -296,3 +296,50 @@ def test_a_unittest_suite_is_refused_by_session_isolation_and_runs_every_trial_i
         (0, "test_u.py::TestU::test_u"),
         (1, "test_u.py::TestU::test_u"),
     ]
+
+
+XDIST_WORLD_CONFTEST = """
+import os
+
+import pytest
+import torch.distributed as dist
+
+
+@pytest.fixture(scope="session", autouse=True)
+def world():
+    if "RANK" in os.environ:  # the common idiom: join the launcher's world with torch's defaults
+        dist.init_process_group("gloo")
+    yield
+    if dist.is_initialized():
+        dist.destroy_process_group()
+"""
+
+XDIST_WORLD_TEST = """
+import torch
+import torch.distributed as dist
+
+
+def test_a():
+    t = torch.ones(2)
+    dist.all_reduce(t)
+    assert t.tolist() == [1.0, 1.0]
+
+
+def test_b():
+    assert dist.get_world_size() == 1
+"""
+
+
+def test_each_xdist_worker_of_a_one_rank_session_is_a_world_of_its_own(tmp_path):
+    """Under `-n 2` both workers init the default process group from the session's environment:
+    with one MASTER_PORT both would host their store on it (EADDRINUSE)."""
+    pytest.importorskip("xdist")
+    suite = write_suite(
+        tmp_path / "x",
+        arms={"main": {"expect": "safe"}},
+        tests={"conftest.py": XDIST_WORLD_CONFTEST, "test_x.py": XDIST_WORLD_TEST},
+    )
+    res = racecheck("run", "--trials", 2, "--out", tmp_path / "o", "--", "-p", "xdist", "-n", "2", cwd=suite)
+    assert res.code == 0, res
+    counts = summary_counts(tmp_path / "o")
+    assert (counts[("main", "test_a")], counts[("main", "test_b")]) == ((0, 2), (0, 2))

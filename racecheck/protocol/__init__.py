@@ -7,6 +7,8 @@ and every layer below them, may import it.
 - names.py: every `--racecheck-*` option the runner gives a session, every `RACECHECK_*` variable
   one side sets and the other reads, and the run folder's lock file that sessions never collect;
 - mesh.py: the HSDP mesh as a value, sent to the ranks in the environment;
+- one_rank.py: the environment of a one-rank session (torchrun's for its one worker), and the
+  port of its own each pytest-xdist worker of it takes;
 - lifeline.py: a process that dies with its parent;
 - durable.py: append-only files that land whole or not at all (the logs of both sides);
 - printable.py: failure text made writable as UTF-8.

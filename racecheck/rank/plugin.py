@@ -29,6 +29,7 @@ import pytest
 from racecheck.perturb.profiles import parse_profile
 from racecheck.protocol import names
 from racecheck.protocol.lifeline import die_with_parent
+from racecheck.protocol.one_rank import own_world_for_xdist_worker
 from racecheck.protocol.rank_events import Collected, CollectError, Finished, Started, TestOutcome
 from racecheck.protocol.records import Outcome, worst
 from racecheck.protocol.schedule import Block, read_schedule
@@ -156,7 +157,9 @@ def racecheck_step(request: pytest.FixtureRequest) -> int:
 def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser, args: list[str]) -> None:
     """A parametrized target (`f.py::test_x[1-True]`) names no item once every test is repeated
     per step: collect its test whole and keep the parametrizations named (param_targets.py).
-    With one step the ids are the test's own, and pytest's arguments stay as given."""
+    With one step the ids are the test's own, and pytest's arguments stay as given. In an xdist
+    worker of a one-rank session: a world of its own, before any conftest reads MASTER_PORT."""
+    own_world_for_xdist_worker()
     if getattr(early_config.known_args_namespace, names.STEPS.dest, 1) > 1:
         args[:], early_config.stash[_WANTED_KEY] = widen(args, early_config.invocation_params.dir)
 

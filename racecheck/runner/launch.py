@@ -1,8 +1,7 @@
 """Starting one pytest session for the trial runner, and stopping it for good.
 
 A multi-rank suite is launched with torchrun (`python -m torch.distributed.run`), a one-rank suite
-without it in the environment torchrun would give its one worker (`torchrun --standalone
---nproc-per-node 1`: ranks, sizes, a master address and a free port), so that a suite's own
+without it in the environment torchrun would give its one worker (protocol/one_rank.py), so that a suite's own
 `dist.init_process_group()` works with its defaults in both cases. torchrun's agent and each
 rank run through quick_exit.py, which ends the process without unloading torch once the module
 has returned.
@@ -22,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
-import socket
 import subprocess
 import sys
 import uuid
@@ -32,6 +30,7 @@ import psutil
 
 from racecheck.protocol.lifeline import child_dies_with_us
 from racecheck.protocol.names import SESSION_MARK_VAR
+from racecheck.protocol.one_rank import one_rank_env
 from racecheck.runner.session_log import SessionLog
 
 QUICK_EXIT = "racecheck.runner.quick_exit"  # `-m MODULE`, then an exit without the interpreter's teardown
@@ -87,26 +86,6 @@ def start(spec: SessionSpec) -> subprocess.Popen:
     _marks[proc.pid] = mark
     _logs[proc.pid] = log
     return proc
-
-
-def one_rank_env() -> dict[str, str]:
-    """What torchrun's agent sets for the one worker of `--standalone --nproc-per-node 1`, less
-    the agent's own store (there is no agent: the process group's store is the rank's own)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))  # a free port, as torchrun picks one
-        port = s.getsockname()[1]
-    ones = ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE")
-    zeros = ("RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS")
-    return {
-        **dict.fromkeys(ones, "1"),
-        **dict.fromkeys(zeros, "0"),
-        "ROLE_NAME": "default",
-        "MASTER_ADDR": "localhost",
-        "MASTER_PORT": str(port),
-        "TORCHELASTIC_RUN_ID": f"racecheck-{port}",
-        "TORCHELASTIC_USE_AGENT_STORE": "False",
-        "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
-    }
 
 
 def kill_tree(proc: subprocess.Popen, *, grace: float = 3.0) -> None:
