@@ -17,6 +17,7 @@ from run_kit import free_port, racecheck
 from tracker_kit import cur, path, tracker  # noqa: F401 (fixtures)
 
 from racecheck.detect import RaceKind
+from racecheck.detect.torch_tracker import TorchRaceTracker, TrackerUnavailable
 
 
 # -- the two recording paths ------------------------------------------------------------------------
@@ -278,3 +279,22 @@ def test_a_compiled_function_runs_compiled_under_the_tracker(path):
     assert dict(counters["graph_break"]) == {} and counters["stats"]["unique_graphs"] == 1
     assert dict(counters["frames"]) == {"total": 1, "ok": 1}
     torch.testing.assert_close(y, torch.sin(x) * 2 + 1)
+
+
+@pytest.mark.parametrize("name", list(kit.PATHS))
+def test_a_cpu_tracker_given_no_streams_runs_on_the_cpus_one_stream(name):
+    """On the CPU, with no stream functions given, code on one stream runs the same on every path
+    (the Python path asked for a CUDA stream and failed each operator)."""
+    path_, engine = kit.PATHS[name]
+    with TorchRaceTracker(device_type="cpu", path=path_, engine=engine) as t:
+        x = torch.ones(64)
+        y = (x * 2).sum()
+        x.add_(y)
+    assert t.errors == [] and t.reports() == [] and t.ops > 0
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without CUDA")
+def test_a_cuda_tracker_without_cuda_says_so_in_one_line():
+    with pytest.raises(TrackerUnavailable, match=r"^TorchRaceTracker follows CUDA streams.*no CUDA device") as got:
+        TorchRaceTracker().__enter__()
+    assert "\n" not in str(got.value)

@@ -181,6 +181,7 @@ def test_launcher_runs_the_script_under_the_patch(tmp_path, monkeypatch):
     monkeypatch.setattr("sys.argv", ["python"])
     monkeypatch.setenv("RACECHECK_PERTURB", "off")  # restored after the launcher overwrites it
     monkeypatch.setenv("RACECHECK_SEED", "0")
+    monkeypatch.setenv("RACECHECK_PATCH_ACTIONS", "recording")  # the CPU twin acts where CUDA would
     try:
         assert patch_mod.main(["--perturb", "sleep@before_all_reduce:1ms", str(script), str(seen)]) == 0
     finally:
@@ -205,6 +206,27 @@ def test_the_launcher_takes_its_defaults_from_the_environment_and_refuses_a_bad_
     with pytest.raises(SystemExit) as refused:
         patch_mod.main([str(script)])
     assert refused.value.code == 2 and "unknown perturbation action 'nonsense'" in capsys.readouterr().err
+
+
+def test_the_launcher_refuses_a_profile_that_cannot_act_here(tmp_path, monkeypatch, capsys):
+    """Without CUDA a profile would wrap torch and perturb nothing, and the script would pass as if
+    checked: refused in one line (exit 2), as `racecheck run` refuses it; `off` runs the script."""
+    import torch
+
+    from racecheck.perturb import patch as patch_mod
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the refusal is for machines without it")
+    monkeypatch.delenv("RACECHECK_PATCH_ACTIONS", raising=False)
+    script = tmp_path / "train.py"
+    script.write_text("open(__file__ + '.ran', 'w').close()\n")
+    with pytest.raises(SystemExit) as refused:
+        patch_mod.main(["--perturb", "sleep@before_all_reduce:3s", str(script)])
+    err = capsys.readouterr().err
+    assert refused.value.code == 2 and "error: the profile 'sleep@before_all_reduce:3s' acts on CUDA streams" in err
+    assert not (tmp_path / "train.py.ran").exists()
+    monkeypatch.setattr("sys.argv", ["python"])
+    assert patch_mod.main(["--perturb", "off", str(script)]) == 0 and (tmp_path / "train.py.ran").exists()
 
 
 def test_each_hand_off_point_delays_the_stream_the_work_after_it_runs_on():

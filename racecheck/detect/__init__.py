@@ -17,12 +17,21 @@ from racecheck.detect.native import KIND as ENGINE  # first: it may replace the 
 from racecheck.detect.observer import RaceDetector
 from racecheck.detect.report import RaceKind, RaceReport, render
 
-__all__ = ["ENGINE", "HappensBefore", "RaceDetector", "RaceKind", "RaceReport", "TorchRaceTracker", "render"]
+__all__ = [
+    "ENGINE",
+    "HappensBefore",
+    "RaceDetector",
+    "RaceKind",
+    "RaceReport",
+    "TorchRaceTracker",
+    "TrackerUnavailable",
+    "render",
+]
 
 
 # Imported on first use: torch_tracker imports torch.cuda._sanitizer, which the runtime's detector
 # and the engine do without.
-_LAZY = {"TorchRaceTracker": "racecheck.detect.torch_tracker"}
+_LAZY = {name: "racecheck.detect.torch_tracker" for name in ("TorchRaceTracker", "TrackerUnavailable")}
 
 
 def __getattr__(name: str):

@@ -58,8 +58,16 @@ from racecheck.detect.torch_hooks import TrackerMode, cuda_current_stream_fn, cu
 _NO_KWARGS: dict = {}  # read only
 
 
+class TrackerUnavailable(RuntimeError):
+    """A CUDA tracker entered where torch has no CUDA device."""
+
+
 def _unknown_current() -> int:
     raise RuntimeError("a CUDA tracker reads the current stream once it is entered")
+
+
+def _host_stream() -> int:
+    return 0  # the CPU's one stream: c10's id of a device's default stream, as the native log records it
 
 
 class TorchRaceTracker(HostAccesses):
@@ -78,7 +86,8 @@ class TorchRaceTracker(HostAccesses):
     ) -> None:
         """`device_type`, `current_stream`, `stream_handle` and `host_memory` (which tensors are
         host memory, on the CPU where all are) exist for tests on the CPU, which drive the trace
-        handler by hand; on CUDA leave them alone. `path`: "native" (op_log.cpp's log, see
+        handler by hand (a CPU tracker given no `current_stream` runs on the CPU's one stream);
+        on CUDA leave them alone. `path`: "native" (op_log.cpp's log, see
         native_feed.py), "python" (a TorchDispatchMode), or None: native on CUDA where the log
         builds ($RACECHECK_DETECT_PATH overrides). `engine`, on the native path: "native" (the
         C++ engine, the default) or "python" (engine.py, the reference; $RACECHECK_DETECT_ENGINE
@@ -87,7 +96,8 @@ class TorchRaceTracker(HostAccesses):
         self.device_type = device_type
         self.stacks_on = stacks_on
         self.capture = stacks.capturer() if stacks_on else (lambda: ())
-        self.current: Callable[[], int] = current_stream or _unknown_current
+        default_current = _unknown_current if device_type == "cuda" else _host_stream
+        self.current: Callable[[], int] = current_stream or default_current
         self._stream_handle = stream_handle or cuda_stream_handle
         self._names: dict[int, str] = {}
         custom_host = host_memory is not None
@@ -117,6 +127,11 @@ class TorchRaceTracker(HostAccesses):
 
     # -- lifetime --------------------------------------------------------------------------
     def __enter__(self) -> TorchRaceTracker:
+        if self.device_type == "cuda" and not torch.cuda.is_available():
+            raise TrackerUnavailable(
+                "TorchRaceTracker follows CUDA streams, and this torch has no CUDA device "
+                f"(torch {torch.__version__}, torch.cuda.is_available() is False)"
+            )
         if self.device_type == "cuda":
             if self.current is _unknown_current:
                 self.current = cuda_current_stream_fn()

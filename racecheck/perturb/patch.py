@@ -293,11 +293,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--seed (or ${SEED_VAR}) must be a whole number, got {args.seed!r}")
     if not os.path.isfile(args.script):
         parser.error(f"{args.script}: no such script")
+    from racecheck.perturb.patch_actions import PatchUnavailable, actions_factory
+
     try:
         profile = parse_profile(args.perturb)
         if not profile.is_off:
-            PatchMode(profile, seed=int(args.seed)).install()
-    except ValueError as exc:
+            hint = "run the script without patch mode, or on a CUDA machine"
+            actions = actions_factory(need=f"the profile {profile.to_spec()!r}", hint=hint)()
+            PatchMode(profile, seed=int(args.seed), actions=actions).install()
+    except (ValueError, PatchUnavailable) as exc:
         parser.error(str(exc))
     sys.argv = [args.script, *args.args]
     runpy.run_path(args.script, run_name="__main__")

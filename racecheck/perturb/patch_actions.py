@@ -36,10 +36,11 @@ class PatchUnavailable(Exception):
     """Patch mode or the tracker were asked for where they cannot act (no CUDA)."""
 
 
-def actions_factory(*, need: str):
+def actions_factory(*, need: str, hint: str = "run with --no-perturb (and without --detect)"):
     """A callable making the actions object of patch mode: the recording twin when
     $RACECHECK_PATCH_ACTIONS is `recording` (tests), CudaActions on a CUDA machine. `need` names
-    what asked, for the one-line error raised where there is neither."""
+    what asked, and `hint` what to do instead, for the one-line error raised where there is
+    neither (a profile that acts on nothing would perturb nothing, silently)."""
     choice = os.environ.get(PATCH_ACTIONS_VAR, "")
     if choice == "recording":
         from racecheck.perturb.recording import RecordingActions
@@ -50,10 +51,7 @@ def actions_factory(*, need: str):
     import torch
 
     if not torch.cuda.is_available():
-        raise PatchUnavailable(
-            f"{need} acts on CUDA streams in a project's own suite, and this machine "
-            f"has no CUDA device; run with --no-perturb (and without --detect)"
-        )
+        raise PatchUnavailable(f"{need} acts on CUDA streams, and this machine has no CUDA device; {hint}")
     return CudaActions
 
 
