@@ -9,6 +9,7 @@ import json
 import textwrap
 
 import pytest
+import torch
 from run_kit import racecheck
 
 from racecheck.rank.failure_text import message_line, racecheck_frame
@@ -35,6 +36,9 @@ def test_the_failure_line_follows_a_header_and_names_the_cause():
         except OSError as exc:
             raise RuntimeError("cannot save the checkpoint") from exc
     assert message_line(wrapped) == "cannot save the checkpoint (caused by OSError: disk full)"
+    with pytest.raises(AssertionError) as not_close:
+        torch.testing.assert_close(torch.zeros(4), torch.ones(4))
+    assert message_line(not_close) == "Tensor-likes are not close! Mismatched elements: 4 / 4 (100.0%)"
 
 
 def test_a_failure_raised_inside_racecheck_is_named_and_one_passing_through_it_is_not():

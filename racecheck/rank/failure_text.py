@@ -44,8 +44,9 @@ def failure_signature(excinfo: pytest.ExceptionInfo, rootpath: Path, item: pytes
 
 def message_line(excinfo: pytest.ExceptionInfo, limit: int = 300) -> str:
     """The informative line of the failure's message: its first line, joined with the next where
-    it only announces them (`backend='inductor' raised:`), and, for an exception raised from
-    another (`raise ... from exc`), the cause it names (its type's name where it has no message)."""
+    it only announces them (`backend='inductor' raised:`, `Tensor-likes are not close!`), and,
+    for an exception raised from another (`raise ... from exc`), the cause it names (its type's
+    name where it has no message)."""
     exc = excinfo.value
     line = _informative(str(exc)) or excinfo.typename
     cause = _root_cause(exc)
@@ -62,7 +63,7 @@ def _informative(text: str) -> str:
     if not lines:
         return ""
     line, rest = lines[0], lines[1:]
-    while line.endswith(":") and rest:  # a header: what it announces follows
+    while line.endswith((":", "!")) and rest:  # a header: what it announces follows
         line = f"{line} {rest.pop(0)}"
     return line
 
