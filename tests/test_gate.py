@@ -158,6 +158,10 @@ def test_gate_command_exit_codes(proven, args, code, last):
         (["--fixed", "nope", "--baseline", "baseline"], "Invalid value for --fixed: unknown arm 'nope'"),
         (["--fixed", "fixed", "--baseline", "baseline", "--max-rate", "1.5"], "not a rate in [0, 1]"),
         (["--fixed", "fixed", "--baseline", "baseline", "--confidence", "1"], "strictly between"),
+        (
+            ["--fixed", "fixed", "--baseline", "baseline", "--confidence", "0.9"],
+            "--confidence needs --max-rate above 0",
+        ),
         (["--fixed", "fixed"], "Missing option '--baseline'"),
     ],
 )

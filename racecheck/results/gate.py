@@ -152,7 +152,7 @@ def evaluate_gate(
     if confidence is not None and not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be strictly between 0 and 1, got {confidence!r}")
     if confidence is not None and max_rate <= 0.0:
-        raise ValueError("a confidence needs max_rate above 0: no number of trials bounds a rate at 0")
+        raise ValueError("--confidence needs --max-rate above 0: no number of trials bounds a rate at 0")
     if fixed == baseline:
         raise ValueError(f"the fixed and baseline arms are the same arm {fixed!r}")
     rows = summary[summary["test"] == ALL_TESTS]
