@@ -298,3 +298,26 @@ def test_a_cuda_tracker_without_cuda_says_so_in_one_line():
     with pytest.raises(TrackerUnavailable, match=r"^TorchRaceTracker follows CUDA streams.*no CUDA device") as got:
         TorchRaceTracker().__enter__()
     assert "\n" not in str(got.value)
+
+
+@pytest.mark.parametrize("name", list(kit.PATHS))
+def test_fake_and_meta_tensors_are_no_memory_on_every_path(name):
+    """What torch.compile and torch.library.opcheck trace with (fake tensors) and meta tensors
+    have no memory: no access, and no touch of a fake tensor's data pointer (deprecated, to become
+    an error). The native log skips them as storages without data; the Python path did not."""
+    import warnings
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    path_, engine = kit.PATHS[name]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with TorchRaceTracker(device_type="cpu", path=path_, engine=engine) as t:
+            with FakeTensorMode():
+                fake = torch.empty(64)
+                (fake * 2).add_(1)
+            meta = torch.empty(64, device="meta")
+            (meta * 2).add_(1)
+            real = torch.ones(64) * 2
+    assert t.errors == [] and t.reports() == [] and real.sum().item() == 128
+    assert t.ops == 2  # the real ones() and multiplication alone

@@ -42,6 +42,7 @@ import collections
 from collections.abc import Callable
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from racecheck.detect import native_feed, stacks
@@ -56,6 +57,16 @@ from racecheck.detect.report import RaceReport, render
 from racecheck.detect.torch_hooks import TrackerMode, cuda_current_stream_fn, cuda_stream_handle, make_handler
 
 _NO_KWARGS: dict = {}  # read only
+
+
+_PLAIN_TENSORS = frozenset({torch.Tensor, torch.nn.Parameter})  # what nearly every operator sees
+
+
+def _no_memory(t: torch.Tensor) -> bool:
+    """A tensor with no memory of the program's: a fake tensor (what torch.compile and
+    torch.library.opcheck trace with; its data pointer must not even be asked for) or a meta one.
+    op_log.cpp skips both alike, as storages without data."""
+    return t.is_meta or isinstance(t, FakeTensor)
 
 
 class TrackerUnavailable(RuntimeError):
@@ -269,7 +280,11 @@ class TorchRaceTracker(HostAccesses):
         touches_host = False
         for tensors, is_write in ((reads, False), (writes, True)):
             for t in tensors:
+                if type(t) not in _PLAIN_TENSORS and _no_memory(t):
+                    continue
                 ptr = t.data_ptr()
+                if not ptr:
+                    continue  # a meta tensor, or an empty one: no memory (op_log.cpp: a storage without data)
                 # A tensor at the start of a live block is the common case; a block the allocator
                 # just handed out is pending until an operator touches it (the allocation
                 # callback made sure no stale record shares its address).
@@ -309,6 +324,8 @@ class TorchRaceTracker(HostAccesses):
 
     def _resolve_returns(self, out, stack) -> None:
         for t in returned_tensors(out):
+            if type(t) not in _PLAIN_TENSORS and _no_memory(t):
+                continue
             if t.data_ptr() in self.pending:
                 self._resolve(t, stack)
 
