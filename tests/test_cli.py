@@ -181,6 +181,18 @@ def test_suites_pytest_cannot_run_are_usage_errors(project, files, args, message
     assert message in one_line_error(racecheck("run", "--trials", 2, "--out", "o", "-q", *args, cwd=project))
 
 
+def test_what_one_arms_session_cannot_run_is_named_by_its_arm(tmp_path):
+    root = write_suite(
+        tmp_path / "p",
+        arms={"good": {}, "odd": {"pytest_args": ["--no-such-option"]}},
+        tests={"test_x.py": ALWAYS},
+    )
+    line = racecheck("run", "--trials", 1, "--out", "o", cwd=root).err.strip().splitlines()[-1]
+    assert (
+        line == "racecheck: error: arm 'odd': pytest rejected its arguments: unrecognized arguments: --no-such-option"
+    )
+
+
 def test_a_session_that_dies_before_collecting_is_an_infrastructure_error(project):
     (project / "conftest.py").write_text("import os\nos._exit(7)\n")
     err = one_line_error(racecheck("run", "--trials", 2, "--out", "o", "-q", cwd=project), code=3)

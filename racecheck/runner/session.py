@@ -321,7 +321,18 @@ class SessionRun:
             self._merged(merged)
 
     def _check_suite(self, ending: Ending, returncode: int | None) -> None:
-        """Bad input, reported in one line: collection errors, pytest usage errors, no tests."""
+        """Bad input, reported in one line: collection errors, pytest usage errors, no tests; named
+        by its arm where the session runs one (an arm's own revision, env or pytest_args may be
+        what pytest could not take, after other arms' trials ran)."""
+        try:
+            self._check_collected(ending, returncode)
+        except InputError as exc:
+            arms = self.plan.arms
+            if len(arms) == 1 and arms[0]:
+                raise InputError(f"arm {arms[0]!r}: {exc}") from None
+            raise
+
+    def _check_collected(self, ending: Ending, returncode: int | None) -> None:
         if self._collect_errors:
             e = self._collect_errors[0]
             more = f" (and {len(self._collect_errors) - 1} more)" if len(self._collect_errors) > 1 else ""
