@@ -82,7 +82,7 @@ def test_a_rank_that_exits_in_one_test_is_that_tests_crash_not_the_next_ones(tmp
         for test, outcome in (("test_a_ok", "passed"), ("test_b_rank_exit", "crash"), ("test_c_ok", "passed"))
     ]
     crash = next(r for r in records(tmp_path / "out") if r.outcome == "crash")
-    assert crash.signature == "crash: the process died without a report (exit code 7)", crash
+    assert crash.signature == "crash: rank 1 died without a report (exit code 7)", crash  # the rank that exited
 
 
 def test_a_million_trials_are_planned_as_they_run_and_max_time_still_stops_them(tmp_path):
@@ -191,3 +191,18 @@ def test_a_hung_session_takes_the_daemon_its_test_started_with_it(tmp_path):
     finally:
         if running(pid):
             psutil.Process(pid).kill()
+
+
+def test_a_crash_names_the_rank_torchrun_found_failing_first(tmp_path):
+    from racecheck.runner.session import crash_signature
+
+    log = tmp_path / "session.log"
+    log.write_text(
+        "Root Cause (first observed failure):\n[0]:\n  time      : 2026-12-05_03:10:00\n  host      : box\n"
+        "  rank      : 1 (local_rank: 1)\n  exitcode  : -9 (pid: 123)\n  error_file: <N/A>\n"
+    )
+    assert crash_signature(1, log) == "crash: rank 1 killed by SIGKILL"
+    log.write_text(log.read_text().replace("-9 (pid", "3 (pid"))
+    assert crash_signature(1, log) == "crash: rank 1 died without a report (exit code 3)"
+    log.write_text("")
+    assert crash_signature(-9, log) == "crash: killed by SIGKILL"

@@ -16,6 +16,7 @@ from racecheck.protocol.rank_events import (
     Started,
     TestOutcome,
 )
+from racecheck.protocol.records import Outcome
 from racecheck.runner.ranks import RankMerger, RankTail
 
 pytest_plugins = ["pytester"]
@@ -98,6 +99,21 @@ def test_outcomes_merge_over_ranks_as_one_event():
     merger.add(TestOutcome(rank=0, outcome="failed", message="lost", **{**one, "trial": 4}))
     (crash,) = merger.abandon_after_peer_failure([(4, "b", "t.py::test_x")])
     assert crash.outcome == "failed" and crash.message.startswith("rank 0: lost")
+
+
+def test_a_test_abandoned_with_the_session_names_the_ranks_that_never_reported_it():
+    merger = RankMerger(4)
+    one = dict(test="t.py::test_x", trial=0, arm="b")
+    merger.add(Started(rank=0, **one))
+    merger.add(TestOutcome(rank=0, outcome="passed", **one))
+    merger.add(TestOutcome(rank=2, outcome="passed", **one))
+    (crash,) = merger.abandon(Outcome.CRASH, signature="crash: killed by SIGKILL")
+    assert crash.outcome == "crash" and crash.message == "the session ended (crash) before ranks 1, 3 reported"
+    merger.add(TestOutcome(rank=0, outcome="passed", **{**one, "trial": 1}))
+    merger.add(TestOutcome(rank=1, outcome="passed", **{**one, "trial": 1}))
+    merger.add(TestOutcome(rank=2, outcome="passed", **{**one, "trial": 1}))
+    (hung,) = merger.abandon(Outcome.TIMEOUT)
+    assert hung.message == "the session ended (timeout) before rank 3 reported"
 
 
 def test_every_line_the_plugin_writes_is_a_rank_event(pytester, tmp_path):

@@ -132,7 +132,8 @@ class RankMerger:
         reported something worse. Every other unfinished test is dropped."""
         merged = []
         for key in sorted(self.unfinished if keys is None else keys):
-            reports = list(self._pending.get(key, {}).values())
+            reported = self._pending.get(key, {})
+            reports = list(reported.values())
             trial, arm, test = key
             filler = TestOutcome(
                 trial=trial,
@@ -140,14 +141,20 @@ class RankMerger:
                 test=test,
                 outcome=outcome.value,
                 signature=signature or f"{outcome.value}: not every rank finished the test",
-                message=f"the session ended ({outcome.value}) "
-                + ("while the test ran" if self.world_size == 1 else "before every rank reported"),
+                message=f"the session ended ({outcome.value}) {self._unreported(reported)}",
             )
             merged.append(merge_ranks(reports + [filler]))
         self._pending.clear()
         self._open.clear()
         self._failed.clear()
         return merged
+
+    def _unreported(self, reported: dict) -> str:
+        """Which ranks a test abandoned with the session still waited for: the ones to look at."""
+        if self.world_size == 1:
+            return "while the test ran"
+        missing = [str(r) for r in range(self.world_size) if r not in reported]
+        return f"before {'rank' if len(missing) == 1 else 'ranks'} {', '.join(missing)} reported"
 
     def abandon_after_peer_failure(self, keys: list[Key]) -> list[TestOutcome]:
         """The session was ended because a rank failed while its peers waited [Note: fail-fast]:

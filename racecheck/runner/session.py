@@ -359,17 +359,21 @@ class SessionRun:
 
 
 def crash_signature(returncode: int | None, log_path: Path) -> str:
-    """`crash: killed by SIGKILL` or `crash: exit code N` (torchrun's report of a rank first)."""
-    code = returncode
-    m = re.findall(r"exitcode\s*:\s*(-?\d+)", _read(log_path))
+    """`crash: killed by SIGKILL` or `crash: the process died without a report (exit code N)`;
+    where torchrun reported the rank that failed first (its root cause), `crash: rank R ...`."""
+    code, who = returncode, ""
+    text = _read(log_path)
+    m = re.search(r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)", text)
     if m:
-        code = int(m[0])
+        who, code = f"rank {m.group(1)} ", int(m.group(2))
+    elif found := re.findall(r"exitcode\s*:\s*(-?\d+)", text):
+        code = int(found[0])
     if code is not None and code < 0:
         try:
-            return f"crash: killed by {signal.Signals(-code).name}"
+            return f"crash: {who}killed by {signal.Signals(-code).name}"
         except ValueError:
-            return f"crash: killed by signal {-code}"
-    return f"crash: the process died without a report (exit code {code})"
+            return f"crash: {who}killed by signal {-code}"
+    return f"crash: {who or 'the process '}died without a report (exit code {code})"
 
 
 def _read(path: Path) -> str:
