@@ -204,5 +204,11 @@ def test_a_crash_names_the_rank_torchrun_found_failing_first(tmp_path):
     assert crash_signature(1, log) == "crash: rank 1 killed by SIGKILL"
     log.write_text(log.read_text().replace("-9 (pid", "3 (pid"))
     assert crash_signature(1, log) == "crash: rank 1 died without a report (exit code 3)"
+    # torchrun's root cause may be a survivor it stopped (SIGTERM): the rank that failed is named
+    log.write_text(
+        "Failures:\n[1]:\n  rank      : 0 (local_rank: 0)\n  exitcode  : -15 (pid: 9)\n"
+        "Root Cause (first observed failure):\n[0]:\n  rank      : 1 (local_rank: 1)\n  exitcode  : 7 (pid: 8)\n"
+    )
+    assert crash_signature(1, log) == "crash: rank 1 died without a report (exit code 7)"
     log.write_text("")
     assert crash_signature(-9, log) == "crash: killed by SIGKILL"

@@ -360,12 +360,15 @@ class SessionRun:
 
 def crash_signature(returncode: int | None, log_path: Path) -> str:
     """`crash: killed by SIGKILL` or `crash: the process died without a report (exit code N)`;
-    where torchrun reported the rank that failed first (its root cause), `crash: rank R ...`."""
+    where torchrun's report names ranks, `crash: rank R ...` for the first rank it lists that did
+    not end by the SIGTERM torchrun sends the survivors of a failure (its "root cause" may be one
+    of those, depending on timing)."""
     code, who = returncode, ""
     text = _read(log_path)
-    m = re.search(r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)", text)
-    if m:
-        who, code = f"rank {m.group(1)} ", int(m.group(2))
+    ranks = [(r, int(c)) for r, c in re.findall(r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)", text)]
+    if ranks:
+        rank, code = next((rc for rc in ranks if rc[1] != -signal.SIGTERM), ranks[0])
+        who = f"rank {rank} "
     elif found := re.findall(r"exitcode\s*:\s*(-?\d+)", text):
         code = int(found[0])
     if code is not None and code < 0:
