@@ -187,10 +187,14 @@ def test_what_one_arms_session_cannot_run_is_named_by_its_arm(tmp_path):
         arms={"good": {}, "odd": {"pytest_args": ["--no-such-option"]}},
         tests={"test_x.py": ALWAYS},
     )
-    line = racecheck("run", "--trials", 1, "--out", "o", cwd=root).err.strip().splitlines()[-1]
-    assert (
-        line == "racecheck: error: arm 'odd': pytest rejected its arguments: unrecognized arguments: --no-such-option"
+    res = racecheck("run", "--trials", 1, "--out", "o", cwd=root)
+    assert res.code == 2 and "Traceback" not in res.err, res
+    # `good` ran first (the arms' order) and its trial is kept, summary.csv too
+    assert res.err.strip().splitlines()[-1] == (
+        "racecheck: error: arm 'odd': pytest rejected its arguments: unrecognized arguments: --no-such-option; "
+        f"the trials that finished are in {root / 'o'}"
     )
+    assert (root / "o" / "summary.csv").is_file() and {r.arm for r in records(root / "o")} == {"good"}
 
 
 def test_a_session_that_dies_before_collecting_is_an_infrastructure_error(project):

@@ -19,7 +19,7 @@ import click
 from racecheck.cli import node_options, run_options
 from racecheck.cli.commands import summarize_run
 from racecheck.cli.console import say
-from racecheck.exitcodes import ExitCode, InfrastructureError
+from racecheck.exitcodes import ExitCode, InfrastructureError, InputError
 
 
 def _import_table_libraries_meanwhile() -> None:
@@ -74,7 +74,12 @@ def run_command(ctx, **opts):
     with interrupts.handled():  # to the last line: a signal while the table prints is an interrupt too
         try:
             with progress, node_options.hosting(writer):
-                result = runner.run()
+                try:
+                    result = runner.run()
+                except InputError as exc:  # found mid-run (an arm pytest cannot run): the trials before it stay
+                    if summarize_run(config.out):
+                        raise InputError(f"{exc}; the trials that finished are in {config.out}") from None
+                    raise
             _after_run(ctx, config, result, writer=writer, gate=gate, started=started)
         except KeyboardInterrupt:
             with interrupts.ignored():  # a second signal is the same request: summary.csv is written whole
