@@ -210,5 +210,11 @@ def test_a_crash_names_the_rank_torchrun_found_failing_first(tmp_path):
         "Root Cause (first observed failure):\n[0]:\n  rank      : 1 (local_rank: 1)\n  exitcode  : 7 (pid: 8)\n"
     )
     assert crash_signature(1, log) == "crash: rank 1 died without a report (exit code 7)"
+    # several ranks failing: the root cause, though torchrun lists the others first
+    log.write_text(
+        "Failures:\n[1]:\n  rank      : 2 (local_rank: 2)\n  exitcode  : 1 (pid: 9)\n"
+        "Root Cause (first observed failure):\n[0]:\n  rank      : 1 (local_rank: 1)\n  exitcode  : -9 (pid: 8)\n"
+    )
+    assert crash_signature(1, log) == "crash: rank 1 killed by SIGKILL"
     log.write_text("")
     assert crash_signature(-9, log) == "crash: killed by SIGKILL"

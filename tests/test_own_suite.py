@@ -77,7 +77,7 @@ def test_the_failures_message_is_shown_once_per_kind_and_a_suite_failing_in_ever
     assert "before (race)  3/3 failed" in table and MESSAGE not in table
     assert f"ValueError at conftest.py:6 in world: {MESSAGE}\n    6 trial(s): before 3, after 3; 2 test(s)" in after
     assert "tiny: every arm fails alike, in every trial: this is the suite failing, not the race" in after
-    assert "should plain pytest pass it, it fails when its tests repeat in one process: --isolation process" in after
+    assert "should plain pytest pass it while the run repeated its tests in one session (session isolation)" in after
     for fmt, alike in (("terminal", "every arm fails alike"), ("markdown", "every arm fails alike"), ("html", "")):
         text = racecheck("report", tmp_path / "out", "--format", fmt, cwd=root).out
         assert MESSAGE in text and "ValueError at conftest.py:6 in world" in text and alike in text, (fmt, text[-600:])

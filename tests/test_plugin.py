@@ -336,3 +336,16 @@ def test_a_test_the_steps_cannot_repeat_is_refused_not_run_once(pytester, tmp_pa
     assert error["nodeid"] == "test_ut.py::TestU::test_counts"
     assert "--isolation process" in error["message"] and "unittest.TestCase" in error["message"]
     pytester.runpytest("-p", "racecheck", "--racecheck-steps=1").assert_outcomes(passed=2)
+
+
+def test_the_steps_keep_their_order_under_failed_first_and_new_first(pytester):
+    """--ff and --nf (pytest's cache) reorder the items in a wrapper around every other collection
+    hook: a failed step-2 test ran before step 1."""
+    pytester.makepyfile(test_ff="def test_a():\n    assert 0\n\ndef test_b():\n    pass\n")
+    pytester.runpytest("-p", "racecheck", "--racecheck-steps=2")  # test_a fails: --ff's first
+    for option in ("--ff", "--nf"):
+        lines = pytester.runpytest(
+            "-p", "racecheck", "--racecheck-steps=2", option, "--collect-only", "-q"
+        ).stdout.lines
+        ids = [line for line in lines if "::" in line]
+        assert ids == [f"test_ff.py::test_{t}[{k}-2]" for k in (1, 2) for t in "ab"], (option, ids)

@@ -176,6 +176,10 @@ def test_delay_ms_resizes_the_runs_profile_and_keeps_an_arms_own():
         _config(perturb=None, scenarios=(suite, other)).with_delay(0.001)
     both = _config(perturb=parse_profile("rs_delay"), scenarios=(suite, other)).with_delay(0.002)
     assert both.spec_for(other, "a") == "sleep@before_reduce_scatter:2ms"
+    # a suite whose default is off (a project's) has nothing to resize, and its arms keep their own
+    quiet = dataclasses.replace(_suite(), default_perturb="off", arms={"a": Arm("a", perturb="poison"), "b": Arm("b")})
+    resized = _config(perturb=None, scenarios=(quiet,)).with_delay(0.005)
+    assert (resized.spec_for(quiet, "a"), resized.spec_for(quiet, "b")) == ("poison@free", "off")
 
 
 @pytest.mark.parametrize(

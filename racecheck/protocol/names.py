@@ -65,6 +65,7 @@ MESH_VAR = "RACECHECK_MESH"  # `--mesh` as SHARDxREPLICATE, for people and logs 
 MESH_SHARD_VAR = f"{MESH_VAR}_SHARD"  # ... and its two axes, which the ranks read
 MESH_REPLICATE_VAR = f"{MESH_VAR}_REPLICATE"
 SESSION_MARK_VAR = "RACECHECK_SESSION_MARK"  # every process of a session (runner/launch.py)
+ONE_RANK_VAR = "RACECHECK_ONE_RANK"  # a one-rank session (one_rank.py): its xdist workers take ports of their own
 RUNNER_TOKEN_VAR = "RACECHECK_RUNNER_TOKEN"  # the runner that started it (runner/state.Lock)
 # Patch mode's actions in a project's suite: `recording` (the CPU twin, for tests) or unset (CUDA);
 # the runner checks that they can act before a run, the ranks use them.

@@ -15,7 +15,8 @@ import os
 import socket
 from collections.abc import MutableMapping
 
-ONE_RANK_VAR = "RACECHECK_ONE_RANK"  # set in a one-rank session's environment, read by its xdist workers
+from racecheck.protocol.names import ONE_RANK_VAR
+
 _ONES = ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE")
 _ZEROS = ("RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS")
 

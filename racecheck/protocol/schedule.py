@@ -3,7 +3,8 @@ each repeat step of the plugin runs. The runner writes it (write_schedule) befor
 session and passes its path with --racecheck-schedule; every rank reads it (read_schedule).
 
 [Note: resolved specs] A block carries the canonical spec of its arm's profile, resolved by the
-runner once (RunConfig.spec_for: the arm's own, else --perturb, else the suite's default), so that
+runner once (RunConfig.spec_for: none under --no-perturb or `--perturb off`, else the arm's own,
+else --perturb, else the suite's default), so that
 a rank never decides the precedence again: it parses each spec once and runs it. A block without
 one (`""`, a session started by hand) runs what the test itself defaults to.
 """

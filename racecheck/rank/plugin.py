@@ -164,8 +164,13 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
         args[:], early_config.stash[_WANTED_KEY] = widen(args, early_config.invocation_params.dir)
 
 
-@pytest.hookimpl(trylast=True)  # after pytest's own reordering by parameter, which needs the step's
-def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list) -> None:
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list):
+    """After every other plugin's selection and order (pytest's reordering by parameter, which
+    needs the step's, `-k`, pytest-randomly): each item's block, its own name back, and each
+    step's tests before the next step's (pytest_collection_finish sorts once more, after the
+    wrappers of --ff and --nf)."""
+    yield
     count = config.getoption(names.STEPS.flag)
     blocks = _blocks(config, count)
     profiles = config.stash.get(_PROFILES_KEY, {})
@@ -278,7 +283,11 @@ def racecheck_perturb(request: pytest.FixtureRequest) -> str | None:
     return request.node.stash[ITEM_TRIAL].perturb or None
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker sends its collection
 def pytest_collection_finish(session: pytest.Session) -> None:
+    # --ff and --nf reorder the items in wrappers around every collection hook: a failed test of
+    # step 2 would run before step 1. The order of the blocks wins (stable: theirs inside a step).
+    session.items.sort(key=lambda it: it.stash[ITEM_TRIAL].step if ITEM_TRIAL in it.stash else 0)
     log = session.config.stash[_LOG_KEY]
     if log is not None:
         log.write(Collected(count=len(session.items)))

@@ -60,8 +60,9 @@ def suite_line(scenario: str, records, *, logs: str = "OUT/logs", control: dict[
         suffix = "; to tell whether it fails without racecheck, run it with --no-perturb and without --detect"
     else:  # what is left of racecheck: its session, which repeats the tests in one process
         suffix = (
-            "; should plain pytest pass it, it fails when its tests repeat in one process: "
-            "--isolation process runs each trial in a session of its own"
+            "; should plain pytest pass it while the run repeated its tests in one session (session "
+            "isolation), it fails when they repeat in one process: --isolation process runs each trial "
+            "in a session of its own"
         )
     return (
         f"{scenario}: every arm fails alike, in every trial: this is the suite failing, not the race; "

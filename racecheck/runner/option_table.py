@@ -45,7 +45,7 @@ _HELP = {
     "allow_changed_suite": "With --resume: continue although the suite's tests or definition changed since the "
     "run started (the tally then mixes trials of both); without it such a resume is "
     "refused.",
-    "perturb": "Perturbation profile or rules (default: the suite's; an arm's own profile wins).",
+    "perturb": "Perturbation profile or rules (default: the suite's; an arm's own profile wins, except over off).",
     "no_perturb": "Run without perturbation, an arm's own profile included: the natural failure rate.",
     "delay_ms": "Resize every sleep of the profile to this many milliseconds (at most an hour).",
     "seed": "Base seed; trial t uses seed+t.",

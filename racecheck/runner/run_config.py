@@ -106,12 +106,14 @@ class RunConfig:
 
     def with_delay(self, seconds: float) -> RunConfig:
         """--delay-ms: the run's profile (--perturb, else the suites' one default) with every sleep
-        resized; an arm's own profile is kept. InputError when the suites' defaults differ and no
-        --perturb names one."""
+        resized; an arm's own profile is kept. A run profile that is off has no sleep to resize and
+        stays as it was: made `off` here it would turn every arm's own profile off too (--no-perturb).
+        InputError when the suites' defaults differ and no --perturb names one."""
         runs = {self.profile_for(s) for s in self.scenarios}
         if len(runs) > 1:
             raise InputError("--delay-ms needs --perturb when the scenarios' profiles differ")
-        return dataclasses.replace(self, perturb=runs.pop().with_delay(seconds))
+        run = runs.pop()
+        return self if run.is_off else dataclasses.replace(self, perturb=run.with_delay(seconds))
 
     def control(self, suites: set[str], folder: str) -> RunConfig:
         """The control of `suites` (blame.py): one trial of each of their arms, with no

@@ -335,7 +335,8 @@ class SessionRun:
     def _check_collected(self, ending: Ending, returncode: int | None) -> None:
         if self._collect_errors:
             e = self._collect_errors[0]
-            more = f" (and {len(self._collect_errors) - 1} more)" if len(self._collect_errors) > 1 else ""
+            others = {x.nodeid for x in self._collect_errors} - {e.nodeid}  # each rank and worker logs its own
+            more = f" (and {len(others)} more)" if others else ""
             raise InputError(
                 f"pytest could not collect {e.nodeid or 'the suite'}: {e.message}{more}; see {self.spec.log_path}"
             )
@@ -360,17 +361,21 @@ class SessionRun:
 
 def crash_signature(returncode: int | None, log_path: Path) -> str:
     """`crash: killed by SIGKILL` or `crash: the process died without a report (exit code N)`;
-    where torchrun's report names ranks, `crash: rank R ...` for the first rank it lists that did
-    not end by the SIGTERM torchrun sends the survivors of a failure (its "root cause" may be one
-    of those, depending on timing)."""
+    where torchrun's report names ranks, `crash: rank R ...`: its root cause (the first failure it
+    observed), unless that rank ended by the SIGTERM torchrun sends the survivors of a failure
+    (which, under load, it may observe first): then the first rank it lists that did not."""
     code, who = returncode, ""
     text = _read(log_path)
-    ranks = [(r, int(c)) for r, c in re.findall(r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)", text)]
+    failures, heading, root = text.rpartition("Root Cause")
+    if not heading:  # no torchrun report of that shape: every rank listed is a failure
+        failures, root = text, ""
+    entry = r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)"
+    ranks = [(r, int(c)) for r, c in re.findall(entry, root)[:1] + re.findall(entry, failures)]
     if ranks:
         rank, code = next((rc for rc in ranks if rc[1] != -signal.SIGTERM), ranks[0])
         who = f"rank {rank} "
-    elif found := re.findall(r"exitcode\s*:\s*(-?\d+)", text):
-        code = int(found[0])
+    elif codes := re.findall(r"exitcode\s*:\s*(-?\d+)", text):
+        code = int(codes[0])
     if code is not None and code < 0:
         try:
             return f"crash: {who}killed by {signal.Signals(-code).name}"
