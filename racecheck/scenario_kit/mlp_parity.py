@@ -80,12 +80,17 @@ def train_against_reference(
 
         model.zero_grad(set_to_none=set_to_none)
         local = 0.0
-        # Each rank trains on its slice of the global batch, split into microbatches whose
-        # losses are scaled so that the averaged gradient equals the reference's.
+        # Each rank trains on its slice of the global batch, split into microbatches; slices and
+        # microbatches may differ in size (24 samples over 5 ranks, 8 in 3 microbatches), so each
+        # microbatch's loss is its squared error over the global batch's elements, times the world
+        # the reduce-scatter averages over: the averaged gradient is then the reference's mean.
+        scale = world / x.numel()
         for xb, yb in zip(
-            x.chunk(world)[rank].chunk(num_microbatches), y.chunk(world)[rank].chunk(num_microbatches), strict=True
+            x.tensor_split(world)[rank].tensor_split(num_microbatches),
+            y.tensor_split(world)[rank].tensor_split(num_microbatches),
+            strict=True,
         ):
-            loss = nn.functional.mse_loss(model(xb), yb) / num_microbatches
+            loss = nn.functional.mse_loss(model(xb), yb, reduction="sum") * scale
             loss.backward()
             local += loss.item()
         sgd_step(model, lr=workload.lr)
