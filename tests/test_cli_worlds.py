@@ -114,6 +114,14 @@ def test_a_min_world_size_above_the_world_size_is_rejected(tmp_path):
         load_scenario(tmp_path)
 
 
+def test_a_power_of_two_world_must_be_true_or_false(tmp_path):
+    from racecheck.suites.catalogue import CatalogueError, load_scenario
+
+    (tmp_path / "scenario.toml").write_text('world_size = 2\npower_of_two_world = "yes"\n[arms.a]\n')
+    with pytest.raises(CatalogueError, match="power_of_two_world must be true or false"):
+        load_scenario(tmp_path)
+
+
 def test_a_multi_rank_scenario_runs_in_one_process_on_a_one_rank_group(tmp_path):
     """--world-size 1 (one GPU): no launcher, a one-rank process group, and the suite runs: every
     test passes or fails on its numbers, the fix never fails. (How often the race shows on one rank

@@ -193,6 +193,21 @@ def test_on_one_gpu_worlds_are_capped_floored_or_skipped_and_named(monkeypatch):
         _config(_suite("pair", 2, min_world_size=2)).fitted_to(1)
 
 
+def test_a_power_of_two_scenario_runs_on_the_most_gpus_it_takes_and_refuses_other_worlds():
+    import dataclasses
+
+    even = dataclasses.replace(_suite("even", 8, min_world_size=2), power_of_two_world=True)
+    assert _config(even, _suite("any", 8)).fitted_to(6).worlds == {"even": 4, "any": 6}
+    assert [_config(even).fitted_to(n).worlds for n in (2, 3, 7)] == [{"even": 2}, {"even": 2}, {"even": 4}]
+    assert "needs at least 2 ranks" in _config(even, _suite("any", 8)).fitted_to(1).skipped["even"]["why"]
+    for world in (3, 6):
+        with pytest.raises(
+            InputError, match=f"even splits its buffers evenly over a power-of-two world .* got {world}"
+        ):
+            _config(even, world_size=world).validate(gpus=None)
+    _config(even, world_size=8).validate(gpus=None)
+
+
 def test_a_skipped_suite_is_a_row_of_the_summary_and_a_line_of_the_table(tmp_path):
     from racecheck.results import report, tally
 

@@ -28,7 +28,8 @@ def _gpus(n: int) -> str:
 
 def fit_worlds(config: RunConfig, gpus: int | None) -> RunConfig:
     """On CUDA, every suite's world follows the machine: a catalogue scenario runs on at most one
-    rank per GPU and at least its min_world_size (one that cannot fit is skipped, with the reason
+    rank per GPU, at least its min_world_size and on a world it takes (Suite.takes_world: 4 of 6
+    GPUs for a power_of_two_world scenario; one that cannot fit is skipped, with the reason
     kept for the table); a project suite that needs more ranks than there are GPUs is an input
     error (NCCL runs one rank per GPU). `--world-size` overrides both; no GPU changes nothing."""
     if gpus is None or config.world_size:
@@ -43,14 +44,15 @@ def fit_worlds(config: RunConfig, gpus: int | None) -> RunConfig:
                 f"--world-size {gpus} if the suite runs on fewer ranks, or --backend sim for a suite "
                 "that does not use CUDA"
             )
-        if gpus < s.min_world_size:
+        fitting = max((n for n in range(1, gpus + 1) if s.takes_world(n)), default=0)
+        if not fitting:
             skipped[s.name] = {
                 "arms": list(config.arms_for(s)),
                 "expect": {a: s.arm(a).expect for a in config.arms_for(s)},
                 "why": f"needs at least {s.min_world_size} ranks (min_world_size), this machine has {_gpus(gpus)}",
             }
         else:
-            worlds[s.name] = gpus
+            worlds[s.name] = fitting  # the most GPUs it takes (a power of two where it needs one)
     kept = tuple(s for s in config.scenarios if s.name not in skipped)
     if not kept:
         raise InputError(
@@ -83,6 +85,12 @@ def check_worlds(config: RunConfig) -> None:
         if config.world_for(s) < s.min_world_size:
             raise InputError(
                 f"{s.name} needs at least {s.min_world_size} ranks (its min_world_size), got {config.world_for(s)}",
+                option="--world-size",
+            )
+        if not s.takes_world(config.world_for(s)):
+            raise InputError(
+                f"{s.name} splits its buffers evenly over a power-of-two world (its power_of_two_world), "
+                f"got {config.world_for(s)}",
                 option="--world-size",
             )
     for s in config.scenarios:

@@ -86,6 +86,12 @@ class Suite:
     pytest_args: tuple[str, ...] = ()  # pytest options for every arm
     config_file: Path | None = None  # the config that defined a config suite (None: catalogue)
     min_world_size: int = 1  # the fewest ranks whose collectives can still show the race
+    power_of_two_world: bool = False  # its buffers split evenly only over 1, 2, 4, 8, ... ranks
+
+    def takes_world(self, world: int) -> bool:
+        """Whether the scenario runs correctly on `world` ranks (its min_world_size and, where it
+        says so, a power of two)."""
+        return world >= self.min_world_size and not (self.power_of_two_world and world & (world - 1))
 
     @property
     def kind(self) -> SuiteKind:
@@ -210,6 +216,13 @@ def check_default_arms(value, arms: dict, where: str) -> tuple[str, ...]:
     return default
 
 
+def _flag(table: dict, key: str, where: str) -> bool:
+    value = table.get(key, False)
+    if not isinstance(value, bool):
+        raise CatalogueError(f"{where}: {key} must be true or false")
+    return value
+
+
 def check_world_size(value, where: str, key: str = "world_size") -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise CatalogueError(f"{where}: {key} must be a positive integer")
@@ -266,6 +279,7 @@ def load_scenario(folder: Path) -> Suite:
         default_arms,
         arms,
         min_world_size=least,
+        power_of_two_world=_flag(data, "power_of_two_world", str(path)),
     )
     try:
         _ = suite.default_profile  # parsed once, here: a bad spec is the file's error

@@ -35,6 +35,7 @@ def fingerprint(suite: Suite, targets: tuple[str, ...] = ()) -> dict[str, str]:
         "name": suite.name,
         "world_size": suite.world_size,
         "min_world_size": suite.min_world_size,
+        **({"power_of_two_world": True} if suite.power_of_two_world else {}),  # absent: as before the key
         "default_perturb": suite.default_perturb,
         "default_arms": list(suite.default_arms),
         "tests": list(suite.tests),
