@@ -157,3 +157,19 @@ def test_arms_all_runs_every_arm_not_only_the_defaults(tmp_path):
     assert {arm for arm, test in summary_counts(root / "d") if test == "*"} == {"a", "b"}
     assert racecheck("run", "-q", "--arms", "all", "--trials", 1, "--out", "all", cwd=root).code == 0
     assert {arm for arm, test in summary_counts(root / "all") if test == "*"} == {"a", "b", "c"}
+
+
+def test_a_catalogue_profile_that_never_acts_is_said_to_prove_nothing(tmp_path):
+    """The injector's actions reach the catalogue's records: a rule on a stream the scenario never
+    uses is said to have never acted (it ran silently), and the scenario's own profile acted."""
+    args = ("run", "--scenario", "cross_stream_copy", "--arms", "record_stream", "--trials", 1, "-q")
+    scenarios = ("--scenarios", CHECKOUT / "scenarios")
+    res = racecheck(
+        *args, "--perturb", "sleep@before_copy:3ms/nosuch", "--out", tmp_path / "a", *scenarios, cwd=tmp_path
+    )
+    assert res.code == 0, res
+    assert "cross_stream_copy/record_stream: the perturbation 'sleep@before_copy:3ms/nosuch' never acted" in res.out
+    assert all(r.actions == {} for r in records(tmp_path / "a"))
+    res = racecheck(*args, "--out", tmp_path / "b", *scenarios, cwd=tmp_path)
+    assert res.code == 0 and "never acted" not in res.out, res
+    assert all(r.actions and sum(r.actions.values()) > 0 for r in records(tmp_path / "b"))

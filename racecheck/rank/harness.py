@@ -12,6 +12,7 @@ teardown. The reports stay RaceReport objects until the test's outcome is writte
 
 from __future__ import annotations
 
+import collections
 import contextlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Protocol
@@ -122,13 +123,19 @@ class RuntimePerturbation:
         self.injector = install(self.rt, self.profile, seed=self.seed)
 
     def uninstall(self) -> dict:
+        """What the injector did in this test, for its outcome: the actions it took by kind (its
+        log), so that a profile that never acts on the scenario's path (a rule on a stream it
+        never uses) is said to prove nothing, as a project's is."""
         from racecheck.perturb.injector import uninstall
 
+        injector = self.injector
         try:
-            uninstall(self.rt, self.injector)
+            uninstall(self.rt, injector)
         finally:
             self.rt.synchronize()
-        return {}  # the injector counts nothing per test: the record's actions stay None
+        if injector is None or self.profile.is_off:
+            return {}
+        return {"actions": dict(collections.Counter(type(f.action).__name__.lower() for f in injector.log))}
 
 
 @contextlib.contextmanager

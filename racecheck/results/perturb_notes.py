@@ -2,7 +2,8 @@
 profiles that never acted (a perturbation that never fires proves nothing), and for the systematic
 schedule its bound: k, the hand-off points recorded, what the trials covered, and what failed.
 
-Only records that counted their actions (patch mode, a project's own suite) are judged. The
+Only records that counted their actions (patch mode in a project's own suite, the injector on
+the catalogue's runtime) are judged. The
 profiles come parsed, as the run resolved them per (suite, arm) (RunConfig.profile_for).
 """
 
@@ -41,6 +42,6 @@ def perturbation_notes(records: list[TrialRecord], profiles: Mapping[tuple[str, 
         if acted == 0 and (systematic is None or trials > 1):
             lines.append(
                 f"{suite}/{arm}: the perturbation {spec!r} never acted in {trials} trial(s): it proves "
-                f"nothing here (none of its points is on the tests' path)"
+                f"nothing here (none of its points, on the streams it names, is on the tests' path)"
             )
     return lines
