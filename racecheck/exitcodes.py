@@ -25,3 +25,9 @@ class InputError(Exception):
     def __init__(self, message: str, *, option: str | None = None) -> None:
         super().__init__(message)
         self.option = option
+
+
+class SuiteRejected(InputError):
+    """An InputError a pytest session found once the run had started (a suite, or one arm's
+    revision or pytest arguments, that pytest cannot collect or run): trials of this run may have
+    finished before it."""

@@ -19,7 +19,7 @@ import click
 from racecheck.cli import node_options, run_options
 from racecheck.cli.commands import summarize_run
 from racecheck.cli.console import say
-from racecheck.exitcodes import ExitCode, InfrastructureError, InputError
+from racecheck.exitcodes import ExitCode, InfrastructureError, InputError, SuiteRejected
 
 
 def _import_table_libraries_meanwhile() -> None:
@@ -76,7 +76,7 @@ def run_command(ctx, **opts):
             with progress, node_options.hosting(writer):
                 try:
                     result = runner.run()
-                except InputError as exc:  # found mid-run (an arm pytest cannot run): the trials before it stay
+                except SuiteRejected as exc:  # found mid-run (an arm pytest cannot run): the trials before it stay
                     if summarize_run(config.out):
                         raise InputError(f"{exc}; the trials that finished are in {config.out}") from None
                     raise

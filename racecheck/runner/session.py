@@ -53,7 +53,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from racecheck.exitcodes import InfrastructureError, InputError
+from racecheck.exitcodes import InfrastructureError, InputError, SuiteRejected
 from racecheck.protocol.rank_events import Collected, CollectError, Finished, RankEvent, Started, TestOutcome
 from racecheck.protocol.records import Outcome, worst
 from racecheck.protocol.schedule import Block
@@ -328,9 +328,8 @@ class SessionRun:
             self._check_collected(ending, returncode)
         except InputError as exc:
             arms = self.plan.arms
-            if len(arms) == 1 and arms[0]:
-                raise InputError(f"arm {arms[0]!r}: {exc}") from None
-            raise
+            where = f"arm {arms[0]!r}: " if len(arms) == 1 and arms[0] else ""
+            raise SuiteRejected(f"{where}{exc}") from None
 
     def _check_collected(self, ending: Ending, returncode: int | None) -> None:
         if self._collect_errors:
