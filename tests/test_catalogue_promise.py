@@ -60,3 +60,7 @@ def test_every_race_arm_of_the_catalogue_fails_and_every_safe_arm_passes_in_one_
     assert len({r.test for r in motivating if r.arm == "baseline"}) == 4
     assert {r.outcome for r in motivating if r.arm == "fixed"} == {"passed"}
     assert all("--scenario main_grad_reuse --arms baseline" in r.replay for r in motivating if r.arm == "baseline")
+    # Each record says what the injector did: the scenario's own profile acted (rs_window holds and
+    # delays), so no note says that a profile never acted.
+    assert all(r.actions and sum(r.actions.values()) > 0 for r in motivating)
+    assert "never acted" not in res.out

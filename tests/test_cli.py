@@ -285,12 +285,19 @@ def test_a_replay_line_reruns_the_failing_trial(project, tmp_path):
 
 
 def test_pytest_xdist_workers_are_merged_into_one_outcome_per_test(project, tmp_path):
+    """And in a one-rank session each worker is a world of its own: under `-n 2` both workers init
+    the default process group from the session's environment, which with one MASTER_PORT would
+    each host their store on it (EADDRINUSE)."""
     pytest.importorskip("xdist")
+    (project / "conftest.py").write_text(XDIST_WORLD_CONFTEST)
+    (project / "test_world.py").write_text(XDIST_WORLD_TEST)
     res = racecheck("run", "--trials", 3, "--out", tmp_path / "out", "-q", "--", "-p", "xdist", "-n", "2", cwd=project)
     assert res.code == 0, res
     recs = records(tmp_path / "out")
-    assert len(recs) == len({(r.arm, r.trial, r.test) for r in recs}) == 12
-    assert summary_counts(tmp_path / "out") == expected_failures({"often": 0.6, "never": 0.0}, range(3))
+    assert len(recs) == len({(r.arm, r.trial, r.test) for r in recs}) == 24
+    counts, expected = summary_counts(tmp_path / "out"), expected_failures({"often": 0.6, "never": 0.0}, range(3))
+    assert {k: counts[k] for k in expected} == expected
+    assert [counts[(arm, t)] for arm in ("often", "never") for t in ("test_a", "test_b")] == [(0, 3)] * 4
 
 
 def test_a_unittest_suite_is_refused_by_session_isolation_and_runs_every_trial_in_process(tmp_path):
@@ -344,18 +351,3 @@ def test_a():
 def test_b():
     assert dist.get_world_size() == 1
 """
-
-
-def test_each_xdist_worker_of_a_one_rank_session_is_a_world_of_its_own(tmp_path):
-    """Under `-n 2` both workers init the default process group from the session's environment:
-    with one MASTER_PORT both would host their store on it (EADDRINUSE)."""
-    pytest.importorskip("xdist")
-    suite = write_suite(
-        tmp_path / "x",
-        arms={"main": {"expect": "safe"}},
-        tests={"conftest.py": XDIST_WORLD_CONFTEST, "test_x.py": XDIST_WORLD_TEST},
-    )
-    res = racecheck("run", "--trials", 2, "--out", tmp_path / "o", "--", "-p", "xdist", "-n", "2", cwd=suite)
-    assert res.code == 0, res
-    counts = summary_counts(tmp_path / "o")
-    assert (counts[("main", "test_a")], counts[("main", "test_b")]) == ((0, 2), (0, 2))

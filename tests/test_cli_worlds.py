@@ -161,7 +161,8 @@ def test_arms_all_runs_every_arm_not_only_the_defaults(tmp_path):
 
 def test_a_catalogue_profile_that_never_acts_is_said_to_prove_nothing(tmp_path):
     """The injector's actions reach the catalogue's records: a rule on a stream the scenario never
-    uses is said to have never acted (it ran silently), and the scenario's own profile acted."""
+    uses is said to have never acted (it ran silently); test_catalogue_promise.py checks that a
+    scenario's own profile acted."""
     args = ("run", "--scenario", "cross_stream_copy", "--arms", "record_stream", "--trials", 1, "-q")
     scenarios = ("--scenarios", CHECKOUT / "scenarios")
     res = racecheck(
@@ -170,6 +171,3 @@ def test_a_catalogue_profile_that_never_acts_is_said_to_prove_nothing(tmp_path):
     assert res.code == 0, res
     assert "cross_stream_copy/record_stream: the perturbation 'sleep@before_copy:3ms/nosuch' never acted" in res.out
     assert all(r.actions == {} for r in records(tmp_path / "a"))
-    res = racecheck(*args, "--out", tmp_path / "b", *scenarios, cwd=tmp_path)
-    assert res.code == 0 and "never acted" not in res.out, res
-    assert all(r.actions and sum(r.actions.values()) > 0 for r in records(tmp_path / "b"))
