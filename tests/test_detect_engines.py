@@ -354,8 +354,9 @@ def test_the_catalogue_runs_with_both_engines_compared_on_every_event(tmp_path, 
     monkeypatch.setenv("RACECHECK_DETECT_ENGINE", "compare")  # the ranks' environment
     scenarios = "main_grad_reuse,hsdp_offload_copy"
     out = tmp_path / "out"
-    res = racecheck("run", "--scenario", scenarios, "--arms", "all", "--trials", 1, "--detect", "--no-perturb",
-                    "--backend", "sim", "--out", out, "-q", cwd=Path(__file__).resolve().parents[1])  # fmt: skip
+    options = ("--arms", "all", "--trials", 1, "--detect", "--no-perturb", "--backend", "sim", "-q")
+    root = Path(__file__).resolve().parents[1]
+    res = racecheck("run", "--scenario", scenarios, *options, "--world-size", 2, "--out", out, cwd=root)  # 2 ranks each
     assert res.code == 0, res
     assert "EnginesDisagree" not in res.out + res.err
     rows = pd.read_csv(out / "summary.csv", keep_default_na=False)
