@@ -152,6 +152,15 @@ def test_reorder_holds_the_stream_until_the_opening_point(rt):
     assert [type(f.action) for f in inj.log] == [Hold]
 
 
+def test_a_hold_the_inline_default_stream_cannot_take_is_skipped_not_logged(rt):
+    """The emulation's default stream runs on the host: a hold there is skipped and counted so, and
+    it is no action of the trial's (the log and the records' actions count what acted)."""
+    inj = install(rt, parse_profile("reorder@before_all_reduce>end_of_backward:10s"))
+    rt.point("before_all_reduce")  # on the default stream
+    rt.point("end_of_backward")
+    assert (inj.log, inj.skipped) == ([], {"hold_inline": 1})
+
+
 def test_uninstall_opens_held_gates(rt):
     side = rt.new_stream("all_reduce")
     inj = install(rt, parse_profile("reorder@before_all_reduce>end_of_backward:10s"))

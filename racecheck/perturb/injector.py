@@ -177,7 +177,8 @@ class Injector(RuntimeObserver):
             with self._as_injector(), rt.stream(target):
                 rt.sleep(action.seconds)
         elif isinstance(action, Hold):
-            self._hold(rt, target, action)
+            if not self._hold(rt, target, action):
+                return  # not taken: no action of the trial's (its records count what acted)
         else:  # poison and pressure act on frees only (profiles.parse_profile enforces it)
             raise AssertionError(f"{action!r} at {point}")
         self._record(point, target, action)
@@ -190,21 +191,23 @@ class Injector(RuntimeObserver):
             return rt.default_stream()
         return self._streams.get(name)
 
-    def _hold(self, rt: Runtime, stream: Stream, hold: Hold) -> None:
+    def _hold(self, rt: Runtime, stream: Stream, hold: Hold) -> bool:
+        """Hold `stream`; False where it cannot be held (the emulation's inline default stream)."""
         if stream.inline:
             # The emulation runs its default stream on the host: holding it would hold the host
             # that must reach the opening point.
             self.skipped["hold_inline"] = self.skipped.get("hold_inline", 0) + 1
-            return
+            return False
         if not stream.runs_host_work:  # CUDA: no stream can wait for the host; hold for the bound
             with self._as_injector(), rt.stream(stream):
                 rt.sleep(hold.seconds)
-            return
+            return True
         gate = _Gate(until=hold.until, steps=hold.steps, seconds=hold.seconds)
         with self._lock:
             self._gates.append(gate)
         # Host -> held stream: the stream's worker blocks in gate.wait until the host opens it.
         stream.enqueue(gate.wait)
+        return True
 
     def open_gates(self) -> None:
         with self._lock:
