@@ -167,9 +167,8 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list):
     """After every other plugin's selection and order (pytest's reordering by parameter, which
-    needs the step's, `-k`, pytest-randomly): each item's block, its own name back, and each
-    step's tests before the next step's (pytest_collection_finish sorts once more, after the
-    wrappers of --ff and --nf)."""
+    needs the step's, `-k`, pytest-randomly): each item's block and its own name back. The
+    blocks' order is pytest_collection_finish's, the one place after every reordering."""
     yield
     count = config.getoption(names.STEPS.flag)
     blocks = _blocks(config, count)
@@ -201,8 +200,6 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         done = [it for it in items if it.stash[ITEM_TRIAL].test in recorded.get(it.stash[ITEM_TRIAL].step, ())]
         config.hook.pytest_deselected(items=done)
         items[:] = [it for it in items if it.stash[ITEM_TRIAL].test not in recorded.get(it.stash[ITEM_TRIAL].step, ())]
-    # Block order (trial-major, arms in each trial's order); stable inside (pytest's own order).
-    items.sort(key=lambda it: it.stash[ITEM_TRIAL].step)
 
 
 def _step(item: pytest.Item) -> int:
@@ -285,8 +282,9 @@ def racecheck_perturb(request: pytest.FixtureRequest) -> str | None:
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker sends its collection
 def pytest_collection_finish(session: pytest.Session) -> None:
-    # --ff and --nf reorder the items in wrappers around every collection hook: a failed test of
-    # step 2 would run before step 1. The order of the blocks wins (stable: theirs inside a step).
+    # Block order (trial-major, arms in each trial's order), stable inside a step (pytest's and the
+    # plugins' order). Here, not in pytest_collection_modifyitems: --ff and --nf reorder the items
+    # in wrappers around every collection hook, which would run a failed test of step 2 first.
     session.items.sort(key=lambda it: it.stash[ITEM_TRIAL].step if ITEM_TRIAL in it.stash else 0)
     log = session.config.stash[_LOG_KEY]
     if log is not None:

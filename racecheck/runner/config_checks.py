@@ -151,7 +151,8 @@ def check_perturbation(config: RunConfig) -> None:
     from racecheck.perturb.profiles import check_where
 
     for s in config.scenarios:
-        profiles = sorted({config.profile_for(s, a) for a in config.arms_for(s)}, key=lambda p: p.to_spec())
+        by_arm = {a: config.profile_for(s, a) for a in config.arms_for(s)}
+        profiles = sorted(set(by_arm.values()), key=lambda p: p.to_spec())
         patch_mode = s.kind is SuiteKind.PROJECT
         for p in profiles:
             try:
@@ -163,7 +164,7 @@ def check_perturbation(config: RunConfig) -> None:
             continue
         from racecheck.perturb.patch_actions import PatchUnavailable, actions_factory
 
-        acting = [(a, config.profile_for(s, a)) for a in config.arms_for(s) if not config.profile_for(s, a).is_off]
+        acting = [(a, p) for a, p in by_arm.items() if not p.is_off]
         if acting or config.detect:
             need = f"the profile {acting[0][1].to_spec()!r} (arm {acting[0][0]!r})" if acting else "--detect"
             try:
