@@ -3,7 +3,7 @@ functions and the project's Triton kernel on side streams, FSDP2 with each block
 a replica, DTensor's full_tensor(), imports inside tests and fixtures) in every mode, the detector
 on both paths; into reports/gpu/modern_code.csv, reports/gpu/modern_code.md and the README's table.
 
-    python3 bench/modern_code.py --out DIR [--modes natural,profile,systematic,random,detect]
+    python3 bench/modern_code.py --out DIR [--modes natural,profile,systematic,random,detect] [--missing]
         [--jobs 8] [--max-seconds S] [--report reports/gpu] [--splice README.md]
     python3 bench/modern_code.py --from-runs DIR --splice README.md      # rebuild, run nothing
 
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import csv
 import sys
 import time
 from pathlib import Path
@@ -62,6 +63,20 @@ def plan(modes: list[str]) -> list[fc.Run]:
         else:
             runs += [fc.Run(SUITE, mode, TARGETS, arms=arm) for arm in correct + race]
     return runs
+
+
+def measured(report: Path, run: fc.Run, trials: int) -> bool:
+    """Whether the report's table already holds `run` (its arm, mode and path) with `trials` trials."""
+    path = report / "modern_code.csv"
+    if not path.is_file():
+        return False
+    with open(path, newline="") as f:
+        return any(
+            r["case"] == fc.ANY_TEST
+            and (r["arm"], r["mode"], r["path"]) == (run.arms, run.mode, run.path)
+            and int(r["trials"]) >= trials
+            for r in csv.DictReader(f)
+        )
 
 
 def merge(report: Path, rows: list[dict]) -> list[dict]:
@@ -167,6 +182,9 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--chunk", type=int, default=50, help="racecheck run --chunk: trials per session")
     parser.add_argument("--max-seconds", type=float, default=None)
+    parser.add_argument(
+        "--missing", action="store_true", help="skip the runs whose arm and mode the report already holds in full"
+    )
     parser.add_argument("--from-runs", type=Path, default=None, metavar="DIR")
     parser.add_argument("--report", type=Path, default=ROOT / "reports" / "gpu")
     parser.add_argument("--splice", type=Path, default=None, metavar="README")
@@ -181,10 +199,13 @@ def main() -> int:
     bounds: dict = {}
     errors: list[str] = []
 
-    def one(run: fc.Run) -> None:
-        trials = {"systematic": args.systematic_trials, "random": args.random_trials}.get(run.mode, args.trials)
+    def trials_of(run: fc.Run) -> int:
         if run.mode.startswith("profile:") and run.arms in CORRECT.split(","):
-            trials = args.profile_trials
+            return args.profile_trials
+        return {"systematic": args.systematic_trials, "random": args.random_trials}.get(run.mode, args.trials)
+
+    def one(run: fc.Run) -> None:
+        trials = trials_of(run)
         if args.from_runs is not None:
             rc, folder = 0, args.from_runs / "runs" / run.name
             if not (folder / "summary.csv").is_file():
@@ -206,10 +227,15 @@ def main() -> int:
             bounds.update({(run.suite, *k): v for k, v in fc.bounds_of(folder).items()})
 
     runs = plan(modes)
+    if args.missing:
+        runs = [r for r in runs if not measured(args.report, r, trials_of(r))]
+        print(f"{len(runs)} runs not yet in {args.report / 'modern_code.csv'}", flush=True)
     for run in (r for r in runs if r.mode == "natural"):  # alone: nothing else on the GPU
         one(run)
     with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        for future in [pool.submit(one, r) for r in runs if r.mode != "natural"]:
+        # the longest runs first, so that a call's time limit cuts the short ones
+        rest = sorted((r for r in runs if r.mode != "natural"), key=trials_of, reverse=True)
+        for future in [pool.submit(one, r) for r in rest]:
             future.result()
     merged = merge(args.report, rows)
     kept = fc.merge_bounds(args.report, bounds, name="modern_code_bounds.csv")

@@ -5,7 +5,8 @@
 # every mode, the detector on both paths). Packs every log and run folder into
 # $OUT/modern_code.tar.gz beside the tables ($OUT/modern_code.csv, .md, _bounds.csv; copy them into
 # reports/gpu/ and the log into reports/gpu/modern_code.log).
-#   bash bench/modern_code.sh [modern_code.py options: --modes ... --jobs 8]
+#   bash bench/modern_code.sh [modern_code.py options: --modes ... --jobs 8 --missing]
+# MODERN_TESTS=0 leaves out the CUDA tests (a call that only adds runs to the table).
 # The wheels the machine lacks travel in .whl/ (bench/gpu_check.sh's header says which).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 3
@@ -21,7 +22,7 @@ python3 -c "import racecheck.cli, tqdm, psutil, pytest_repeat, triton; import ra
 start=$(date +%s)
 # The CUDA tests (about a minute): the tracker on compiled and Triton kernels and early records,
 # patch mode on torch.cuda, a generated program in every form. Their Inductor compiles also warm the cache the runs below hit.
-python3 -m pytest -q -p no:cacheprovider -x tests/test_detect_cuda.py tests/test_patch_cuda.py \
+[ "${MODERN_TESTS:-1}" = 0 ] || python3 -m pytest -q -p no:cacheprovider -x tests/test_detect_cuda.py tests/test_patch_cuda.py \
   tests/test_kernel_launches.py tests/test_patch_modern.py \
   "tests/test_soundness.py::test_on_cuda_a_program_with_its_copies_in_every_form_is_correct_and_unreported" \
   2>&1 | tee "$OUT/modern/cuda_tests.log" | tail -5
