@@ -3,7 +3,7 @@ functions and the project's Triton kernel on side streams, FSDP2 with each block
 a replica, DTensor's full_tensor(), imports inside tests and fixtures) in every mode, the detector
 on both paths; into reports/gpu/modern_code.csv, reports/gpu/modern_code.md and the README's table.
 
-    python3 bench/modern_code.py --out DIR [--modes natural,profile,systematic,random,detect] [--missing]
+    python3 bench/modern_code.py --out DIR [--modes natural,profile,systematic,random,detect] [--missing] [--arms A,B]
         [--jobs 8] [--max-seconds S] [--report reports/gpu] [--splice README.md]
     python3 bench/modern_code.py --from-runs DIR --splice README.md      # rebuild, run nothing
 
@@ -17,6 +17,10 @@ What runs, each from examples/compiled as a user would run it (bench/foreign_cod
 - random: the correct arms, `--random-trials` trials;
 - detect: every arm, `--detect --no-perturb`, on each of the detector's paths (`native`,
   `python`: RACECHECK_DETECT_PATH).
+The natural runs and the race arms' profile runs go one at a time, with nothing else on the GPU:
+a delay is GPU time, and other processes time-slicing the GPU eat into it (with 8 runs beside
+them, enter_delay failed drop_early 5/10 and no_wait 9/10); every other run goes `--jobs` at a
+time (a correct arm must pass whatever the timing). `--arms` keeps the runs of those arms only.
 Rows: `suite,case,arm,expect,mode,path,trials,failures,detected` (`path` set for mode detect);
 rows of the same suite, case, arm, mode and path replace earlier ones, so a run split over device
 calls builds one table. Run it on the GPU machine through bench/modern_code.sh.
@@ -63,6 +67,11 @@ def plan(modes: list[str]) -> list[fc.Run]:
         else:
             runs += [fc.Run(SUITE, mode, TARGETS, arms=arm) for arm in correct + race]
     return runs
+
+
+def timed(run: fc.Run) -> bool:
+    """A run whose result depends on GPU timing: natural, or a race arm under its profile."""
+    return run.mode == "natural" or (run.mode.startswith("profile:") and run.arms in RACE.split(","))
 
 
 def measured(report: Path, run: fc.Run, trials: int) -> bool:
@@ -180,6 +189,7 @@ def main() -> int:
     parser.add_argument("--systematic-trials", type=int, default=60, help="at least k + 1: every point once")
     parser.add_argument("--random-trials", type=int, default=30)
     parser.add_argument("--jobs", type=int, default=1)
+    parser.add_argument("--arms", default=None, help="comma-separated: the runs of these arms only")
     parser.add_argument("--chunk", type=int, default=50, help="racecheck run --chunk: trials per session")
     parser.add_argument("--max-seconds", type=float, default=None)
     parser.add_argument(
@@ -230,11 +240,14 @@ def main() -> int:
     if args.missing:
         runs = [r for r in runs if not measured(args.report, r, trials_of(r))]
         print(f"{len(runs)} runs not yet in {args.report / 'modern_code.csv'}", flush=True)
-    for run in (r for r in runs if r.mode == "natural"):  # alone: nothing else on the GPU
+    if args.arms:
+        runs = [r for r in runs if r.arms in args.arms.split(",")]
+    alone = [r for r in runs if timed(r)]
+    for run in alone:  # nothing else on the GPU: a delay's GPU time is not shared out
         one(run)
     with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
         # the longest runs first, so that a call's time limit cuts the short ones
-        rest = sorted((r for r in runs if r.mode != "natural"), key=trials_of, reverse=True)
+        rest = sorted((r for r in runs if r not in alone), key=trials_of, reverse=True)
         for future in [pool.submit(one, r) for r in rest]:
             future.result()
     merged = merge(args.report, rows)
