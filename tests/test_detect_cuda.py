@@ -237,6 +237,41 @@ def test_kernels_below_the_dispatcher_are_tracked(path, kind, mistake):
     del got, filler
 
 
+_FIRST_TRACKER = """
+import torch
+from racecheck.detect import TorchRaceTracker
+work = torch.compile(lambda x: x * 3.0 + 1.0)
+side = torch.cuda.Stream()
+with TorchRaceTracker() as tracker:
+    x = torch.randn(1 << 20, device="cuda")
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        out = work(x)
+    x.record_stream(side)
+    del x
+    torch.cuda.current_stream().wait_stream(side)
+    got = out.clone()
+    torch.cuda.synchronize()
+print("reports", len(tracker.reports()), "adopted", tracker.stats["adopted"], "path", tracker.path)
+"""
+
+
+def test_the_first_tracker_of_a_process_sees_cuda_trace_events():
+    """The first tracker of a process, on the native path, over ordered code that compiles: the
+    planning of its first operators imports torch.cuda._sanitizer, which used to take c10's GPU
+    trace over from the log, so that no allocation or event wait was seen and the ordered code
+    was reported ([Note: the GPU trace taken once]). A fresh process: in this one, earlier tests
+    already took the trace once."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _FIRST_TRACKER], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-6:] == ["reports", "0", "adopted", "0", "path", "native"], (
+        done.stdout + done.stderr[-3000:]
+    )
+
+
 # -- the native engine against the Python engine, on the same records -------------------------------
 def _motivating_race():
     default, rs = torch.cuda.current_stream(), torch.cuda.Stream()

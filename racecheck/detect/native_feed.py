@@ -109,11 +109,25 @@ class NativeFeed:
         self._failures_at_start = 0
 
     def start(self) -> None:
-        from racecheck.detect.dispatch import native_plan
+        from racecheck.detect.dispatch import native_plan, sanitizer_module
 
         tracker = self.tracker
         cuda = tracker.device_type == "cuda"
-        # On CUDA the log takes CUDA's trace events too (op_log.cpp), in place of Python's callbacks.
+        if cuda:
+            # [Note: the GPU trace taken once]
+            # On CUDA the log takes CUDA's trace events too (op_log.cpp), in place of Python's
+            # callbacks, by putting its interpreter in c10's GPU trace for the time it records.
+            # torch._C._activate_gpu_trace() puts Python's there once per process (a call_once),
+            # whenever it is first called: by importing torch.cuda._sanitizer (whose module-level
+            # sanitizer calls it), which planning the first operators does. Called while the log
+            # records, it would take the trace over, and every allocation, free and event wait
+            # after it would go unseen: ordered code reported as racing (the first test of every
+            # process, on one H200). So it is called here, before the log saves the trace it
+            # puts back at its stop; later calls are no-ops.
+            sanitizer_module()
+            import torch
+
+            torch._C._activate_gpu_trace()
         self.log.start(native_plan, self.drain, cuda, tracker.stacks_on, cuda)  # one tracker at a time
         self.active = True
         self._failures_at_start = self.log.failures()[0]
