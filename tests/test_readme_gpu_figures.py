@@ -34,9 +34,9 @@ def md_tables(name: str) -> dict[tuple[str, str], tuple[str, str, list[float]]]:
     """{(workload, mode): (median, slowdown, every run)} of a detector_overhead_native*.md."""
     found, workload = {}, ""
     for line in text(name).splitlines():
-        if line.startswith("## "):
-            workload = line[3:].split(":")[0]
-        elif m := re.match(r"^\| (\w+) \| ([\d.]+) \| ([\d.]+)x \| [\d.]+x \| ([\d., ]+) \|$", line):
+        if line.startswith("## ") or line.startswith("### "):
+            workload = line.lstrip("#").strip().split(":")[0]
+        elif m := re.match(r"^\| (\w+) \| ([\d.]+) \| ([\d.]+)x \| [\d.]+x \|(?: \d+ \|)? ([\d., ]+) \|$", line):
             found[(workload, m[1])] = (m[2], m[3], [float(v) for v in m[4].split(", ")])
     return found
 
@@ -59,6 +59,34 @@ def test_the_native_table_is_the_pinned_csv_and_the_unpinned_report():
     low, high = quoted(r"the sanitizer, ([\d.]+)x to ([\d.]+)x slower in the table below")
     slowdowns = [float(re.findall(r"\(([\d.]+)x\)", rest)[-1]) for *_, rest in table]
     assert (float(low), float(high)) == (min(slowdowns), max(slowdowns))
+
+
+def test_the_adamw_table_is_its_report_and_no_run_reported():
+    report = md_tables("gpu/detector_overhead_native_adamw_unpinned_7rounds.md")
+    table = re.findall(
+        r"\| (MLP \(8 x 2048, GELU\)|FSDP2 transformer \(4 layers, width 512, bf16\)|the same, each layer compiled) "
+        r"\| ([\d.]+) \|((?: [\d.]+ \([\d.]+x\) \|){3})",
+        FLAT,
+    )
+    assert [step for step, *_ in table] == [
+        "MLP (8 x 2048, GELU)", "FSDP2 transformer (4 layers, width 512, bf16)", "the same, each layer compiled",
+    ]  # fmt: skip
+    for (_, plain, rest), workload in zip(table, ("mlp-adamw", "fsdp2-adamw", "fsdp2-compiled"), strict=True):
+        cells = [(plain, "1.00")] + re.findall(r"([\d.]+) \(([\d.]+)x\)", rest)
+        for mode, cell in zip(("plain", "native", "python", "sanitizer"), cells, strict=True):
+            assert cell == report[(workload, mode)][:2], (workload, mode)
+    (rounds,) = quoted(r"in one device call whose budget held (\d+)\s+rounds")
+    assert {len(runs) for _, _, runs in report.values()} == {int(rounds)}
+    log = text("gpu/detector_overhead_native_adamw_unpinned_7rounds.log")
+    reported = re.findall(r"unpinned \S+ +(?:native|python) .*?reports=(\d+)", log)
+    assert len(reported) == 2 * 3 * int(rounds) and set(reported) == {"0"}
+    before = re.findall(
+        r"unpinned (fsdp2\S*) +native .*?reports=(\d+)", text("gpu/detector_overhead_native_adamw_unpinned_4rounds.log")
+    )
+    assert before and {n for _, n in before} == {"10"}  # the fault the README tells of
+    mlp, fsdp2 = quoted(r"came to ([\d.]+) ms per MLP step and ([\d.]+)\s+ms per FSDP2 step")
+    parts = re.findall(r"clocks leave out, ([\d.]+)\.", text("gpu/detector_overhead_native_adamw_unpinned_7rounds.md"))
+    assert parts[:2] == [mlp, fsdp2]
 
 
 def test_the_pinned_calls_rounds_are_the_runs_csv_and_the_log():
