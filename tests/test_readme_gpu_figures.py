@@ -291,8 +291,21 @@ def test_the_last_rounds_gpu_logs_say_what_the_readme_says():
     assert set(re.findall(r"\(safe\)\s+(\d+/\d+) \(", log)) == {f"0/{safe}"}
     passed, skipped = quoted(r"the CUDA tests (\d+) passed, (\d+) skipped \(needs 2 GPUs\)")
     assert f"{passed} passed, {skipped} skipped" in text("gpu/verdicts/cuda_tests_x1_2026-12-02.log")
-    (tests,) = quoted(r"passed on one H200, torch 2.11: (\d+) tests")
-    assert re.search(rf"^{tests} passed", text("gpu/modern_code_cuda_tests.log"), re.M)
+    second, fourth = quoted(r"(\d+) passed in the second call \(patch mode .*? (\d+) passed in the fourth")
+    assert re.search(rf"^{second} passed", text("gpu/modern_code_partial_call2.log"), re.M)
+    assert re.search(rf"^{fourth} passed", text("gpu/modern_code_cuda_tests_call4.log"), re.M)
+    alone, of = quoted(r"with `enter_delay` alone drop_early\s+failed (\d+)/(\d+)")
+    beside = "compiled.profile-enter_delay.test_side_streams-test_fsdp2_compiled.drop_early"
+    assert f"{beside}: exit 0" in text("gpu/modern_code_call3.log")
+    (before,) = quoted(r"reported the first test of every run of the safe arms \((\d+)/10\)")
+    call3 = text("gpu/modern_code_call3.log")
+    assert re.search(rf"\| fixed \| safe \| 0/10 \| .* \| {before}/10 \| 0/10 \|", call3)
+    assert re.search(rf"\| drop_early \| race \| 0/10 \| {alone}/{of} ", call3)
+    assert re.search(rf"\| drop_early \| race \| 0/10 \| {alone}/{of} ", text("gpu/modern_code_call3_alone.log"))
+    assert "enter_delay,poison" in text("gpu/modern_code_call4.log")
+    kinds = re.findall(r"^record kinds Counter\((\{.*\})\)$", text("gpu/native_first_tracker_debug.log"), re.M)
+    trace_kinds = {"5", "6", "7", "8", "9", "10", "11", "12"}  # feed_apply.py: ALLOCATED .. EVENT_SYNCED
+    assert len(kinds) == 4 and not any(set(re.findall(r"(\d+):", k)) & trace_kinds for k in kinds)
     figures = quoted(
         r"megatron-fsdp 0.6.1 \((\d+) trials, (\d+) detected on each path\), PyTorch's FSDP2 \((\d+), none\) and the "
         r"soundness check's generated programs\s+\(every row equal\); plain_torch ran on the native path only, for "
