@@ -43,7 +43,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from overhead_tables import MODES, read_runs, write_outputs  # noqa: E402
+from overhead_tables import MODES, false_alarms, read_runs, write_outputs  # noqa: E402
 from overhead_workloads import WORKLOADS, add_workload_options, build, init_world, uses_world  # noqa: E402
 
 PRELOAD = ["torch", "torch.distributed.fsdp", "racecheck.detect.torch_tracker"]  # the run server's imports
@@ -270,7 +270,10 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     rows = read_runs(args.from_runs) if args.from_runs else rounds(args, out)
     print("\n".join(write_outputs(out, rows, args)))
-    return 0 if all(r.get("ms_per_step") for r in rows) else 1
+    alarms = false_alarms(rows)
+    for line in alarms:
+        print(line)
+    return 0 if all(r.get("ms_per_step") for r in rows) and not alarms else 1
 
 
 if __name__ == "__main__":

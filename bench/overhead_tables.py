@@ -191,6 +191,19 @@ def write_outputs(out: Path, rows: list[dict], args) -> list[str]:
     return write_markdown(out, rows, args)
 
 
+def false_alarms(rows: list[dict]) -> list[str]:
+    """One line per workload and mode whose runs reported races: every step measured here is
+    correct code, so a report is a false alarm, whatever the timings say."""
+    found: dict[tuple[str, str], list[int]] = {}
+    for r in rows:
+        if str(r.get("reports") or "0") not in ("", "0", "None"):
+            found.setdefault((r["workload"], r["mode"]), []).append(int(r["reports"]))
+    return [
+        f"FALSE ALARM: {mode} reported races on the correct {workload} step in {len(n)} run(s) ({max(n)} at most)"
+        for (workload, mode), n in sorted(found.items())
+    ]
+
+
 def read_runs(paths: list[Path]) -> list[dict]:
     """Every run of the runs CSVs; a CSV without a `call` column is one call, numbered after the
     calls read before it. Runs from before the optimizer was a column take their workload's."""

@@ -78,3 +78,18 @@ def test_runs_from_before_the_optimizer_column_keep_the_workloads_they_ran(table
         got = [row[:5] for row in csv.reader(fh)][1:]
     assert got == [["fsdp2", "adamw", "plain", "no", "17.000"], ["mlp", "sgd", "plain", "4-7", "1.800"],
                    ["mlp", "sgd", "native", "4-7", "2.400"]]  # fmt: skip
+
+
+def test_a_report_on_the_correct_steps_is_named_a_false_alarm(tables):
+    """Every step the benchmark times is correct code: a detector report there is a false alarm,
+    which the run prints and fails on (a call once reported 10 races a run on the FSDP2 steps, and
+    only its log said so)."""
+    rows = [{**_run("fsdp2-adamw", "native", r, 20.0), "reports": n} for r, n in enumerate((10, 0, 10))]
+    rows += [
+        {**_run("mlp-adamw", "python", 0, 5.0), "reports": 0},
+        {**_run("mlp-adamw", "plain", 0, 2.0), "reports": ""},
+    ]
+    assert tables.false_alarms(rows) == [
+        "FALSE ALARM: native reported races on the correct fsdp2-adamw step in 2 run(s) (10 at most)"
+    ]
+    assert tables.false_alarms(rows[1:2] + rows[3:]) == []
