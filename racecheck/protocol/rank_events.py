@@ -89,7 +89,7 @@ class TestOutcome(RankEvent):
 
     __test__ = False  # not a pytest test class, whatever its name
     KIND = RankEventKind.OUTCOME
-    OPTIONAL = ("perturb", "actions", "delayed", "handoffs", "unseen_kernels", "racecheck_frame")
+    OPTIONAL = ("perturb", "actions", "delayed", "handoffs", "unseen_kernels", "detector_errors", "racecheck_frame")
     test: str
     params: str = ""
     trial: int
@@ -109,6 +109,7 @@ class TestOutcome(RankEvent):
     delayed: list | None = None
     handoffs: int | None = None
     unseen_kernels: dict | None = None
+    detector_errors: list | None = None
 
     @property
     def key(self) -> tuple[int, str, str]:

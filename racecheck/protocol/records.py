@@ -71,6 +71,9 @@ class TrialRecord:
     # The detector (project suites): launches of kernels whose writes it could not tell, by kernel
     # name, summed over ranks (detect/kernel_launches.py); None where there were none.
     unseen_kernels: dict | None = None
+    # The tracker's own failures (project suites, detect/torch_tracker.py's `errors`): what it could
+    # not record, so a race there may go unreported; distinct messages over ranks, None where none.
+    detector_errors: list | None = None
     detect: bool = False
     detected: int = 0  # detector reports in this test (0 when the detector is off)
     reports: list = dataclasses.field(default_factory=list)  # detector report texts

@@ -18,6 +18,8 @@ if TYPE_CHECKING:
     from racecheck.detect.report import RaceReport
     from racecheck.device.base import Runtime
 
+MAX_ERRORS = 5  # a tracker's distinct error messages a test's record keeps
+
 
 class RuntimeDetector:
     """RaceDetector on the runtime `rt`."""
@@ -57,6 +59,7 @@ class TrackerDetector:
         self.recording = recording
         self.tracker: Any = None
         self.unseen_kernels: dict[str, int] = {}  # kernels whose writes it could not tell
+        self.errors: list[str] = []  # the tracker's own failures: what it could not record
         self._running = False
 
     def start(self) -> None:
@@ -95,6 +98,7 @@ class TrackerDetector:
         finally:
             self.tracker.__exit__(None, None, None)
         self.unseen_kernels = dict(self.tracker.unseen_kernels)
+        self.errors = list(dict.fromkeys(self.tracker.errors))[:MAX_ERRORS]
 
     def reports(self) -> list[RaceReport]:
         return [] if self.tracker is None else self.tracker.reports()

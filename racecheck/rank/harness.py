@@ -87,7 +87,12 @@ class Harness:
             self.trial.fields = fields
             return []
         kernels = self.detector.unseen_kernels
-        self.trial.fields = {**fields, **({"unseen_kernels": kernels} if kernels else {})}
+        errors = getattr(self.detector, "errors", [])  # a tracker's; the runtime's observer has none
+        self.trial.fields = {
+            **fields,
+            **({"unseen_kernels": kernels} if kernels else {}),
+            **({"detector_errors": errors} if errors else {}),
+        }
         self.trial.reports = self.detector.reports()
         return self._new(self.trial.reports)
 

@@ -241,9 +241,11 @@ def _patch_fields(reports: list[TestOutcome]) -> dict:
 
 
 def _detector_fields(reports: list[TestOutcome]) -> dict:
-    """The detector's fields (project suites): launches of kernels it could not read, summed over ranks."""
+    """The detector's fields (project suites): launches of kernels it could not read, summed over
+    ranks, and the tracker's own errors, each message once."""
     unseen: dict[str, int] = {}
     for r in reports:
         for name, n in (r.unseen_kernels or {}).items():
             unseen[name] = unseen.get(name, 0) + int(n)
-    return {"unseen_kernels": unseen} if unseen else {}
+    errors = list(dict.fromkeys(e for r in reports for e in (r.detector_errors or [])))
+    return {**({"unseen_kernels": unseen} if unseen else {}), **({"detector_errors": errors} if errors else {})}

@@ -358,6 +358,7 @@ class Runner:
             delayed=merged.delayed or [],
             handoffs=merged.handoffs,
             unseen_kernels=merged.unseen_kernels,
+            detector_errors=merged.detector_errors,
             racecheck_frame=merged.racecheck_frame or "",
             versions=self.versions,
             time=_now(),
