@@ -36,28 +36,33 @@ from run_kit import SEEDED_TEST, write_suite
 from racecheck.protocol.names import SESSION_MARK_VAR
 
 WORKERS = (os.cpu_count() or 1) + 1
-# Modules by the time they take, longest first (tests/ only; any module not named runs after these).
-# xdist hands the processes these modules in turn: on 2 cores the catalogue, the FSDP parity world
-# (whose ranks compute rather than wait) and test_nodes.py start at once, one to a process, and
-# the rest follow as processes free up.
+# Modules by the time they take, longest first (tests/ only; any module not named runs after these),
+# as `pytest --durations=0` summed them per module on the 2-core machine (catalogue 76 s, nodes 45,
+# soundness 44, runner 29, engines 28, ...). xdist hands the processes these modules in turn: the
+# catalogue, test_nodes.py and the soundness check start at once, one to a process, and the rest
+# follow as processes free up, so that no process is left with a long module at the end.
 LONGEST_FIRST = (
     "test_catalogue_promise.py",
-    "test_fsdp_parity.py",
     "test_nodes.py",
-    "test_readme_promises.py",
-    "test_cli.py",
-    "test_cli_worlds.py",
-    "test_runner.py",
-    "test_project_patch.py",
-    "test_detect_engines.py",
-    "test_early_ends.py",
-    "test_run_folder.py",
-    "test_recipes.py",
-    "test_detect_native.py",
-    "test_detect.py",
-    "test_runner_resume.py",
-    "test_own_suite.py",
     "test_soundness.py",
+    "test_runner.py",
+    "test_detect_engines.py",
+    "test_cli.py",
+    "test_readme_promises.py",
+    "test_fsdp_parity.py",
+    "test_project_patch.py",
+    "test_patch_modern.py",
+    "test_cli_worlds.py",
+    "test_early_ends.py",
+    "test_recipes.py",
+    "test_runner_resume.py",
+    "test_run_folder.py",
+    "test_detect_tracker_paths.py",
+    "test_merge_safety.py",
+    "test_detect_native.py",
+    "test_kernel_launches.py",
+    "test_detect.py",
+    "test_own_suite.py",
 )
 
 
