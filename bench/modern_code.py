@@ -77,18 +77,15 @@ def timed(run: fc.Run) -> bool:
     return run.mode == "natural" or (run.mode.startswith("profile:") and run.arms in RACE.split(","))
 
 
-def measured(report: Path, run: fc.Run, trials: int) -> bool:
-    """Whether the report's table already holds `run` (its arm, mode and path) with `trials` trials."""
+def measured(report: Path) -> dict[tuple[str, str, str], int]:
+    """The trials the report's table holds per (arm, mode, path), over the whole suite."""
     path = report / "modern_code.csv"
     if not path.is_file():
-        return False
+        return {}
     with open(path, newline="") as f:
-        return any(
-            r["case"] == fc.ANY_TEST
-            and (r["arm"], r["mode"], r["path"]) == (run.arms, run.mode, run.path)
-            and int(r["trials"]) >= trials
-            for r in csv.DictReader(f)
-        )
+        return {
+            (r["arm"], r["mode"], r["path"]): int(r["trials"]) for r in csv.DictReader(f) if r["case"] == fc.ANY_TEST
+        }
 
 
 def merge(report: Path, rows: list[dict]) -> list[dict]:
@@ -245,7 +242,8 @@ def main() -> int:
 
     runs = plan(modes)
     if args.missing:
-        runs = [r for r in runs if not measured(args.report, r, trials_of(r))]
+        held = measured(args.report)
+        runs = [r for r in runs if held.get((r.arms, r.mode, r.path), 0) < trials_of(r)]
         print(f"{len(runs)} runs not yet in {args.report / 'modern_code.csv'}", flush=True)
     if args.arms:
         runs = [r for r in runs if r.arms in args.arms.split(",")]

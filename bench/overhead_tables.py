@@ -196,7 +196,7 @@ def false_alarms(rows: list[dict]) -> list[str]:
     correct code, so a report is a false alarm, whatever the timings say."""
     found: dict[tuple[str, str], list[int]] = {}
     for r in rows:
-        if str(r.get("reports") or "0") not in ("", "0", "None"):
+        if int(r.get("reports") or 0):  # runs read back from a CSV hold "" or a number's text
             found.setdefault((r["workload"], r["mode"]), []).append(int(r["reports"]))
     return [
         f"FALSE ALARM: {mode} reported races on the correct {workload} step in {len(n)} run(s) ({max(n)} at most)"

@@ -32,6 +32,7 @@ class RuntimeDetector:
         self.rt = rt
         self.detector = RaceDetector()
         self.unseen_kernels: dict[str, int] = {}  # the runtime launches no kernel it cannot read
+        self.errors: list[str] = []  # the observer keeps no errors: a failure of its own is raised
         self._attached = False
 
     def start(self) -> None:

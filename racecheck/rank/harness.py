@@ -45,6 +45,7 @@ class Detector(Protocol):
 
     stops_after_call: bool  # stopped once the call has run, else at the end
     unseen_kernels: dict[str, int]
+    errors: list[str]  # what it failed to record (a tracker's own errors)
 
     def start(self) -> None: ...
 
@@ -87,7 +88,7 @@ class Harness:
             self.trial.fields = fields
             return []
         kernels = self.detector.unseen_kernels
-        errors = getattr(self.detector, "errors", [])  # a tracker's; the runtime's observer has none
+        errors = self.detector.errors
         self.trial.fields = {
             **fields,
             **({"unseen_kernels": kernels} if kernels else {}),
