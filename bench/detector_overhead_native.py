@@ -25,7 +25,8 @@ and is drained, its records dropped), `native_nostacks`, `native_pyengine` (the 
 by the Python engine, the reference), `dispatch_floor` (an empty TorchDispatchMode) and
 `python_nostacks`. Every native run also measures its parts inside itself (the log's callbacks,
 their stacks, the drains), so each workload's table says where its time goes without them.
-The tables: bench/overhead_tables.py.
+The tables: bench/overhead_tables.py. `--child WORKLOAD MODE` does one run in this process and prints
+its result as JSON (bench/detector_instructions.py counts the instructions of such runs).
 """
 
 from __future__ import annotations
@@ -255,6 +256,9 @@ def main() -> int:
     p.add_argument("--deadline", type=float, default=0, help="seconds: start no round that would end later")
     p.add_argument("--timeout", type=float, default=300, help="seconds one run may take")
     p.add_argument("--cpus", help="also run every mode pinned to these CPUs (e.g. 4-7): a second table")
+    p.add_argument("--child", nargs=2, metavar=("WORKLOAD", "MODE"),
+                   help="one run in this process, its result as JSON on stdout (for bench/detector_instructions.py, "
+                   "which counts the instructions it executes)")  # fmt: skip
     p.add_argument("--from-runs", nargs="+", type=Path, metavar="RUNS_CSV",
                    help="rebuild the tables from earlier runs' detector_overhead_native_runs.csv (one per call, or one "
                    "whose column `call` says which call ran each run)")  # fmt: skip
@@ -266,6 +270,12 @@ def main() -> int:
         args.cpu_set = parse_cpus(args.cpus)
     except ValueError:
         p.error(f"--cpus {args.cpus!r}: expected CPUs like 4-7 or 2,3,8-9")
+    if args.child:
+        workload, mode = args.child
+        if workload not in WORKLOADS or mode not in MODES:
+            p.error(f"--child {workload} {mode}: unknown workload or mode")
+        print(json.dumps(child(args, workload, mode)), flush=True)
+        os._exit(0)  # as a run's process ends: no teardown of what the tools left behind
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = read_runs(args.from_runs) if args.from_runs else rounds(args, out)

@@ -1,6 +1,7 @@
 """The detector-overhead benchmark's tables without a GPU (bench/overhead_tables.py): medians per
 workload, mode and placement, the unpinned runs first, each row with its optimizer, and runs
-CSVs from before the optimizer was a column read with the workloads they ran."""
+CSVs from before the optimizer was a column read with the workloads they ran; and the split of
+bench/detector_instructions.py's instruction counts into the native path's parts."""
 
 from __future__ import annotations
 
@@ -93,3 +94,37 @@ def test_a_report_on_the_correct_steps_is_named_a_false_alarm(tables):
         "FALSE ALARM: native reported races on the correct fsdp2-adamw step in 2 run(s) (10 at most)"
     ]
     assert tables.false_alarms(rows[1:2] + rows[3:]) == []
+
+
+def test_the_instruction_counts_split_the_native_paths_added_instructions_into_parts_that_add_up(tmp_path):
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import detector_instructions as di
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    listing = """
+    9,000,000 (90.00%)  ???:main [/usr/bin/python3]
+    3,000,000 (30.00%)  ???:(anonymous namespace)::on_start(at::RecordFunction const&) [/cache/_op_log.so]
+    1,000,000 (10.00%)  ???:(anonymous namespace)::on_end(at::RecordFunction const&, at::ObserverContext*) [/c/x.so]
+      500,000 ( 5.00%)  ???:(anonymous namespace)::drain_if_full() [/cache/_op_log.so]
+      100,000 ( 1.00%)  ???:(anonymous namespace)::py_drain(_object*, _object*) [/cache/_op_log.so]
+      700,000 ( 7.00%)  ???:(anonymous namespace)::engine_apply(_object*, _object*) [/cache/_op_log.so]
+      900,000 ( 9.00%)  ???:at::enableRecordFunction(bool) [/torch/lib/libtorch_cpu.so]
+      400,000 ( 4.00%)  ???:(anonymous namespace)::stack_id() [/cache/_op_log.so]
+"""
+    native = {"total": 20e6, **di.inclusive(listing)}
+    assert native["callbacks"] == 4e6 and native["drains"] == 8e5 and native["switches"] == 9e5
+    counts = {"plain": {"total": 12e6}, "native": native}
+    args = argparse.Namespace(rev=None, fsdp2_width=32, width=64, batch=64, few=2, more=12)
+    parts = dict(di.native_parts(counts))
+    callbacks = "the log's callbacks, less the drains they call"
+    assert parts[callbacks] == 3.5e6  # less the drain called from a callback
+    rest = [v for k, v in parts.items() if k.startswith("RecordFunction's work")]
+    assert rest == [8e6 - 3.5e6 - 8e5]  # what is added, less the callbacks' own and every drain
+    lines = di.native_lines([("HEAD", {"fsdp2-adamw": counts})], args)
+    assert "Plain step 12.00 M instructions, with the native detector 20.00 M (+66.7%)." in lines
+    assert f"| {callbacks} | 3.50 | 44% |" in lines
+    di.write_native_csv(tmp_path, [("HEAD", {"fsdp2-adamw": counts})])
+    with (tmp_path / "detector_instructions_native.csv").open() as f:
+        (row,) = list(csv.DictReader(f))
+    assert [row[k] for k in ("plain", "native", "callbacks", "stacks")] == ["12000000", "20000000", "4000000", "400000"]
