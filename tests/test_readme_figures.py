@@ -134,6 +134,32 @@ def test_the_native_engines_replays_and_instruction_counts_are_its_report():
     assert [f for f in (switch, total, apply, callbacks) if f not in report] == []
 
 
+def test_the_native_paths_instruction_split_is_its_report():
+    """What the README says of `python bench/detector_instructions.py`: each workload's instructions
+    per step and the shares of the parts, from reports/detector_instructions_native.csv."""
+    counts = {
+        r["workload"]: {k: int(v) for k, v in r.items() if v.isdigit()}
+        for r in rows("detector_instructions_native.csv")
+    }
+    fsdp2 = quoted(
+        r"The FSDP2-AdamW step \(width 32, one gloo rank\) goes from ([\d.]+) M instructions to ([\d.]+) M "
+        r"\(\+([\d.]+)%\): RecordFunction's per-call work and the rest (\d+)%, the log's callbacks (\d+)% \(turning "
+        r"RecordFunction off and on around callees (\d+)%, walking stacks (\d+)%\), the drains (\d+)%"
+    )
+    mlp = quoted(
+        r"The AdamW MLP \(width 64\) goes from ([\d.]+) M to ([\d.]+) M \(\+([\d.]+)%\): (\d+)%, (\d+)% "
+        r"\((\d+)%, (\d+)%\) and (\d+)%"
+    )
+    for said, c in ((fsdp2, counts["fsdp2-adamw"]), (mlp, counts["mlp-adamw"])):
+        added = c["native"] - c["plain"]
+        own = c["callbacks"] - c["drains_in_callbacks"]
+        shares = (added - own - c["drains"], own, c["switches"], c["stacks"], c["drains"])
+        expected = (f"{c['plain'] / 1e6:.2f}", f"{c['native'] / 1e6:.2f}", f"{100 * added / c['plain']:.1f}",
+                    *(f"{100 * n / added:.0f}" for n in shares))  # fmt: skip
+        assert tuple(said) == expected
+    assert "| RecordFunction's work for every call it shows the log" in text("detector_instructions_native.md")
+
+
 def test_the_engines_comparison_on_the_cpu_is_its_report():
     """What the README says of `bash bench/engines_cpu.sh`: no disagreement, every race arm of the
     catalogue reported in each of its trials and no safe arm, 40 and 40 generated programs."""
