@@ -132,13 +132,17 @@ def checkout(rev: str, keep: list[Path]) -> tuple[Path, str]:
     return path, sha
 
 
+def command(args) -> str:
+    """The command line that made a report, as the report quotes it."""
+    detector = " --detector proxy" if args.detector == "proxy" else ""
+    return f"`python bench/detector_instructions.py{detector}{''.join(f' --rev {r}' for r in args.rev or [])}`"
+
+
 def proxy_lines(rows: list[tuple[str, dict]], args) -> list[str]:
     lines = [
         "# racecheck's detector in CPU instructions per step (CPU proxy, callgrind)",
         "",
-        "`python bench/detector_instructions.py --detector proxy"
-        + "".join(f" --rev {r}" for r in args.rev or [])
-        + "`"
+        command(args)
         + f": the loop of `bench/detector_overhead.py --device cpu` ({args.width}-wide, batch {args.batch}), "
         f"instructions of {args.more} timed steps minus those of {args.few}, per step.",
         "",
@@ -175,9 +179,7 @@ def native_lines(rows: list[tuple[str, dict]], args) -> list[str]:
     lines = [
         "# The native detector in CPU instructions per training step (callgrind)",
         "",
-        "`python bench/detector_instructions.py"
-        + "".join(f" --rev {r}" for r in args.rev or [])
-        + f"`: bench/detector_overhead_native.py's workloads on the CPU, small (FSDP2: 4 layers of width "
+        command(args) + f": bench/detector_overhead_native.py's workloads on the CPU, small (FSDP2: 4 layers of width "
         f"{args.fsdp2_width}, batch 2 x 8, bf16, one gloo rank; MLP: 8 layers of width {args.width}, batch "
         f"{args.batch}), the CPU tracker, one thread; instructions of {args.more} timed steps minus those of "
         f"{args.few}, per step. The split is callgrind's inclusive counts of the log's functions in the native "

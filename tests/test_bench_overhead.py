@@ -115,7 +115,7 @@ def test_the_instruction_counts_split_the_native_paths_added_instructions_into_p
     native = {"total": 20e6, **di.inclusive(listing)}
     assert native["callbacks"] == 4e6 and native["drains"] == 8e5 and native["switches"] == 9e5
     counts = {"plain": {"total": 12e6}, "native": native}
-    args = argparse.Namespace(rev=None, fsdp2_width=32, width=64, batch=64, few=2, more=12)
+    args = argparse.Namespace(detector="native", rev=None, fsdp2_width=32, width=64, batch=64, few=2, more=12)
     parts = dict(di.native_parts(counts))
     callbacks = "the log's callbacks, less the drains they call"
     assert parts[callbacks] == 3.5e6  # less the drain called from a callback
