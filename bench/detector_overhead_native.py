@@ -5,6 +5,8 @@ torch.cuda._sanitizer, against the step with no tool.
 
     python bench/detector_overhead_native.py --out reports/gpu
     python bench/detector_overhead_native.py --device cpu --workloads mlp-adamw --width 64 --out /tmp/x  # a smoke run
+    python bench/detector_overhead_native.py --from-runs CALL1_runs.csv CALL2_runs.csv --out reports/gpu \
+        --splice README.md  # the calls' runs merged into the tables, and the README's table between its markers
 
 Workloads (bench/overhead_workloads.py): the MLP with SGD, AdamW (foreach) and AdamW (fused); the
 FSDP2 transformer with AdamW; the same with each layer compiled. Each (workload, mode, placement,
@@ -44,8 +46,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from overhead_tables import MODES, false_alarms, read_runs, write_outputs  # noqa: E402
+from overhead_tables import MODES, README_END, README_START, false_alarms, read_runs, readme_table, write_outputs  # noqa: E402
 from overhead_workloads import WORKLOADS, add_workload_options, build, init_world, uses_world  # noqa: E402
+from readme_block import splice  # noqa: E402
 
 PRELOAD = ["torch", "torch.distributed.fsdp", "racecheck.detect.torch_tracker"]  # the run server's imports
 
@@ -256,6 +259,8 @@ def main() -> int:
     p.add_argument("--deadline", type=float, default=0, help="seconds: start no round that would end later")
     p.add_argument("--timeout", type=float, default=300, help="seconds one run may take")
     p.add_argument("--cpus", help="also run every mode pinned to these CPUs (e.g. 4-7): a second table")
+    p.add_argument("--splice", type=Path, metavar="README",
+                   help="also write the runs' table into README's detector-overhead block")  # fmt: skip
     p.add_argument("--child", nargs=2, metavar=("WORKLOAD", "MODE"),
                    help="one run in this process, its result as JSON on stdout (for bench/detector_instructions.py, "
                    "which counts the instructions it executes)")  # fmt: skip
@@ -280,6 +285,8 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     rows = read_runs(args.from_runs) if args.from_runs else rounds(args, out)
     print("\n".join(write_outputs(out, rows, args)))
+    if args.splice is not None:
+        splice(args.splice, README_START, README_END, readme_table(rows, args))
     alarms = false_alarms(rows)
     for line in alarms:
         print(line)

@@ -37,6 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import foreign_code as fc  # noqa: E402 - the same runs, rows and bounds as the foreign-code table
+from readme_block import splice  # noqa: E402
 
 ROOT = fc.ROOT
 SUITE = "compiled"
@@ -175,15 +176,6 @@ def render(report: Path, rows: list[dict], bounds: dict, *, where: str, command:
     return table
 
 
-def splice(readme: Path, table: list[str]) -> None:
-    text = readme.read_text()
-    if START not in text or END not in text:
-        raise SystemExit(f"{readme}: no {START} ... {END} markers")
-    head, rest = text.split(START, 1)
-    _, tail = rest.split(END, 1)
-    readme.write_text(head + START + "\n" + "\n".join(table) + "\n" + END + tail)
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None, help="where the run folders and logs go")
@@ -261,7 +253,7 @@ def main() -> int:
     command = "python3 bench/modern_code.py " + " ".join(sys.argv[1:])
     table = render(args.report, merged, kept, where=where, command=command, errors=errors)
     if args.splice is not None:
-        splice(args.splice, table)
+        splice(args.splice, START, END, table)
     print("\n".join(table))
     print(f"{len(rows)} rows into {args.report / 'modern_code.csv'}; {len(errors)} runs not finished")
     return 0 if not errors else 1

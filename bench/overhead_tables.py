@@ -15,7 +15,7 @@ import csv
 import statistics
 from pathlib import Path
 
-from overhead_workloads import OLD_NAMES, WORKLOADS, describe
+from overhead_workloads import OLD_NAMES, OPTIMIZERS, WORKLOADS, describe, step_name
 
 MODES = (
     "plain",
@@ -157,6 +157,42 @@ def _workload_table(where: str, name: str, rows: list[dict], args) -> list[str]:
             )
     split = _split(where, name, rows, med)
     return [*lines, *([""] + split if split else []), ""]
+
+
+README_START, README_END = "<!-- detector-overhead:start -->", "<!-- detector-overhead:end -->"
+
+
+def readme_table(rows: list[dict], args) -> list[str]:
+    """The README's table: per placement (unpinned first) and workload, plain's median time and each
+    tool's, with its slowdown (the ratio of the medians) and its paired ratio; `runs` counts the
+    runs behind each median (a range where the modes' counts differ)."""
+    med, pairs = medians(rows), paired(rows)
+    counts: dict[tuple[str, str, str], int] = {}
+    for r in measured(rows):
+        k = (placement(r), r["workload"], r["mode"])
+        counts[k] = counts.get(k, 0) + 1
+    lines = [
+        "| step | optimizer | runs | plain (ms) | native | python | torch.cuda._sanitizer |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for where in ("unpinned", "pinned"):
+        for name, work in WORKLOADS.items():
+            base = med.get((where, name, "plain"))
+            if base is None:
+                continue
+            cells, n = [], {counts[(where, name, "plain")]}
+            for mode in ("native", "python", "sanitizer"):
+                m = med.get((where, name, mode))
+                if m is None:
+                    cells.append("")
+                    continue
+                n.add(counts[(where, name, mode)])
+                pair = pairs.get((where, name, mode))
+                cells.append(f"{m:.3f} ({m / base:.2f}x" + (f", paired {pair:.2f}x)" if pair else ")"))
+            runs = f"{min(n)}" if len(n) == 1 else f"{min(n)} to {max(n)}"
+            lines.append(f"| {step_name(name, args)} | {OPTIMIZERS[work.optimizer]} | {where}, {runs} | {base:.3f} | "
+                         + " | ".join(cells) + " |")  # fmt: skip
+    return lines
 
 
 def write_markdown(out: Path, rows: list[dict], args) -> list[str]:

@@ -55,9 +55,12 @@ def add_workload_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile-backend", default="inductor", help="fsdp2-compiled: torch.compile's backend")
 
 
+OPTIMIZERS = {"sgd": "SGD with momentum", "adamw": "AdamW (foreach)", "adamw_fused": "AdamW (fused)"}
+
+
 def describe(name: str, args) -> str:
     w = WORKLOADS[name]
-    optimizer = {"sgd": "SGD with momentum", "adamw": "AdamW (foreach)", "adamw_fused": "AdamW (fused)"}[w.optimizer]
+    optimizer = OPTIMIZERS[w.optimizer]
     if w.model == "mlp":
         return f"{args.layers}-layer {args.width}-wide MLP (GELU), batch {args.batch}, {optimizer}"
     compiled = f", each layer compiled ({args.compile_backend})" if w.model == "fsdp2_compiled" else ""
@@ -65,6 +68,15 @@ def describe(name: str, args) -> str:
         f"{args.fsdp2_layers}-layer width-{args.fsdp2_width} transformer, batch {args.fsdp2_batch} x "
         f"{args.fsdp2_seq}, bf16, FSDP2 (fully_shard per layer and root) on one rank{compiled}, {optimizer}"
     )
+
+
+def step_name(name: str, args) -> str:
+    """The workload's model in a few words (the README's table names its rows so)."""
+    w = WORKLOADS[name]
+    if w.model == "mlp":
+        return f"MLP ({args.layers} x {args.width}, GELU)"
+    fsdp2 = f"FSDP2 transformer ({args.fsdp2_layers} layers, width {args.fsdp2_width}, bf16)"
+    return fsdp2 if w.model == "fsdp2" else f"{fsdp2}, each layer compiled"
 
 
 def _optimizer(kind: str, params):

@@ -7,6 +7,7 @@ the native engine's replays and instruction counts. Reads files only; runs nothi
 
 from __future__ import annotations
 
+import argparse
 import re
 import statistics
 
@@ -44,6 +45,19 @@ def test_the_modern_code_table_is_what_bench_modern_code_py_makes_of_its_committ
         for r in rows("gpu/modern_code_bounds.csv")
     }
     assert block(mc.START, mc.END) == mc.summary(rows("gpu/modern_code.csv"), bounds)
+
+
+# The runs behind the README's detector-overhead table (the call it names before the table).
+OVERHEAD_RUNS = ("gpu/detector_overhead_native_adamw_unpinned_7rounds_runs.csv",)
+
+
+def test_the_detector_overhead_table_is_what_bench_detector_overhead_native_py_makes_of_its_runs():
+    tables, workloads = bench("overhead_tables"), bench("overhead_workloads")
+    parser = argparse.ArgumentParser()
+    workloads.add_workload_options(parser)  # the benchmark's default sizes, which those runs had
+    runs = tables.read_runs([REPORTS / name for name in OVERHEAD_RUNS])
+    assert block(tables.README_START, tables.README_END) == tables.readme_table(runs, parser.parse_args([]))
+    assert all(f"`reports/{name.removesuffix('_runs.csv')}" in FLAT for name in OVERHEAD_RUNS)
 
 
 def test_the_suites_times_and_counts_are_what_bench_suite_runs_py_makes_of_its_csv():

@@ -64,17 +64,21 @@ def test_the_native_table_is_the_pinned_csv_and_the_unpinned_report():
 def test_the_adamw_table_is_its_report_and_no_run_reported():
     report = md_tables("gpu/detector_overhead_native_adamw_unpinned_7rounds.md")
     table = re.findall(
-        r"\| (MLP \(8 x 2048, GELU\)|FSDP2 transformer \(4 layers, width 512, bf16\)|the same, each layer compiled) "
-        r"\| ([\d.]+) \|((?: [\d.]+ \([\d.]+x\) \|){3})",
+        r"\| (MLP \(8 x 2048, GELU\)|FSDP2 transformer \(4 layers, width 512, bf16\)(?:, each layer compiled)?) "
+        r"\| AdamW \(foreach\) \| unpinned, \d+ \| ([\d.]+) \|((?: [\d.]+ \([\d.]+x, paired [\d.]+x\) \|){3})",
         FLAT,
     )
     assert [step for step, *_ in table] == [
-        "MLP (8 x 2048, GELU)", "FSDP2 transformer (4 layers, width 512, bf16)", "the same, each layer compiled",
+        "MLP (8 x 2048, GELU)", "FSDP2 transformer (4 layers, width 512, bf16)",
+        "FSDP2 transformer (4 layers, width 512, bf16), each layer compiled",
     ]  # fmt: skip
     for (_, plain, rest), workload in zip(table, ("mlp-adamw", "fsdp2-adamw", "fsdp2-compiled"), strict=True):
-        cells = [(plain, "1.00")] + re.findall(r"([\d.]+) \(([\d.]+)x\)", rest)
+        cells = [(plain, "1.00")] + re.findall(r"([\d.]+) \(([\d.]+)x,", rest)
         for mode, cell in zip(("plain", "native", "python", "sanitizer"), cells, strict=True):
             assert cell == report[(workload, mode)][:2], (workload, mode)
+    low, high = quoted(r"this call's plain FSDP2 runs spanned ([\d.]+) to ([\d.]+) ms\)")
+    plain_runs = report[("fsdp2-adamw", "plain")][2]
+    assert (low, high) == (f"{min(plain_runs):.2f}", f"{max(plain_runs):.2f}")
     (rounds,) = quoted(r"in one device call whose budget held (\d+)\s+rounds")
     assert {len(runs) for _, _, runs in report.values()} == {int(rounds)}
     log = text("gpu/detector_overhead_native_adamw_unpinned_7rounds.log")
