@@ -62,6 +62,10 @@ using namespace racecheck_log;  // the record and item layouts (op_log.h)
 // What a call of one operator overload records (the plan's kind, see dispatch.py's OpKind).
 enum Kind : int8_t { UNPLANNED = -1, PLAIN = 0, SKIP = 1, TRANSPARENT = 2, COLLECTIVE = 3, RECORD_STREAM = 4 };
 constexpr size_t DRAIN_AT = 4096;  // records that make the log call Python's drain
+// Calls of its own that one call of an operator must have been seen making before RecordFunction
+// is turned off around its calls ([Note: callees unobserved]): turning it off and on costs about as
+// much as observing four callees (bench/detector_instructions.py, reports/detector_instructions_native.md).
+constexpr uint32_t SWITCH_AT = 4;
 
 constexpr int MAX_WALK = 96;              // frames walked at most (stacks.py's MAX_WALK)
 
@@ -98,9 +102,10 @@ struct OpName {
   std::string name, overload;
   Plan plan;
   int32_t id = 0;
-  // Seen calling other operators on its own thread ([Note: callees unobserved]); learnt while it
-  // runs, hence mutable on an otherwise fixed entry.
-  mutable std::atomic<bool> has_callees{false};
+  // The most calls one call of it was seen making on its own thread, nested ones included, while
+  // RecordFunction stayed on ([Note: callees unobserved]); learnt while it runs, hence mutable on
+  // an otherwise fixed entry.
+  mutable std::atomic<uint32_t> most_callees{0};
 };
 // schema name pointer -> (overload name pointer, op) of each overload seen; ops never move
 std::unordered_map<const char*, std::vector<std::pair<const char*, OpName*>>> op_ids;
@@ -579,6 +584,7 @@ struct Call {
   bool record = false;                     // false: only leave it at its end (skipped, or unreadable)
   bool rf_off = false;                     // it turned RecordFunction off on this thread (its end turns it on)
   uint64_t cost_ns = 0;                    // its start callback's time (record_cost)
+  uint32_t callees = 0;                    // its callees that reached on_start (RecordFunction on)
   Pending pending;
 };
 thread_local Call call;
@@ -590,8 +596,9 @@ thread_local Call call;
 // RecordFunction off for the call and on again (at::enableRecordFunction) rebuilds RecordFunction's
 // thread-local callback cache twice, which costs more than the rest of recording a tiny operator.
 // So a call turns it off on its thread, its callees then taking the dispatcher's fast path, only
-// - where its operator has been seen calling others on this thread (`has_callees`, set by the
-//   first callee to reach on_start while a call of it ran with RecordFunction on);
+// - where one call of its operator has been seen making SWITCH_AT calls or more on this thread
+//   (`most_callees`, counted while a call of it ran with RecordFunction on): below that, observing
+//   them costs less than the switch;
 // - for a collective, which may hand work to other threads: those copy the caller's thread-local
 //   state, so RecordFunction is off there too, and that work, the collective's own, goes unobserved
 //   instead of recorded as the other thread's;
@@ -600,14 +607,16 @@ thread_local Call call;
 // This call's own end callback runs either way: it was chosen when the call started; the thread's
 // setting comes back at that end. No verdict depends on the choice, as a callee on the call's
 // thread is never recorded either way. What it changes, next to turning RecordFunction off for
-// every call: an operator's calls run with it on until the first of its callees has been seen, so
-// an observer registered globally by someone else sees the callees of those first calls; and
+// every call: an operator's calls run with it on until one of them has made SWITCH_AT calls, so an
+// observer registered globally by someone else sees the callees of those first calls, and those of
+// every call of an operator that makes fewer; and
 // should an operator with no callees on its own thread hand work to another thread that calls
 // operators (c10d's collectives, which do, are covered above), that work would be observed there,
 // and recorded as that thread's own.
 void enter_call(Call& c, const OpName& op) {
   inside++;
-  c.rf_off = (op.plan.kind == COLLECTIVE || op.has_callees.load(std::memory_order_relaxed) ||
+  c.callees = 0;
+  c.rf_off = (op.plan.kind == COLLECTIVE || op.most_callees.load(std::memory_order_relaxed) >= SWITCH_AT ||
               at::hasThreadLocalCallbacks()) &&
              at::isRecordFunctionEnabled();
   if (c.rf_off) at::enableRecordFunction(false);
@@ -615,14 +624,16 @@ void enter_call(Call& c, const OpName& op) {
 
 void leave_call(const Call& c) {
   inside--;
-  if (c.rf_off) at::enableRecordFunction(true);
+  if (c.rf_off) {
+    at::enableRecordFunction(true);
+  } else if (c.callees > c.pending.op->most_callees.load(std::memory_order_relaxed)) {
+    c.pending.op->most_callees.store(c.callees, std::memory_order_relaxed);  // a lost race only delays the switch
+  }
 }
 
 // A callee of the call this thread records reached on_start: RecordFunction stayed on for the call.
 void saw_callee() {
-  const OpName* op = call.pending.op;
-  if (call.fn != nullptr && !op->has_callees.load(std::memory_order_relaxed))
-    op->has_callees.store(true, std::memory_order_relaxed);
+  if (call.fn != nullptr) call.callees++;
 }
 
 // A call the log could not record (a tensor it could not read): counted, the last reason kept,
