@@ -129,7 +129,22 @@ def checkout(rev: str, keep: list[Path]) -> tuple[Path, str]:
     path = Path(tempfile.mkdtemp(prefix=f"racecheck-{sha}-"))
     subprocess.run(["git", "worktree", "add", "--detach", str(path), sha], cwd=REPO, capture_output=True, check=True)
     keep.append(path)
-    return path, sha
+    return path, f"{sha}{'' if compiled_engine(path) else ' (the Python engine not compiled there)'}"
+
+
+def compiled_engine(path: Path) -> bool:
+    """Give a worktree this checkout's compiled Python engine (setup.py's mypyc extensions and their
+    record of the sources they were built from): a version then runs as an installed checkout of it
+    would, and two versions differ by their changes only (the same code uncompiled makes even the
+    plain step's count differ, by Python's cyclic collector walking more objects). racecheck uses
+    them only where the worktree's sources are the ones they were built from; whether it does."""
+    detect = REPO / "racecheck" / "detect"
+    for built in [*detect.glob("*.so"), detect / "_native_build.py"]:
+        if built.exists():
+            shutil.copy2(built, path / "racecheck" / "detect" / built.name)
+    probe = "import racecheck.detect.native as n; print(n._built_from_these_sources())"
+    got = subprocess.run([sys.executable, "-c", probe], cwd=path, capture_output=True, text=True)
+    return got.stdout.strip() == "True"
 
 
 def command(args) -> str:
