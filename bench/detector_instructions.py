@@ -22,7 +22,12 @@ for the caching allocator's callbacks), the Python path before the native one, m
 
 Each count runs under `valgrind --tool=callgrind`, with address-space randomization off and a fixed
 hash seed, for a few and for more timed steps; the difference over the extra steps is the count per
-step. `--rev` takes git revisions (`.`: the working tree), checked out into temporary worktrees
+step. A count is exact for what ran, but what ran depends on more than the version: the same commit
+counted in a worktree and in this checkout differed by 0.4 M added instructions a step on the FSDP2
+step (d56b0e3: 9.02 M and 9.44 M) and by 0.2 M on the plain MLP step, and this checkout's plain MLP
+step moved by 0.04 M with changes to bench/ alone. Compare versions in worktrees of the same run
+(`--rev A --rev B`), not a worktree against `.`, and read differences of that size as noise.
+`--rev` takes git revisions (`.`: the working tree), checked out into temporary worktrees
 (the native path's extension is built in each). Needs valgrind and setarch; a run costs a minute
 or so (importing torch under valgrind dominates), two at a time.
 
@@ -134,10 +139,9 @@ def checkout(rev: str, keep: list[Path]) -> tuple[Path, str]:
 
 def compiled_engine(path: Path) -> bool:
     """Give a worktree this checkout's compiled Python engine (setup.py's mypyc extensions and their
-    record of the sources they were built from): a version then runs as an installed checkout of it
-    would, and two versions differ by their changes only (the same code uncompiled makes even the
-    plain step's count differ, by Python's cyclic collector walking more objects). racecheck uses
-    them only where the worktree's sources are the ones they were built from; whether it does."""
+    record of the sources they were built from), so that a version runs its engine as an installed
+    checkout of it would; racecheck uses them only where the worktree's sources are the ones they
+    were built from. Whether it does."""
     detect = REPO / "racecheck" / "detect"
     for built in [*detect.glob("*.so"), detect / "_native_build.py"]:
         if built.exists():
