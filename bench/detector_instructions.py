@@ -124,8 +124,11 @@ def per_step(root: Path, workload: str, modes: tuple[str, ...], args, pool) -> d
 def checkout(rev: str, keep: list[Path]) -> tuple[Path, str]:
     if rev == ".":
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True
+        dirty = subprocess.run(  # the reports, which a run writes, measure nothing
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!reports"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
         ).stdout.strip()
         return REPO, f"working tree ({head.stdout.strip()}{', modified' if dirty else ''})"
     sha = subprocess.run(
