@@ -612,10 +612,10 @@ thread_local Call call;
 // thread is never recorded either way. What it changes, next to turning RecordFunction off for
 // every call: an operator's calls run with it on until one of them has made SWITCH_AT calls, so an
 // observer registered globally by someone else sees the callees of those first calls, and those of
-// every call of an operator that makes fewer; and
-// should an operator with no callees on its own thread hand work to another thread that calls
-// operators (c10d's collectives, which do, are covered above), that work would be observed there,
-// and recorded as that thread's own.
+// every call of an operator that makes fewer; and should an operator making fewer than SWITCH_AT
+// calls on its own thread hand work to another thread that calls operators (c10d's collectives,
+// which do, are covered above), that work would be observed there, and recorded as that thread's
+// own.
 void enter_call(Call& c, const OpName& op) {
   inside++;
   c.callees = 0;
