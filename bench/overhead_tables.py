@@ -55,6 +55,15 @@ def medians(rows: list[dict]) -> dict[tuple[str, str, str], float]:
     return {key: statistics.median(v) for key, v in groups.items()}
 
 
+def run_counts(rows: list[dict]) -> dict[tuple[str, str, str], int]:
+    """Per (placement, workload, mode): how many measured runs its median is of."""
+    counts: dict[tuple[str, str, str], int] = {}
+    for r in measured(rows):
+        k = (placement(r), r["workload"], r["mode"])
+        counts[k] = counts.get(k, 0) + 1
+    return counts
+
+
 def paired(rows: list[dict]) -> dict[tuple[str, str, str], float]:
     """Per (placement, workload, mode): the median over rounds of its time over plain's in the same
     round (call, repeat and placement), which leaves out the drift between rounds both runs share."""
@@ -79,11 +88,7 @@ def write_runs(out: Path, rows: list[dict]) -> None:
 
 
 def write_summary(out: Path, rows: list[dict]) -> None:
-    med = medians(rows)
-    counts: dict[tuple[str, str, str], int] = {}
-    for r in measured(rows):
-        k = (placement(r), r["workload"], r["mode"])
-        counts[k] = counts.get(k, 0) + 1
+    med, counts = medians(rows), run_counts(rows)
     pins = {placement(r): r.get("cpus") or "no" for r in measured(rows)}
     with open(out / "detector_overhead_native.csv", "w", newline="") as fh:
         w = csv.writer(fh)
@@ -166,11 +171,7 @@ def readme_table(rows: list[dict], args) -> list[str]:
     """The README's table: per placement (unpinned first) and workload, plain's median time and each
     tool's, with its slowdown (the ratio of the medians) and its paired ratio; `runs` counts the
     runs behind each median (a range where the modes' counts differ)."""
-    med, pairs = medians(rows), paired(rows)
-    counts: dict[tuple[str, str, str], int] = {}
-    for r in measured(rows):
-        k = (placement(r), r["workload"], r["mode"])
-        counts[k] = counts.get(k, 0) + 1
+    med, pairs, counts = medians(rows), paired(rows), run_counts(rows)
     lines = [
         "| step | optimizer | runs | plain (ms) | native | python | torch.cuda._sanitizer |",
         "| --- | --- | --- | --- | --- | --- | --- |",

@@ -4,6 +4,8 @@ from the records' `unseen_kernels` over trials and ranks, and the tracker's own 
 
 from __future__ import annotations
 
+import json
+
 from racecheck.protocol.records import TrialRecord
 from racecheck.results.detector_notes import detector_notes
 
@@ -41,8 +43,6 @@ def test_a_run_names_the_kernels_whose_writes_the_detector_could_not_tell():
 
 
 def test_the_record_keeps_unseen_kernels_and_checks_their_type():
-    import json
-
     import pytest
 
     line = _record(0, "fixed", {"k": 3}).to_json()
@@ -74,4 +74,4 @@ def test_a_run_says_where_the_tracker_failed_to_record():
         f"compiled/fixed: --detect's tracker failed to record in 2 test run(s) ({missed}; 1 other error(s)): "
         "a race in what it missed may go unreported"
     )
-    assert TrialRecord.from_dict(__import__("json").loads(records[0].to_json())).detector_errors == [missed, launch]
+    assert TrialRecord.from_dict(json.loads(records[0].to_json())).detector_errors == [missed, launch]
