@@ -155,7 +155,11 @@ PyObject* drainer = nullptr;  // Python: drain the log (called at DRAIN_AT recor
 bool draining = false;        // under mu: a drain call is on its way
 std::string planner_error;
 at::CallbackHandle handle = 0;
-thread_local int inside = 0;  // > 0: within a recorded operator or the tracker itself
+// What the log keeps per thread (`inside`, the operator cache, the call being recorded), in one
+// thread-local, defined with the call below: a callback looks it up once and passes it on, where
+// each thread-local of a shared library costs a lookup of its own at every use.
+// `inside` of the calling thread, for the tracker's own calls made before that definition.
+int& this_thread_inside();
 
 // Whether Python can no longer be entered (a tracker left recording at interpreter exit).
 bool python_gone() {
@@ -222,6 +226,7 @@ OpName* op_of_locked(const char* name, const char* overload) {
   entry->overload = overload ? overload : "";
   entry->plan.kind = TRANSPARENT;  // a name Python cannot plan: record nothing, hide nothing
   if (python_gone()) return nullptr;
+  int& inside = this_thread_inside();
   inside++;  // what the planner runs is the tracker's own
   {
     at::RecordFunctionGuard unobserved(false);  // and unobserved ([Note: callees unobserved])
@@ -250,12 +255,12 @@ struct CachedOp {
   OpName* op;
 };
 constexpr int OP_CACHE_BITS = 8;
-thread_local CachedOp op_cache[1 << OP_CACHE_BITS];  // zeroed: matches no call (a name is never null)
+using OpCache = CachedOp[1 << OP_CACHE_BITS];  // zeroed: matches no call (a name is never null)
 
-CachedOp& cached_op(const char* name, const char* overload) {
+CachedOp& cached_op(OpCache& cache, const char* name, const char* overload) {
   // Fibonacci hashing of both pointers: their low bits are alignment, their high bits shared.
   uint64_t h = reinterpret_cast<uint64_t>(name) ^ (reinterpret_cast<uint64_t>(overload) << 1);
-  return op_cache[(h * 0x9E3779B97F4A7C15ull) >> (64 - OP_CACHE_BITS)];
+  return cache[(h * 0x9E3779B97F4A7C15ull) >> (64 - OP_CACHE_BITS)];
 }
 
 // A RecordFunction named by a string, not by an operator's schema (autograd's
@@ -265,10 +270,10 @@ CachedOp& cached_op(const char* name, const char* overload) {
 const OpName unnamed_call{"", "", Plan{TRANSPARENT}};
 
 // The overload behind `fn` (its name pointers identify it), planned by Python at first sight.
-const OpName* op_of(const at::RecordFunction& fn) {
+const OpName* op_of(OpCache& cache, const at::RecordFunction& fn) {
   const char* name = fn.name();
   const char* overload = fn.overload_name();
-  CachedOp& slot = cached_op(name, overload);
+  CachedOp& slot = cached_op(cache, name, overload);
   if (slot.name == name && slot.overload == overload) return slot.op;
   if (!fn.operator_name().has_value()) return &unnamed_call;  // rare: a miss of an operator's call
   OpName* op = op_of_locked(name, overload);
@@ -284,7 +289,7 @@ int64_t stack_id() {
   uint64_t t0 = Cost::now_ns();
   PyGILState_STATE gil = PyGILState_Ensure();
   uint64_t t1 = Cost::now_ns();
-  gil_cost.add(t0);
+  gil_cost.add_ns(t1 - t0);
   std::pair<PyCodeObject*, int> chain[MAX_WALK];
   int n = 0;
   uint64_t h = 1469598103934665603ull;
@@ -447,6 +452,7 @@ void drain_if_full() {
     if (records.size() < DRAIN_AT || draining || drainer == nullptr) return;
     draining = true;
   }
+  int& inside = this_thread_inside();
   inside++;
   at::RecordFunctionGuard unobserved(false);  // the drain's own calls ([Note: callees unobserved])
   PyGILState_STATE gil = PyGILState_Ensure();
@@ -576,8 +582,8 @@ void trace_off() {
 // A thread records one call at a time: from a recorded (or skipped) call's start to its end,
 // `inside` is > 0 on its thread, so every call nested in it (what its kernel calls, where
 // RecordFunction still runs) returns from on_start at once. The call being recorded therefore
-// lives in a thread-local `Call` rather than in an ObserverContext allocated per call, and its
-// items vector keeps its capacity from call to call. on_start returns no context; RecordFunction
+// lives in the thread's `Call` (PerThread) rather than in an ObserverContext allocated per call,
+// and its items vector keeps its capacity from call to call. on_start returns no context; RecordFunction
 // runs the end callback all the same, with a null context (record_function.cpp: the end callbacks
 // run for every callback whose start ran), and on_end tells its own call from every other by the
 // RecordFunction's address, which is fixed while the call runs (a RecordFunction is neither
@@ -590,7 +596,15 @@ struct Call {
   uint32_t callees = 0;                    // its callees that reached on_start (RecordFunction on)
   Pending pending;
 };
-thread_local Call call;
+
+struct PerThread {
+  int inside = 0;  // > 0: within a recorded operator or the tracker itself
+  OpCache op_cache = {};
+  Call call;
+};
+thread_local PerThread per_thread;
+
+int& this_thread_inside() { return per_thread.inside; }
 
 // [Note: callees unobserved]
 // The calls a recorded (or skipped) operator makes from inside its kernel are not recorded: they
@@ -616,8 +630,9 @@ thread_local Call call;
 // calls on its own thread hand work to another thread that calls operators (c10d's collectives,
 // which do, are covered above), that work would be observed there, and recorded as that thread's
 // own.
-void enter_call(Call& c, const OpName& op) {
-  inside++;
+void enter_call(PerThread& t, const OpName& op) {
+  Call& c = t.call;
+  t.inside++;
   c.callees = 0;
   c.rf_off = (op.plan.kind == COLLECTIVE || op.most_callees.load(std::memory_order_relaxed) >= SWITCH_AT ||
               at::hasThreadLocalCallbacks()) &&
@@ -625,8 +640,9 @@ void enter_call(Call& c, const OpName& op) {
   if (c.rf_off) at::enableRecordFunction(false);
 }
 
-void leave_call(const Call& c) {
-  inside--;
+void leave_call(PerThread& t) {
+  const Call& c = t.call;
+  t.inside--;
   if (c.rf_off) {
     at::enableRecordFunction(true);
   } else if (c.callees > c.pending.op->most_callees.load(std::memory_order_relaxed)) {
@@ -635,8 +651,8 @@ void leave_call(const Call& c) {
 }
 
 // A callee of the call this thread records reached on_start: RecordFunction stayed on for the call.
-void saw_callee() {
-  if (call.fn != nullptr) call.callees++;
+void saw_callee(Call& c) {
+  if (c.fn != nullptr) c.callees++;
 }
 
 // A call the log could not record (a tensor it could not read): counted, the last reason kept,
@@ -655,21 +671,22 @@ void end_call(const at::RecordFunction& fn, Call& c);
 
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   if (!active.load(std::memory_order_relaxed) || !recording.load(std::memory_order_relaxed)) return nullptr;
-  if (inside > 0) {  // a callee of a recorded operator, or the tracker's own call
+  PerThread& t = per_thread;
+  if (t.inside > 0) {  // a callee of a recorded operator, or the tracker's own call
     count_seen(SEEN_CALLEE);
-    saw_callee();
+    saw_callee(t.call);
     return nullptr;
   }
-  const OpName* op = op_of(fn);
+  const OpName* op = op_of(t.op_cache, fn);
   if (op == nullptr) return nullptr;  // the interpreter is shutting down
   const Plan& plan = op->plan;  // fixed once planned
   count_seen(plan.kind == TRANSPARENT ? SEEN_TRANSPARENT : plan.kind == SKIP ? SEEN_SKIP : SEEN_RECORDED);
   if (plan.kind == TRANSPARENT) return nullptr;
-  Call& c = call;
+  Call& c = t.call;
   c.fn = &fn;
   c.record = false;
   c.pending.reset(op);
-  enter_call(c, *op);  // from here on the end callback, which runs whatever happens, undoes it
+  enter_call(t, *op);  // from here on the end callback, which runs whatever happens, undoes it
   if (plan.kind == SKIP) return nullptr;
   uint64_t t0 = Cost::now_ns();
   try {
@@ -708,10 +725,11 @@ void start_call(const at::RecordFunction& fn, Call& c) {
 }
 
 void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
-  Call& c = call;
+  PerThread& t = per_thread;
+  Call& c = t.call;
   if (c.fn != &fn) return;  // a call this thread does not record ([Note: one call at a time])
   c.fn = nullptr;
-  leave_call(c);
+  leave_call(t);
   if (!c.record) return;
   uint64_t t0 = Cost::now_ns();
   try {
