@@ -10,7 +10,9 @@ torch.cuda._sanitizer, against the step with no tool.
 
 Workloads (bench/overhead_workloads.py): the MLP with SGD, AdamW (foreach) and AdamW (fused); the
 FSDP2 transformer with AdamW; the same with each layer compiled. Each (workload, mode, placement,
-repeat) runs in a fresh process, every mode of every workload interleaved within a round: --warmup
+repeat) runs in a fresh process, every mode of every workload interleaved within a round, the
+modes' order rotated from round to round (`round_order`: over as many rounds as there are modes,
+each mode runs once in each position, so none is always the first after another workload): --warmup
 steps, then --iters timed ones (--fsdp2-iters for the FSDP2 workloads; the sanitizer's scaled by
 --sanitizer-iters-scale), CUDA synchronized around them. A run's process is forked from a server
 that has imported torch and racecheck and touched no device (multiprocessing's forkserver), so the
@@ -196,6 +198,14 @@ def run(server, args, workload: str, mode: str, cpus: set[int], path: Path) -> d
     return result
 
 
+def round_order(modes: list[str], index: int) -> list[str]:
+    """The order of `modes` in the round `index` (counted from 0, warm-up rounds included): rotated
+    by one a round, so that a mode's runs do not all follow the same one (a workload's first run
+    follows the previous workload's last, often the sanitizer's)."""
+    k = index % len(modes) if modes else 0
+    return modes[k:] + modes[:k]
+
+
 def rounds(args, out: Path) -> list[dict]:
     """Every round's runs, the tables rewritten after each round (a call cut short keeps them)."""
     server = multiprocessing.get_context("forkserver")
@@ -205,10 +215,10 @@ def rounds(args, out: Path) -> list[dict]:
     placements = [set()] + ([args.cpu_set] if args.cpu_set else [])
     rows: list[dict] = []
 
-    def one(workload: str, mode: str, cpus: set[int], repeat: int) -> None:
+    def one(workload: str, mode: str, cpus: set[int], repeat: int, position: int) -> None:
         got = run(server, args, workload, mode, cpus, out / f".native-{workload}-{mode}-{repeat}.json")
         row = {"workload": workload, "optimizer": WORKLOADS[workload].optimizer, "mode": mode, "repeat": repeat,
-               "cpus": args.cpus if cpus else "", **got}  # fmt: skip
+               "position": position, "cpus": args.cpus if cpus else "", **got}  # fmt: skip
         row["errors"] = row.get("errors") or ([row["error"]] if "error" in row else [])
         rows.append(row)
         print(f"{'warm-up' if repeat < 0 else 'repeat'} {repeat} {'pinned' if cpus else 'unpinned'} {workload:15} "
@@ -218,7 +228,7 @@ def rounds(args, out: Path) -> list[dict]:
     start, last = time.monotonic(), 0.0
     if not args.warmup_rounds:  # a compiled workload's first process fills Inductor's caches for the others
         for workload in (w for w in workloads if WORKLOADS[w].model == "fsdp2_compiled"):
-            one(workload, "plain", set(), -1)
+            one(workload, "plain", set(), -1, 0)
     for repeat in range(-args.warmup_rounds, args.repeats):
         began = time.monotonic()
         if args.deadline and began - start + last * 1.1 > args.deadline:
@@ -226,8 +236,9 @@ def rounds(args, out: Path) -> list[dict]:
             break
         for cpus in placements:
             for workload in workloads:
-                for mode in modes:  # interleaved: drift in clocks or load affects every mode alike
-                    one(workload, mode, cpus, repeat)
+                # interleaved: drift in clocks or load affects every mode alike
+                for position, mode in enumerate(round_order(modes, repeat + args.warmup_rounds)):
+                    one(workload, mode, cpus, repeat, position)
         last = time.monotonic() - began
         write_outputs(out, rows, args)
     return rows

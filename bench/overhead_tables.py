@@ -81,6 +81,8 @@ def paired(rows: list[dict]) -> dict[tuple[str, str, str], float]:
 def write_runs(out: Path, rows: list[dict]) -> None:
     with open(out / "detector_overhead_native_runs.csv", "w", newline="") as fh:
         fields = [*(["call"] if any("call" in r for r in rows) else []), *RUN_FIELDS]
+        if any(r.get("position") not in (None, "") for r in rows):  # its place in its round (runs that note it)
+            fields.insert(fields.index("repeat") + 1, "position")
         w = csv.DictWriter(fh, fieldnames=fields, extrasaction="ignore")
         w.writeheader()
         for r in rows:
@@ -196,6 +198,17 @@ def readme_table(rows: list[dict], args) -> list[str]:
     return lines
 
 
+def order_note(rows: list[dict]) -> str:
+    """How the modes were ordered within a round, as far as the runs say (runs from before the
+    order was rotated note no `position`)."""
+    noted = [r.get("position") not in (None, "") for r in measured(rows)]
+    if noted and all(noted):
+        return ", in an order rotated from round to round"
+    if any(noted):
+        return ", in an order rotated from round to round in the runs that note their place in it (`position`)"
+    return ""
+
+
 def write_markdown(out: Path, rows: list[dict], args) -> list[str]:
     meta = next((r for r in rows if r.get("device")), {})
     steps = sorted({(r["workload"], r["mode"], r.get("iters")) for r in measured(rows) if r.get("iters")})
@@ -204,7 +217,8 @@ def write_markdown(out: Path, rows: list[dict], args) -> list[str]:
         "# Detector overhead: the native and the Python recording path, and torch.cuda._sanitizer",
         "",
         f"Device: {meta.get('device', '?')}; torch {meta.get('torch', '?')}. Medians of fresh-process runs, every "
-        "mode of every workload interleaved within a round; warm-up rounds (repeat < 0 in the runs CSV) left out. "
+        f"mode of every workload interleaved within a round{order_note(rows)}; warm-up rounds (repeat < 0 in the runs "
+        "CSV) left out. "
         f"{args.warmup} warm-up steps and {args.iters} timed ones per run ({args.fsdp2_iters} for the FSDP2 "
         "workloads)" + (f"; the sanitizer's runs time fewer ({'; '.join(fewer)})" if fewer else "") + ". "
         "Slowdown: the ratio of the medians; paired: the median over rounds of a run's time over plain's in its round.",

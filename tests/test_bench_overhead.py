@@ -81,6 +81,30 @@ def test_runs_from_before_the_optimizer_column_keep_the_workloads_they_ran(table
                    ["mlp", "sgd", "native", "4-7", "2.400"]]  # fmt: skip
 
 
+def test_the_modes_order_rotates_so_that_each_mode_runs_once_in_each_place(tables, tmp_path):
+    """A round's modes run in an order rotated by one from the round before: over as many rounds as
+    modes, each mode runs once in each place of its round (none always first after the previous
+    workload's last run); the table says so where every run notes its place, and only then."""
+    import detector_overhead_native as bench
+
+    modes = ["plain", "native", "python", "sanitizer"]
+    orders = [bench.round_order(modes, i) for i in range(len(modes))]
+    assert all(sorted(order) == sorted(modes) for order in orders)
+    assert [{order[place] for order in orders} for place in range(len(modes))] == [set(modes)] * len(modes)
+    assert bench.round_order(modes, len(modes)) == modes and bench.round_order([], 3) == []
+
+    rows = [{**_run("mlp-adamw", m, r, 2.0), "position": p} for r, o in enumerate(orders) for p, m in enumerate(o)]
+    assert "interleaved within a round, in an order rotated from round to round;" in "\n".join(
+        tables.write_outputs(tmp_path, rows, _args())
+    )
+    with open(tmp_path / "detector_overhead_native_runs.csv", newline="") as fh:
+        header = next(csv.reader(fh))
+    assert header[header.index("repeat") + 1] == "position"
+    old = [_run("mlp-adamw", m, 0, 2.0) for m in modes]  # from before the order rotated: no position
+    assert "interleaved within a round;" in "\n".join(tables.write_outputs(tmp_path, old, _args()))
+    assert "in the runs that note their place in it" in "\n".join(tables.write_outputs(tmp_path, old + rows, _args()))
+
+
 def test_a_report_on_the_correct_steps_is_named_a_false_alarm(tables):
     """Every step the benchmark times is correct code: a detector report there is a false alarm,
     which the run prints and fails on (a call once reported 10 races a run on the FSDP2 steps, and
