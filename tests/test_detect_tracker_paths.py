@@ -281,6 +281,50 @@ def test_a_compiled_function_runs_compiled_under_the_tracker(path):
     torch.testing.assert_close(y, torch.sin(x) * 2 + 1)
 
 
+def _compiled_with_a_graph_break(tracked: str | None) -> tuple[dict, int, list[str]]:
+    """Dynamo's frame counts and graphs for a compiled function that breaks its graph on a value
+    (its eager part runs between two compiled graphs), run under a tracker on `tracked`'s path or
+    under none; and the warnings that name racecheck's files."""
+    import contextlib
+    import warnings
+
+    from torch._dynamo.utils import counters
+
+    from racecheck.detect.torch_tracker import TorchRaceTracker
+
+    torch._dynamo.reset()
+    counters.clear()
+
+    @torch.compile
+    def block(x, w):
+        y = torch.relu(x @ w)
+        if y.sum() > 0:  # a graph break: the rest is a second frame, compiled on its own
+            y = y * 2
+        return y.sin()
+
+    w = torch.randn(8, 8)
+    tracker = None if tracked is None else TorchRaceTracker(device_type="cpu", path=tracked)
+    with warnings.catch_warnings(record=True) as caught, tracker or contextlib.nullcontext():
+        warnings.simplefilter("always")
+        for i in range(4):
+            block(torch.randn(8 + i, 8), w)
+    assert tracker is None or (tracker.errors == [] and tracker.ops > 0)
+    ours = [str(c.message) for c in caught if "racecheck" in f"{c.filename} {c.message}"]
+    return dict(counters["frames"]), counters["stats"]["unique_graphs"], ours
+
+
+@pytest.mark.parametrize("path", ["python", "native"])
+def test_dynamo_compiles_only_the_programs_frames_under_the_tracker_even_across_a_graph_break(path):
+    """Where a compiled function breaks its graph, its eager part runs with Dynamo's frame hook
+    on: the Python path's __torch_dispatch__, called from it, was itself compiled by Dynamo (with
+    recompilations guarded on the tracker's plan table, and Dynamo's warnings about racecheck's
+    files). Under either path Dynamo compiles the frames and graphs it compiles without a tracker,
+    and says nothing of racecheck."""
+    alone_frames, alone_graphs, _ = _compiled_with_a_graph_break(None)
+    frames, graphs, ours = _compiled_with_a_graph_break(path)
+    assert (frames, graphs, ours) == (alone_frames, alone_graphs, [])
+
+
 @pytest.mark.parametrize("name", list(kit.PATHS))
 def test_a_cpu_tracker_given_no_streams_runs_on_the_cpus_one_stream(name):
     """On the CPU, with no stream functions given, code on one stream runs the same on every path

@@ -110,6 +110,7 @@ class NativeFeed:
 
     def start(self) -> None:
         from racecheck.detect.dispatch import native_plan, sanitizer_module
+        from racecheck.detect.torch_hooks import eager
 
         tracker = self.tracker
         cuda = tracker.device_type == "cuda"
@@ -128,7 +129,8 @@ class NativeFeed:
             import torch
 
             torch._C._activate_gpu_trace()
-        self.log.start(native_plan, self.drain, cuda, tracker.stacks_on, cuda)  # one tracker at a time
+        # The log calls both from inside the program's operators: Dynamo stays off them (`eager`).
+        self.log.start(eager(native_plan), eager(self.drain), cuda, tracker.stacks_on, cuda)  # one tracker at a time
         self.active = True
         self._failures_at_start = self.log.failures()[0]
         self.log.watch_host(cuda)

@@ -1,6 +1,7 @@
 """The PyTorch tracker's two hooks into PyTorch (torch_tracker.py): a subclass of
 torch.cuda._sanitizer's EventHandler that receives the CUDA trace callbacks, and the
-TorchDispatchMode that sees every operator; plus how the current stream is read on CUDA.
+TorchDispatchMode that sees every operator; plus how the current stream is read on CUDA, and
+`eager`, which keeps Dynamo off every function of the tracker that the program's own calls reach.
 """
 
 from __future__ import annotations
@@ -21,6 +22,16 @@ def _handler_base():
     return sanitizer_module().EventHandler
 
 
+def eager(fn: Callable) -> Callable:
+    """`fn` with Dynamo's frame hook off for its frames and every frame they call
+    (torch.compiler.disable), for the tracker's functions that the program's own calls reach: the
+    dispatch mode's __torch_dispatch__, the CUDA trace callbacks, the native log's planner and
+    drain. Where a compiled function breaks its graph, its eager part runs with that hook on, and
+    Dynamo compiled those functions as if they were the program's frames (recompiling them on
+    guards over the tracker's own tables, and warning about racecheck's files)."""
+    return torch.compiler.disable(fn, recursive=True)
+
+
 def make_handler(tracker: TorchRaceTracker):
     """An EventHandler of torch.cuda._sanitizer whose callbacks feed the racecheck engine instead
     of the sanitizer's per-pointer history (which a free erases). The Python path's: the native
@@ -35,16 +46,20 @@ def make_handler(tracker: TorchRaceTracker):
         def _handle_event_creation(self, event):
             """Nothing to track (overrides the sanitizer's bookkeeping): an event matters once recorded."""
 
+        @eager
         def _handle_event_deletion(self, event):
             tracker._guard(tracker.engine.forget_event, event)
 
+        @eager
         def _handle_event_record(self, event, stream):
             tracker._guard(tracker.on_event_record, event, stream)
 
+        @eager
         def _handle_event_wait(self, event, stream):
             tracker._guard(tracker.on_event_wait, event, stream)
 
-        def _handle_memory_allocation(self, data_ptr):  # the most frequent: no extra call layer
+        @eager
+        def _handle_memory_allocation(self, data_ptr):  # the most frequent: no call layer but `eager`
             try:
                 # The stack is the allocating operator's: _op captures it when it resolves this.
                 stream = tracker.current()
@@ -56,6 +71,7 @@ def make_handler(tracker: TorchRaceTracker):
             except Exception as exc:
                 tracker.errors.append(f"{type(exc).__name__}: {exc}")
 
+        @eager
         def _handle_memory_deallocation(self, data_ptr):
             try:
                 if tracker.pending.pop(data_ptr, None) is None:  # else: no op ever touched it
@@ -66,12 +82,15 @@ def make_handler(tracker: TorchRaceTracker):
         def _handle_stream_creation(self, stream):
             """Nothing to track (overrides the sanitizer's bookkeeping): streams are named at first use."""
 
+        @eager
         def _handle_device_synchronization(self):
             tracker._guard(tracker.on_host_sync, "device")
 
+        @eager
         def _handle_stream_synchronization(self, stream):
             tracker._guard(tracker.on_host_sync, "stream", stream)
 
+        @eager
         def _handle_event_synchronization(self, event):
             tracker._guard(tracker.on_host_sync, "event", event)
 
@@ -85,9 +104,9 @@ _NO_KWARGS: dict = {}  # read only
 class TrackerMode(TorchDispatchMode):
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
-        """No torch._disable_dynamo wrapper around __torch_dispatch__ (PyTorch >= 2.9 adds one to
-        every mode unless it opts out): it costs more per operator than the tracker's own
-        bookkeeping, and this mode's frames never run under Dynamo (ignore_compile_internals)."""
+        """No second wrapper: PyTorch >= 2.9 wraps every mode's __torch_dispatch__ in
+        torch._disable_dynamo unless it opts out, and this one is wrapped already (`eager`, the
+        same wrapper, on every torch it supports)."""
         return False
 
     @classmethod
@@ -102,6 +121,7 @@ class TrackerMode(TorchDispatchMode):
         super().__init__()
         self.tracker = tracker
 
+    @eager
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         plan = _plans.get(func) or plan_for(func)
         kind = plan.kind
