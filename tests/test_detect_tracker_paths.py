@@ -337,6 +337,33 @@ def test_a_cpu_tracker_given_no_streams_runs_on_the_cpus_one_stream(name):
     assert t.errors == [] and t.reports() == [] and t.ops > 0
 
 
+def _sparse_step() -> list[torch.Tensor]:
+    """A sparse-gradient embedding trained a step (recommendation models' idiom), a COO and a CSR
+    product: tensors of layouts without a storage of their own."""
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(50, 8, sparse=True)
+    opt = torch.optim.SGD(emb.parameters(), lr=0.1)
+    emb(torch.tensor([1, 4, 4, 9])).sum().backward()
+    opt.step()
+    dense = torch.randn(6, 6)
+    return [emb.weight.detach().clone(), dense.to_sparse() @ torch.ones(6, 2), dense.to_sparse_csr() @ torch.ones(6, 2)]
+
+
+@pytest.mark.parametrize("name", list(kit.PATHS))
+def test_tensors_without_storage_are_passed_over_on_every_path(name):
+    """A sparse tensor has no storage of its own (its indices and values do, which the sparse
+    kernels read unseen): on the Python path, asking it for its data pointer failed every operator
+    that took one, as a tracker error. Every path passes it over, as op_log.cpp does, and records
+    the operator's strided tensors."""
+    want = _sparse_step()
+    path_, engine = kit.PATHS[name]
+    with TorchRaceTracker(device_type="cpu", path=path_, engine=engine) as t:
+        got = _sparse_step()
+    assert t.errors == [] and t.reports() == [] and t.ops > 0
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without CUDA")
 def test_a_cuda_tracker_without_cuda_says_so_in_one_line():
     with pytest.raises(TrackerUnavailable, match=r"^TorchRaceTracker follows CUDA streams.*no CUDA device") as got:

@@ -282,7 +282,10 @@ class TorchRaceTracker(HostAccesses):
             for t in tensors:
                 if type(t) not in _PLAIN_TENSORS and _no_memory(t):
                     continue
-                ptr = t.data_ptr()
+                try:
+                    ptr = t.data_ptr()
+                except RuntimeError:  # no storage (a sparse or MKL-DNN layout): op_log.cpp skips it too
+                    continue
                 if not ptr:
                     continue  # a meta tensor, or an empty one: no memory (op_log.cpp: a storage without data)
                 # A tensor at the start of a live block is the common case; a block the allocator
@@ -326,7 +329,11 @@ class TorchRaceTracker(HostAccesses):
         for t in returned_tensors(out):
             if type(t) not in _PLAIN_TENSORS and _no_memory(t):
                 continue
-            if t.data_ptr() in self.pending:
+            try:
+                ptr = t.data_ptr()
+            except RuntimeError:  # no storage (a sparse or MKL-DNN layout), as in _op
+                continue
+            if ptr in self.pending:
                 self._resolve(t, stack)
 
     def _resolve(self, t: torch.Tensor, stack):
