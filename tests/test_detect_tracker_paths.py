@@ -364,6 +364,22 @@ def test_tensors_without_storage_are_passed_over_on_every_path(name):
         torch.testing.assert_close(a, b)
 
 
+@pytest.mark.parametrize("name", list(kit.PATHS))
+def test_the_operators_another_thread_issues_are_seen_on_the_native_path_only(name):
+    """A thread of the program other than the one that entered the tracker (one that prefetches or
+    stages copies, say): the native path's RecordFunction observer is global and records its
+    operators; the Python path's TorchDispatchMode is per thread and sees none (the README says so)."""
+    import threading
+
+    path_, engine = kit.PATHS[name]
+    with TorchRaceTracker(device_type="cpu", path=path_, engine=engine) as t:
+        worker = threading.Thread(target=lambda: (torch.ones(64) * 3).sum())
+        worker.start()
+        worker.join()
+    assert t.errors == [] and t.reports() == []
+    assert (t.ops > 0) == (path_ == "native")
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without CUDA")
 def test_a_cuda_tracker_without_cuda_says_so_in_one_line():
     with pytest.raises(TrackerUnavailable, match=r"^TorchRaceTracker follows CUDA streams.*no CUDA device") as got:
