@@ -325,6 +325,33 @@ def test_dynamo_compiles_only_the_programs_frames_under_the_tracker_even_across_
     assert (frames, graphs, ours) == (alone_frames, alone_graphs, [])
 
 
+def test_keeping_dynamo_off_the_tracker_costs_no_import_of_dynamo_and_nothing_per_call():
+    """torch._dynamo takes about a second to import: the tracker's modules import it nowhere, a
+    tracker run without torch.compile never does, and where torch has Dynamo's per-code setting
+    `eager` hands the function back as it is; without the setting, its wrapper runs the function
+    as it is until torch._dynamo is imported, and under torch.compiler.disable after."""
+    script = (
+        "import sys, torch\n"
+        "from racecheck.detect import torch_hooks\n"
+        "from racecheck.detect.torch_tracker import TorchRaceTracker\n"
+        "with TorchRaceTracker(device_type='cpu', path='python') as t:\n"
+        "    (torch.ones(4) * 2).sum()\n"
+        "assert t.ops > 0 and t.errors == []\n"
+        "def f(x):\n"
+        "    return x + 1\n"
+        "assert (torch_hooks.eager(f) is f) == (torch_hooks._skip_recursively() is not None)\n"
+        "torch_hooks._skip_recursively = lambda: None\n"
+        "g = torch_hooks.eager(f)\n"
+        "assert g is not f and g(1) == 2\n"
+        "print('torch._dynamo' in sys.modules)\n"
+        "import torch._dynamo\n"
+        "assert g(1) == 2\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["False"]
+
+
 @pytest.mark.parametrize("name", list(kit.PATHS))
 def test_a_cpu_tracker_given_no_streams_runs_on_the_cpus_one_stream(name):
     """On the CPU, with no stream functions given, code on one stream runs the same on every path

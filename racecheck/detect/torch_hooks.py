@@ -6,6 +6,8 @@ TorchDispatchMode that sees every operator; plus how the current stream is read 
 
 from __future__ import annotations
 
+import functools
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -23,13 +25,49 @@ def _handler_base():
 
 
 def eager(fn: Callable) -> Callable:
-    """`fn` with Dynamo's frame hook off for its frames and every frame they call
-    (torch.compiler.disable), for the tracker's functions that the program's own calls reach: the
-    dispatch mode's __torch_dispatch__, the CUDA trace callbacks, the native log's planner and
-    drain. Where a compiled function breaks its graph, its eager part runs with that hook on, and
-    Dynamo compiled those functions as if they were the program's frames (recompiling them on
-    guards over the tracker's own tables, and warning about racecheck's files)."""
-    return torch.compiler.disable(fn, recursive=True)
+    """`fn`, whose frames and every frame they call Dynamo never compiles: for the tracker's
+    functions that the program's own calls reach (the dispatch mode's __torch_dispatch__, the CUDA
+    trace callbacks, the native log's planner and drain). Where a compiled function breaks its
+    graph, its eager part runs with Dynamo's frame hook on, and Dynamo compiled those functions as
+    if they were the program's frames (recompiling them on guards over the tracker's own tables, and
+    warning about racecheck's files).
+
+    Where torch has it, the function's code object is marked to be skipped with every frame it calls
+    (Dynamo's per-code setting in torch._C._dynamo.eval_frame, the one its own skip_code sets):
+    `fn` is returned as it is, at no cost per call and with no import of torch._dynamo. Elsewhere a
+    wrapper runs it under torch.compiler.disable(recursive=True) once torch._dynamo is imported (no
+    hook can be on before): importing it takes about a second, which would otherwise fall on every
+    process a tracker starts in."""
+    strategy = _skip_recursively()
+    if strategy is not None:
+        set_strategy, skip = strategy
+        set_strategy(fn.__code__, skip)
+        return fn
+    disabled: Callable | None = None
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        nonlocal disabled
+        if disabled is None:
+            if "torch._dynamo" not in sys.modules:
+                return fn(*args, **kwargs)
+            disabled = torch.compiler.disable(fn, recursive=True)
+        return disabled(*args, **kwargs)
+
+    return call
+
+
+@functools.cache
+def _skip_recursively():
+    """(set_code_exec_strategy, the strategy "skip this frame and every frame it calls"), or None
+    where this torch has no per-code setting."""
+    frames = getattr(torch._C, "_dynamo", None)
+    frames = getattr(frames, "eval_frame", None)
+    needed = ("set_code_exec_strategy", "_FrameExecStrategy", "_FrameAction")
+    if frames is None or not all(hasattr(frames, name) for name in needed):
+        return None
+    skip = frames._FrameAction.SKIP
+    return frames.set_code_exec_strategy, frames._FrameExecStrategy(skip, skip)
 
 
 def make_handler(tracker: TorchRaceTracker):
@@ -104,9 +142,9 @@ _NO_KWARGS: dict = {}  # read only
 class TrackerMode(TorchDispatchMode):
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
-        """No second wrapper: PyTorch >= 2.9 wraps every mode's __torch_dispatch__ in
-        torch._disable_dynamo unless it opts out, and this one is wrapped already (`eager`, the
-        same wrapper, on every torch it supports)."""
+        """No wrapper from PyTorch, which (2.9 and later) wraps every mode's __torch_dispatch__ in
+        torch._disable_dynamo unless it opts out: that imports torch._dynamo at the first operator
+        and costs every call, while `eager` keeps Dynamo off this one already, at no cost."""
         return False
 
     @classmethod
