@@ -376,6 +376,7 @@ def _sparse_step() -> list[torch.Tensor]:
     return [emb.weight.detach().clone(), dense.to_sparse() @ torch.ones(6, 2), dense.to_sparse_csr() @ torch.ones(6, 2)]
 
 
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
 @pytest.mark.parametrize("name", list(kit.PATHS))
 def test_tensors_without_storage_are_passed_over_on_every_path(name):
     """A sparse tensor has no storage of its own (its indices and values do, which the sparse
