@@ -49,8 +49,10 @@ def test_both_paths_give_the_same_reports(scenario):
 
 def test_without_a_compiler_the_tracker_takes_the_python_path(tmp_path):
     """Where op_log.cpp cannot be built, a CUDA tracker runs the Python path (and says why in one
-    line); asking for the native path fails with that line."""
+    line); asking for the native path fails with that line. (And the tracker's modules, in this
+    fresh process, import no torch._dynamo: see torch_hooks.eager.)"""
     code = (
+        "import sys\n"
         "from racecheck.detect import op_log\n"
         "from racecheck.detect.torch_tracker import TorchRaceTracker\n"
         "t = TorchRaceTracker(device_type='cuda')\n"
@@ -60,6 +62,7 @@ def test_without_a_compiler_the_tracker_takes_the_python_path(tmp_path):
         "    TorchRaceTracker(device_type='cpu', current_stream=lambda: 0, path='native')\n"
         "except op_log.NativeUnavailable as exc:\n"
         "    print('refused', len(str(exc).splitlines()))\n"
+        "print('torch._dynamo' in sys.modules)\n"
     )
     env = {**os.environ, "CXX": str(tmp_path / "no-compiler"), "RACECHECK_NATIVE_CACHE": str(tmp_path / "cache")}
     env.pop("RACECHECK_DETECT_PATH", None)
@@ -69,6 +72,7 @@ def test_without_a_compiler_the_tracker_takes_the_python_path(tmp_path):
     assert lines[0] == "python"
     assert lines[1].startswith("1 building op_log.cpp failed")
     assert lines[2] == "refused 1"
+    assert lines[3] == "False"  # importing torch._dynamo takes about a second
 
 
 def test_an_installed_package_carries_every_source_the_native_log_is_built_from():
@@ -325,31 +329,29 @@ def test_dynamo_compiles_only_the_programs_frames_under_the_tracker_even_across_
     assert (frames, graphs, ours) == (alone_frames, alone_graphs, [])
 
 
-def test_keeping_dynamo_off_the_tracker_costs_no_import_of_dynamo_and_nothing_per_call():
-    """torch._dynamo takes about a second to import: the tracker's modules import it nowhere, a
-    tracker run without torch.compile never does, and where torch has Dynamo's per-code setting
-    `eager` hands the function back as it is; without the setting, its wrapper runs the function
-    as it is until torch._dynamo is imported, and under torch.compiler.disable after."""
-    script = (
-        "import sys, torch\n"
-        "from racecheck.detect import torch_hooks\n"
-        "from racecheck.detect.torch_tracker import TorchRaceTracker\n"
-        "with TorchRaceTracker(device_type='cpu', path='python') as t:\n"
-        "    (torch.ones(4) * 2).sum()\n"
-        "assert t.ops > 0 and t.errors == []\n"
-        "def f(x):\n"
-        "    return x + 1\n"
-        "assert (torch_hooks.eager(f) is f) == (torch_hooks._skip_recursively() is not None)\n"
-        "torch_hooks._skip_recursively = lambda: None\n"
-        "g = torch_hooks.eager(f)\n"
-        "assert g is not f and g(1) == 2\n"
-        "print('torch._dynamo' in sys.modules)\n"
-        "import torch._dynamo\n"
-        "assert g(1) == 2\n"
-    )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split() == ["False"]
+def test_eager_hands_the_function_back_where_dynamo_has_its_per_code_setting_else_wraps_it(monkeypatch):
+    """`eager` marks the function's code for Dynamo to skip and hands it back (no cost per call);
+    where torch has no per-code setting, its wrapper runs the function as it is until torch._dynamo
+    is imported, and under torch.compiler.disable after."""
+    import importlib
+
+    from racecheck.detect import torch_hooks
+
+    def f(x):
+        return x + 1
+
+    assert torch_hooks._skip_recursively() is not None  # torch 2.13, which CI installs
+    assert torch_hooks.eager(f) is f
+    monkeypatch.setattr(torch_hooks, "_skip_recursively", lambda: None)
+    disabled = []
+    monkeypatch.setattr(torch.compiler, "disable", lambda fn, recursive: disabled.append(recursive) or fn)
+    g = torch_hooks.eager(f)
+    assert g is not f and g.__wrapped__ is f
+    with monkeypatch.context() as m:
+        m.delitem(sys.modules, "torch._dynamo", raising=False)
+        assert g(1) == 2 and disabled == []  # no Dynamo imported: nothing to keep off
+    importlib.import_module("torch._dynamo")  # as the program's first torch.compile would
+    assert g(1) == 2 and g(2) == 3 and disabled == [True]
 
 
 @pytest.mark.parametrize("name", list(kit.PATHS))
