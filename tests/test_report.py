@@ -275,6 +275,29 @@ def test_detector_reports_appear_merged_by_their_first_line(tmp_path):
     assert "detector reports" not in report.render("terminal", summary=summary, records=None)
 
 
+def test_a_test_is_named_by_its_node_id_cut_before_its_parametrization_in_every_format(tmp_path):
+    """Parametrization ids are the user's text and may hold `::` and `[` (`ids=["a/b::c[d]"]`): a
+    node id is cut into file, classes and test before its brackets, never inside them (the table
+    and the failure line named the test below `c[d]]`)."""
+    from racecheck.protocol.node_ids import short_name, split_node_id
+
+    tricky = "tests/test_things.py::TestC::test_param[a/b::c[d]]"
+    assert split_node_id(tricky) == ("tests/test_things.py", ["TestC"], "test_param[a/b::c[d]]")
+    assert split_node_id("t.py::test_x") == ("t.py", [], "test_x")
+    assert short_name(tricky) == "test_param[a/b::c[d]]" and short_name("*") == "*"
+    write_log(
+        tmp_path, [trial_record(arm=a, test=tricky, outcome=o) for a, o in (("bad", "failed"), ("good", "passed"))]
+    )
+    records = record_frame(tmp_path)
+    summary = tally.summarize(records)
+    for fmt in ("terminal", "markdown", "html"):
+        assert "test_param[a/b::c[d]]" in report.render(fmt, summary=summary, records=records), fmt
+    cases = ET.fromstring(report.render("junit", summary=summary, records=records).encode("utf-8")).iter("testcase")
+    assert {(c.get("classname"), c.get("name")) for c in cases} == {
+        ("tests.test_things.TestC", "test_param[a/b::c[d]]")
+    }
+
+
 def test_every_format_has_a_renderer_of_its_own():
     from racecheck.results.rows import Format
 

@@ -11,8 +11,9 @@ import base64
 import html
 import io
 
+from racecheck.protocol.node_ids import short_name
 from racecheck.results import failures, stats
-from racecheck.results.rows import per_test_counts, rate_phrase, scenarios, short_test
+from racecheck.results.rows import per_test_counts, rate_phrase, scenarios
 
 _CSS = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em auto;
@@ -68,13 +69,13 @@ def _plot(panels) -> bytes:
         # A group per parametrization that ran in some arm; its label is the parametrization
         # alone when the scenario has one test function, else function and parametrization.
         ran = [(t, cells) for t, cells in per_test_counts(tests, arms) if any(r.trials for r in cells.values())]
-        functions = {short_test(t).split("[", 1)[0] for t, _ in ran}
+        functions = {short_name(t).split("[", 1)[0] for t, _ in ran}
         groups = [("any test (trial)", {r.arm: r for r in star.itertuples()})]
         groups += [
             (
-                short_test(t).split("[", 1)[1].rstrip("]")
-                if len(functions) == 1 and "[" in short_test(t)
-                else short_test(t),
+                short_name(t).split("[", 1)[1].rstrip("]")
+                if len(functions) == 1 and "[" in short_name(t)
+                else short_name(t),
                 cells,
             )
             for t, cells in ran
@@ -134,7 +135,7 @@ def _scenario_section(name, star, tests, *, detected: bool) -> list[str]:
         out += ["<table>", '<tr><th class="name">test</th>' + "".join(f"<th>{_e(a)}</th>" for a in arms) + "</tr>"]
         for test, by_arm in rows:
             tds = [_rate_cell(by_arm[a]) if a in by_arm else "<td>-</td>" for a in arms]
-            out.append(f'<tr><td class="name" title="{_e(test)}">{_e(short_test(test))}</td>' + "".join(tds) + "</tr>")
+            out.append(f'<tr><td class="name" title="{_e(test)}">{_e(short_name(test))}</td>' + "".join(tds) + "</tr>")
         out.append("</table>")
     return out
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 import xml.etree.ElementTree as ET
 
+from racecheck.protocol.node_ids import split_node_id
 from racecheck.protocol.records import Outcome
 from racecheck.results import stats
 from racecheck.results.rows import ALL_TESTS
@@ -35,9 +36,9 @@ def _clean(text) -> str:
 def _classname_and_name(test: str) -> tuple[str, str]:
     """pytest's junitxml convention: `dir/test_f.py::Cls::test_x[p]` ->
     (`dir.test_f.Cls`, `test_x[p]`)."""
-    parts = test.split("::")
-    module = parts[0].removesuffix(".py").replace("/", ".").replace("\\", ".")
-    return ".".join([module, *parts[1:-1]]), parts[-1]
+    file, classes, name = split_node_id(test)
+    module = file.removesuffix(".py").replace("/", ".").replace("\\", ".")
+    return ".".join([module, *classes]), name
 
 
 def _exc_type(record) -> str:

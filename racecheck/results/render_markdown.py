@@ -3,9 +3,10 @@ the size GitHub accepts."""
 
 from __future__ import annotations
 
+from racecheck.protocol.node_ids import short_name
 from racecheck.results import stats
 from racecheck.results.render_terminal import has_detected
-from racecheck.results.rows import count, per_test_counts, rate_phrase, scenarios, short_test
+from racecheck.results.rows import count, per_test_counts, rate_phrase, scenarios
 
 # GitHub refuses a step summary above 1 MiB; stay below it with room for the truncation note.
 MARKDOWN_LIMIT = 1024 * 1024 - 4096
@@ -52,7 +53,7 @@ def _markdown_lines(summary) -> list[tuple[str, bool]]:
             ]
             for test, cell in rows:
                 counts = [count(cell[a]) if a in cell else "-" for a in arms]
-                lines.append((f"| `{md(short_test(test))}` | " + " | ".join(counts) + " |", True))
+                lines.append((f"| `{md(short_name(test))}` | " + " | ".join(counts) + " |", True))
         lines.append(("", False))
     return lines
 

@@ -3,7 +3,8 @@ parametrization with each arm's count (what `racecheck run` prints and `report` 
 
 from __future__ import annotations
 
-from racecheck.results.rows import arm_label, count, per_test_counts, rate_phrase, scenarios, short_test
+from racecheck.protocol.node_ids import short_name
+from racecheck.results.rows import arm_label, count, per_test_counts, rate_phrase, scenarios
 
 
 def has_detected(summary) -> bool:
@@ -30,7 +31,7 @@ def render_terminal(summary) -> str:
         if rows:
             out.append("")
             cells = [[f"{arm} {count(cell[arm])}" if arm in cell else f"{arm} -" for arm in arms] for _, cell in rows]
-            names = [short_test(t) for t, _ in rows]
+            names = [short_name(t) for t, _ in rows]
             name_w = max(map(len, names))
             col_w = [max(len(c[i]) for c in cells) for i in range(len(arms))]
             for test, row_cells in zip(names, cells, strict=True):

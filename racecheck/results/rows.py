@@ -22,11 +22,6 @@ class Format(enum.StrEnum):
     HTML = "html"
 
 
-def short_test(test: str) -> str:
-    """A node id without its file: `path/test_x.py::test_f[1-True]` -> `test_f[1-True]`."""
-    return test.rsplit("::", 1)[-1]
-
-
 def scenarios(summary):
     """(scenario, its `*` rows, its per-test rows), scenarios in summary order."""
     for name in dict.fromkeys(summary["scenario"]):

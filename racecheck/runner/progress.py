@@ -11,6 +11,7 @@ import time
 
 from tqdm import tqdm
 
+from racecheck.protocol.node_ids import short_name
 from racecheck.protocol.printable import first_line
 from racecheck.protocol.records import Outcome, TrialRecord
 from racecheck.protocol.schedule import Block
@@ -69,7 +70,7 @@ class Progress(RunListener):
             label = f"{record.scenario}/{record.arm}" if self._multi else record.arm
             message = first_line(record.message, MESSAGE_CHARS)
             self.note(
-                f"{record.outcome}: {label} trial {record.trial} {record.test.split('::')[-1]}"
+                f"{record.outcome}: {label} trial {record.trial} {short_name(record.test)}"
                 f" ({record.signature}{': ' + message if message else ''}); replay: {record.replay}"
             )
         self._tallies()
