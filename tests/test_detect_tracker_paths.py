@@ -410,6 +410,32 @@ def test_the_operators_another_thread_issues_are_seen_on_the_native_path_only(na
     assert (t.ops > 0) == (path_ == "native")
 
 
+@pytest.mark.parametrize(("outer", "inner"), [("python", "python"), ("python", "native"), ("native", "python"),
+                                              ("native", "native")])  # fmt: skip
+def test_a_tracker_on_the_native_path_records_alone_and_python_path_trackers_nest(outer, inner):
+    """[Note: a native tracker records alone] (torch_tracker.py): a second tracker entered while
+    one records is refused, in one line, where either is on the native path (its log and CUDA's
+    trace are the process's; a Python-path tracker inside a native one on CUDA got no trace
+    callback); trackers on the Python path nest. The outer tracker goes on, and once it has exited
+    any tracker starts."""
+    with TorchRaceTracker(device_type="cpu", path=outer) as first:
+        x = torch.ones(8) * 2
+        second = TorchRaceTracker(device_type="cpu", path=inner)
+        if "native" in (outer, inner):
+            with pytest.raises(TrackerUnavailable) as refused:
+                second.__enter__()
+            assert "\n" not in str(refused.value) and "path='python'" in str(refused.value)
+        else:
+            with second:
+                x.add_(1)
+            assert second.ops > 0
+        (x * 3).sum()
+    assert first.errors == [] and first.reports() == [] and first.ops > 0
+    with TorchRaceTracker(device_type="cpu", path=inner) as later:
+        (torch.ones(4) + 1).sum()
+    assert later.errors == [] and later.ops > 0
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without CUDA")
 def test_a_cuda_tracker_without_cuda_says_so_in_one_line():
     with pytest.raises(TrackerUnavailable, match=r"^TorchRaceTracker follows CUDA streams.*no CUDA device") as got:

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable
+from typing import ClassVar
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
@@ -83,6 +84,8 @@ def _host_stream() -> int:
 
 class TorchRaceTracker(HostAccesses):
     """See the module docstring; it is a feed_types.LoopTracker, the native loop's view of it."""
+
+    _recording: ClassVar[list[TorchRaceTracker]] = []  # entered and not yet exited, in this process
 
     def __init__(
         self,
@@ -138,6 +141,17 @@ class TorchRaceTracker(HostAccesses):
 
     # -- lifetime --------------------------------------------------------------------------
     def __enter__(self) -> TorchRaceTracker:
+        # [Note: a native tracker records alone]
+        # The native path's log, and on CUDA the GPU trace it takes over, are the process's: a
+        # second tracker on it could not start, a Python-path tracker inside it would get no CUDA
+        # trace callback (every free unseen, every reuse of a block a race) and one around it
+        # would lose them while it records. Trackers on the Python path nest.
+        busy = [t for t in TorchRaceTracker._recording if t is not self]
+        if busy and (self._feed is not None or any(t._feed is not None for t in busy)):
+            raise TrackerUnavailable(
+                "TorchRaceTracker: another tracker records in this process, and a tracker on the native "
+                "path records alone; exit the other first, or run both on the Python path (path='python')"
+            )
         if self.device_type == "cuda" and not torch.cuda.is_available():
             raise TrackerUnavailable(
                 "TorchRaceTracker follows CUDA streams, and this torch has no CUDA device "
@@ -151,16 +165,19 @@ class TorchRaceTracker(HostAccesses):
                 torch._C._activate_gpu_trace()
                 set_trace_handler(self.handler, attached=True)
         if self._feed is not None:
-            self._feed.start()  # raises while another tracker records natively in this process
+            self._feed.start()
         else:
             self._mode = TrackerMode(self)
             self._mode.__enter__()
         if self.device_type == "cuda":
             watch = KernelWatch(self._kernel_launched, self.errors.append)
             self._kernels = watch if watch.install() else None  # else an enclosing tracker's watch
+        TorchRaceTracker._recording.append(self)
         return self
 
     def __exit__(self, *exc) -> None:
+        if self in TorchRaceTracker._recording:
+            TorchRaceTracker._recording.remove(self)
         if self._kernels is not None:
             self._kernels.uninstall()
             self._kernels = None
