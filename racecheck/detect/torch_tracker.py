@@ -144,8 +144,9 @@ class TorchRaceTracker(HostAccesses):
         # [Note: a native tracker records alone]
         # The native path's log, and on CUDA the GPU trace it takes over, are the process's: a
         # second tracker on it could not start, a Python-path tracker inside it would get no CUDA
-        # trace callback (every free unseen, every reuse of a block a race) and one around it
-        # would lose them while it records. Trackers on the Python path nest.
+        # trace callback (every free unseen, so a freed block's reuse on another stream could be
+        # reported as a race) and one around it would lose them while it records. Trackers on the
+        # Python path nest.
         busy = [t for t in TorchRaceTracker._recording if t is not self]
         if busy and (self._feed is not None or any(t._feed is not None for t in busy)):
             raise TrackerUnavailable(
