@@ -333,6 +333,7 @@ def test_eager_hands_the_function_back_where_dynamo_has_its_per_code_setting_els
     """`eager` marks the function's code for Dynamo to skip and hands it back (no cost per call);
     where torch has no per-code setting, its wrapper runs the function as it is until torch._dynamo
     is imported, and under torch.compiler.disable after."""
+    import functools
     import importlib
 
     from racecheck.detect import torch_hooks
@@ -342,6 +343,8 @@ def test_eager_hands_the_function_back_where_dynamo_has_its_per_code_setting_els
 
     assert torch_hooks._skip_recursively() is not None  # torch 2.13, which CI installs
     assert torch_hooks.eager(f) is f
+    partial = functools.partial(f)  # no code object of its own: wrapped, as below
+    assert torch_hooks.eager(partial) is not partial and torch_hooks.eager(partial)(1) == 2
     monkeypatch.setattr(torch_hooks, "_skip_recursively", lambda: None)
     disabled = []
     monkeypatch.setattr(torch.compiler, "disable", lambda fn, recursive: disabled.append(recursive) or fn)
