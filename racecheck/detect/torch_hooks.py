@@ -34,10 +34,11 @@ def eager(fn: Callable) -> Callable:
 
     Where torch has it, the function's code object is marked to be skipped with every frame it calls
     (Dynamo's per-code setting in torch._C._dynamo.eval_frame, the one its own skip_code sets):
-    `fn` is returned as it is, at no cost per call and with no import of torch._dynamo. Elsewhere (or
-    for a callable with no code object of its own, a functools.partial) a wrapper runs it under torch.compiler.disable(recursive=True) once torch._dynamo is imported (no
-    hook can be on before): importing it takes about a second, which would otherwise fall on every
-    process a tracker starts in."""
+    `fn` is returned as it is, at no cost per call and with no import of torch._dynamo. Elsewhere
+    (or for a callable with no code object of its own, a functools.partial) a wrapper runs it under
+    torch.compiler.disable(recursive=True) once torch._dynamo is imported (no hook can be on
+    before): importing it takes about a second, which would otherwise fall on every process a
+    tracker starts in."""
     strategy, code = _skip_recursively(), getattr(fn, "__code__", None)  # a function's or a method's
     if strategy is not None and code is not None:
         set_strategy, skip = strategy
