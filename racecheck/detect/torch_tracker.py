@@ -146,7 +146,7 @@ class TorchRaceTracker(HostAccesses):
         # second tracker on it could not start, a Python-path tracker inside it would get no CUDA
         # trace callback (every free unseen, so a freed block's reuse on another stream could be
         # reported as a race) and one around it would lose them while it records. Trackers on the
-        # Python path nest.
+        # Python path nest (Triton launches go to the outermost one's KernelWatch only).
         busy = [t for t in TorchRaceTracker._recording if t is not self]
         if busy and (self._feed is not None or any(t._feed is not None for t in busy)):
             raise TrackerUnavailable(
