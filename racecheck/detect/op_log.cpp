@@ -155,10 +155,10 @@ PyObject* drainer = nullptr;  // Python: drain the log (called at DRAIN_AT recor
 bool draining = false;        // under mu: a drain call is on its way
 std::string planner_error;
 at::CallbackHandle handle = 0;
-// What the log keeps per thread (`inside`, the operator cache, the call being recorded), in one
-// thread-local, defined with the call below: a callback looks it up once and passes it on, where
-// each thread-local of a shared library costs a lookup of its own at every use.
-// `inside` of the calling thread, for the tracker's own calls made before that definition.
+// What the log keeps per thread (`inside`, the operator cache, the call being recorded) is one
+// thread-local, PerThread, defined with the call below: a callback looks it up once and passes it
+// on, where each thread-local of a shared library costs a lookup of its own at every use. This
+// gives the calling thread's `inside` to the tracker's own calls (planner, drain) defined before it.
 int& this_thread_inside();
 
 // Whether Python can no longer be entered (a tracker left recording at interpreter exit).
@@ -583,10 +583,10 @@ void trace_off() {
 // `inside` is > 0 on its thread, so every call nested in it (what its kernel calls, where
 // RecordFunction still runs) returns from on_start at once. The call being recorded therefore
 // lives in the thread's `Call` (PerThread) rather than in an ObserverContext allocated per call,
-// and its items vector keeps its capacity from call to call. on_start returns no context; RecordFunction
-// runs the end callback all the same, with a null context (record_function.cpp: the end callbacks
-// run for every callback whose start ran), and on_end tells its own call from every other by the
-// RecordFunction's address, which is fixed while the call runs (a RecordFunction is neither
+// and its items vector keeps its capacity from call to call. on_start returns no context;
+// RecordFunction runs the end callback all the same, with a null context (record_function.cpp: the
+// end callbacks run for every callback whose start ran), and on_end tells its own call from every
+// other by the RecordFunction's address, which is fixed while the call runs (a RecordFunction is neither
 // copied nor moved) and differs from that of any call nested in it, alive meanwhile.
 struct Call {
   const at::RecordFunction* fn = nullptr;  // the call this thread records; null: none
