@@ -32,7 +32,9 @@ N=$OUT/native
 mkdir -p "$N"
 # shellcheck source=bench/gpu_install.sh
 source bench/gpu_install.sh
-gpu_install "$N/install.log" || exit 3
+# The install log stays on the machine (its tail is printed if the install fails): the device
+# tool brings back 8 files, and a call of every part writes 8 others.
+gpu_install /tmp/racecheck-install.log || exit 3
 export PATH=/tmp/site/bin:$PATH RACECHECK_NATIVE_CACHE=${RACECHECK_NATIVE_CACHE:-/tmp/racecheck-native}
 parts=("$@")
 [ $# -gt 0 ] || parts=(build check bench)
