@@ -61,35 +61,87 @@ def test_the_native_table_is_the_pinned_csv_and_the_unpinned_report():
     assert (float(low), float(high)) == (min(slowdowns), max(slowdowns))
 
 
-def test_the_adamw_table_is_its_report_and_no_run_reported():
-    report = md_tables("gpu/detector_overhead_native_adamw_unpinned_7rounds.md")
+ADAMW_STEPS = (
+    "MLP (8 x 2048, GELU)", "FSDP2 transformer (4 layers, width 512, bf16)",
+    "FSDP2 transformer (4 layers, width 512, bf16), each layer compiled",
+)  # fmt: skip
+# each call: (its report, its log)
+H100_CALL = (
+    "gpu/detector_overhead_native_adamw_h100_7rounds.md",
+    "gpu/detector_overhead_native_adamw_h100_7rounds.log",
+)
+H200_CALL = (
+    "gpu/detector_overhead_native_adamw_unpinned_7rounds.md",
+    "gpu/detector_overhead_native_adamw_unpinned_7rounds.log",
+)
+
+
+def between(start: str, end: str) -> str:
+    """The README's text from `start`, which it says once, to the first `end` after it."""
+    (begin,) = [m.start() for m in re.finditer(re.escape(start), FLAT)]
+    return FLAT[begin : FLAT.index(end, begin)]
+
+
+def check_adamw_call(told: str, call: tuple[str, str]) -> int:
+    """That the text `told` of one call's AdamW table cites the call's files, has its report's
+    medians and slowdowns, its rounds, its plain FSDP2 runs' span, and that no run of either path
+    reported; the call's rounds."""
+    report_name, log_name = call
+    assert f"`reports/{report_name.removesuffix('.md')}.{{md,csv,log}}`, `_runs.csv`" in told
+    report = md_tables(report_name)
     table = re.findall(
         r"\| (MLP \(8 x 2048, GELU\)|FSDP2 transformer \(4 layers, width 512, bf16\)(?:, each layer compiled)?) "
         r"\| AdamW \(foreach\) \| unpinned, \d+ \| ([\d.]+) \|((?: [\d.]+ \([\d.]+x, paired [\d.]+x\) \|){3})",
-        FLAT,
+        told,
     )
-    assert [step for step, *_ in table] == [
-        "MLP (8 x 2048, GELU)", "FSDP2 transformer (4 layers, width 512, bf16)",
-        "FSDP2 transformer (4 layers, width 512, bf16), each layer compiled",
-    ]  # fmt: skip
+    assert [step for step, *_ in table] == list(ADAMW_STEPS)
     for (_, plain, rest), workload in zip(table, ("mlp-adamw", "fsdp2-adamw", "fsdp2-compiled"), strict=True):
         cells = [(plain, "1.00")] + re.findall(r"([\d.]+) \(([\d.]+)x,", rest)
         for mode, cell in zip(("plain", "native", "python", "sanitizer"), cells, strict=True):
             assert cell == report[(workload, mode)][:2], (workload, mode)
-    low, high = quoted(r"this call's plain FSDP2 runs spanned ([\d.]+) to ([\d.]+) ms\)")
+    low, high = re.search(r"plain FSDP2 runs spanned ([\d.]+) to ([\d.]+) ms\)", told).groups()
     plain_runs = report[("fsdp2-adamw", "plain")][2]
     assert (low, high) == (f"{min(plain_runs):.2f}", f"{max(plain_runs):.2f}")
-    (rounds,) = quoted(r"in one device call whose budget held (\d+)\s+rounds")
-    assert {len(runs) for _, _, runs in report.values()} == {int(rounds)}
-    log = text("gpu/detector_overhead_native_adamw_unpinned_7rounds.log")
-    reported = re.findall(r"unpinned \S+ +(?:native|python) .*?reports=(\d+)", log)
-    assert len(reported) == 2 * 3 * int(rounds) and set(reported) == {"0"}
+    rounds = int(re.search(r"in one device call whose budget held (\d+) rounds", told)[1])
+    assert {len(runs) for _, _, runs in report.values()} == {rounds}
+    reported = re.findall(r"unpinned \S+ +(?:native|python) .*?reports=(\d+)", text(log_name))
+    assert len(reported) == 2 * 3 * rounds and set(reported) == {"0"}
+    return rounds
+
+
+def test_the_h100_adamw_table_is_its_report_and_no_run_reported():
+    told = between("The steps users run, as this code runs them, on one H100", "The same steps on one H200")
+    rounds = check_adamw_call(told, H100_CALL)
+    (runs,) = re.search(r"`reports=0` in each of the log's (\d+) native and Python runs", told).groups()
+    assert int(runs) == 2 * 3 * rounds
+    h100, h200 = md_tables(H100_CALL[0]), md_tables(H200_CALL[0])
+    (above,) = re.search(r"above 1\.3x on the AdamW MLP \(([\d.]+)x, paired [\d.]+x\)", told).groups()
+    assert above == h100[("mlp-adamw", "native")][1]
+    mlp, mlp_before, fsdp2, fsdp2_before = re.search(
+        r"the plain MLP ([\d.]+) ms against ([\d.]+), the plain FSDP2 step ([\d.]+) against ([\d.]+)\)", told
+    ).groups()
+    assert (mlp, mlp_before) == (h100[("mlp-adamw", "plain")][0], h200[("mlp-adamw", "plain")][0])
+    assert (fsdp2, fsdp2_before) == (h100[("fsdp2-adamw", "plain")][0], h200[("fsdp2-adamw", "plain")][0])
+    # Dynamo's warning about compiling the tracker's own frames: once a compiled Python run before, none now
+    (warned,) = re.search(r"recompile-limit warning on the tracker's `__torch_dispatch__` (\d+) times", told).groups()
+    before = re.findall(r"recompile_limit.*\n.*function: '__torch_dispatch__'", text(H200_CALL[1]))
+    assert len(before) == int(warned) == len(re.findall(r"unpinned fsdp2-compiled +python", text(H200_CALL[1])))
+    assert "recompile_limit" not in text(H100_CALL[1]) and "racecheck/" not in text(H100_CALL[1])
+    tests = text("gpu/native_tests_h100.log")
+    engines = re.findall(r"## (native|python) engine\n.*?\n(\d+) passed(.*?) in ", tests, re.S)
+    assert [e for e, *_ in engines] == ["native", "python"]
+    assert all("failed" not in rest and "error" not in rest for *_, rest in engines)
+
+
+def test_the_h200_adamw_table_is_its_report_and_no_run_reported():
+    told = between("The same steps on one H200", "No run of either path reported a race on these correct steps. The")
+    check_adamw_call(told, H200_CALL)
     before = re.findall(
         r"unpinned (fsdp2\S*) +native .*?reports=(\d+)", text("gpu/detector_overhead_native_adamw_unpinned_4rounds.log")
     )
     assert before and {n for _, n in before} == {"10"}  # the fault the README tells of
     mlp, fsdp2 = quoted(r"came to ([\d.]+) ms per MLP step and ([\d.]+)\s+ms per FSDP2 step")
-    parts = re.findall(r"clocks leave out, ([\d.]+)\.", text("gpu/detector_overhead_native_adamw_unpinned_7rounds.md"))
+    parts = re.findall(r"clocks leave out, ([\d.]+)\.", text(H200_CALL[0]))
     assert parts[:2] == [mlp, fsdp2]
 
 
