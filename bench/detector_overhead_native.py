@@ -21,6 +21,8 @@ process group and tools. Runs are unpinned; --cpus LIST runs every mode a second
 round pinned to those CPUs (a second table). Before the measured rounds, --warmup-rounds rounds run
 the same way and are kept in the runs CSV (repeat < 0) but left out of the medians: a machine just
 lent runs its first minutes slower. --deadline stops starting rounds that would not end in time.
+Each run notes its place in its round (`position`) and the seconds its process took, start to result
+(`run_s`: what a round costs a call's budget, its compiling and the sanitizer's slow warm-up included).
 
 Modes: `plain` (no tool), `native`, `python`, `sanitizer`, and the parts that say where the time
 goes: `native_hooks` (the hooks the native log uses, a RecordFunction observer with inputs and
@@ -216,14 +218,16 @@ def rounds(args, out: Path) -> list[dict]:
     rows: list[dict] = []
 
     def one(workload: str, mode: str, cpus: set[int], repeat: int, position: int) -> None:
+        began = time.monotonic()
         got = run(server, args, workload, mode, cpus, out / f".native-{workload}-{mode}-{repeat}.json")
         row = {"workload": workload, "optimizer": WORKLOADS[workload].optimizer, "mode": mode, "repeat": repeat,
-               "position": position, "cpus": args.cpus if cpus else "", **got}  # fmt: skip
+               "position": position, "run_s": round(time.monotonic() - began, 2), "cpus": args.cpus if cpus else "",
+               **got}  # fmt: skip
         row["errors"] = row.get("errors") or ([row["error"]] if "error" in row else [])
         rows.append(row)
         print(f"{'warm-up' if repeat < 0 else 'repeat'} {repeat} {'pinned' if cpus else 'unpinned'} {workload:15} "
               f"{mode:16} {row.get('ms_per_step')} ms/step reports={row.get('reports')} engine={row.get('engine')} "
-              f"ops={row.get('ops')} {row['errors'] or ''}", flush=True)  # fmt: skip
+              f"ops={row.get('ops')} run={row['run_s']:.1f}s {row['errors'] or ''}", flush=True)  # fmt: skip
 
     start, last = time.monotonic(), 0.0
     if not args.warmup_rounds:  # a compiled workload's first process fills Inductor's caches for the others

@@ -38,6 +38,11 @@ RUN_FIELDS = ("workload", "optimizer", "mode", "pinned", "repeat", "iters", "ms_
               "ops", "errors", "torch", "device", "cpus", *PARTS)  # fmt: skip
 
 
+# Columns that only the runs measured since they were added note, each placed after its neighbour:
+# a run's place in its round, and the seconds its process took from its start to its result.
+NOTED_FIELDS = (("position", "repeat"), ("run_s", "ms_per_step"))
+
+
 def placement(run: dict) -> str:
     return "pinned" if run.get("cpus") else "unpinned"
 
@@ -81,8 +86,9 @@ def paired(rows: list[dict]) -> dict[tuple[str, str, str], float]:
 def write_runs(out: Path, rows: list[dict]) -> None:
     with open(out / "detector_overhead_native_runs.csv", "w", newline="") as fh:
         fields = [*(["call"] if any("call" in r for r in rows) else []), *RUN_FIELDS]
-        if any(r.get("position") not in (None, "") for r in rows):  # its place in its round (runs that note it)
-            fields.insert(fields.index("repeat") + 1, "position")
+        for field, after in NOTED_FIELDS:
+            if any(r.get(field) not in (None, "") for r in rows):
+                fields.insert(fields.index(after) + 1, field)
         w = csv.DictWriter(fh, fieldnames=fields, extrasaction="ignore")
         w.writeheader()
         for r in rows:
@@ -162,8 +168,21 @@ def _workload_table(where: str, name: str, rows: list[dict], args) -> list[str]:
                 f"| {mode} | {m:.3f} | {m / base:.2f}x | {f'{pair:.2f}x' if pair else ''} | {len(runs)} | "
                 f"{', '.join(f'{t:.2f}' for t in runs)} |"
             )
-    split = _split(where, name, rows, med)
-    return [*lines, *([""] + split if split else []), ""]
+    notes = _split(where, name, rows, med) + _run_seconds(where, name, rows)  # a paragraph each
+    return [*lines, *(line for note in notes for line in ("", note)), ""]
+
+
+def _run_seconds(where: str, name: str, rows: list[dict]) -> list[str]:
+    """How long a run's process took, start to result (warm-up steps, compiling, teardown of its
+    tools included), per mode: what a round costs a call's budget. Runs that note it only."""
+    took: dict[str, list[float]] = {}
+    for r in measured(rows):
+        if (placement(r), r["workload"]) == (where, name) and r.get("run_s") not in (None, ""):
+            took.setdefault(r["mode"], []).append(float(r["run_s"]))
+    if not took:
+        return []
+    each = ", ".join(f"{mode} {statistics.median(took[mode]):.1f}" for mode in MODES if mode in took)
+    return [f"A run's process took, from its start to its result (medians, s): {each}."]
 
 
 README_START, README_END = "<!-- detector-overhead:start -->", "<!-- detector-overhead:end -->"

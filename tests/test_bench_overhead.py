@@ -105,6 +105,27 @@ def test_the_modes_order_rotates_so_that_each_mode_runs_once_in_each_place(table
     assert "in the runs that note their place in it" in "\n".join(tables.write_outputs(tmp_path, old + rows, _args()))
 
 
+def test_the_runs_note_how_long_each_process_took_and_the_tables_give_its_median(tables, tmp_path):
+    """A run's seconds from its process's start to its result (what a round costs a call's budget):
+    a column after ms_per_step, read back from the CSV, and a line of medians per mode under the
+    workload's table; runs from before it was measured have neither."""
+    took = {"plain": (3.0, 5.0, 4.0), "native": (6.0, 7.0, 8.0)}
+    rows = [{**_run("mlp-adamw", m, r, 2.0), "run_s": took[m][r]} for m in took for r in range(3)]
+    rows.append({**_run("mlp-adamw", "native", -1, 9.0), "run_s": 99.0})  # a warm-up run: left out
+    md = "\n".join(tables.write_outputs(tmp_path, rows, _args()))
+    assert "A run's process took, from its start to its result (medians, s): plain 4.0, native 7.0." in md
+    runs_csv = tmp_path / "detector_overhead_native_runs.csv"
+    with open(runs_csv, newline="") as fh:
+        header = next(csv.reader(fh))
+    assert header[header.index("ms_per_step") + 1] == "run_s"
+    again = tables.write_outputs(tmp_path, tables.read_runs([runs_csv]), _args())
+    assert "\n".join(again) == md
+    old = [_run("mlp-adamw", m, 0, 2.0) for m in took]
+    assert "A run's process took" not in "\n".join(tables.write_outputs(tmp_path, old, _args()))
+    with open(runs_csv, newline="") as fh:
+        assert "run_s" not in next(csv.reader(fh))
+
+
 def test_a_report_on_the_correct_steps_is_named_a_false_alarm(tables):
     """Every step the benchmark times is correct code: a detector report there is a false alarm,
     which the run prints and fails on (a call once reported 10 races a run on the FSDP2 steps, and
