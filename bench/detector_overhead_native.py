@@ -218,10 +218,10 @@ def rounds(args, out: Path) -> list[dict]:
     rows: list[dict] = []
 
     def one(workload: str, mode: str, cpus: set[int], repeat: int, position: int) -> None:
-        began = time.monotonic()
+        launched = time.monotonic()
         got = run(server, args, workload, mode, cpus, out / f".native-{workload}-{mode}-{repeat}.json")
         row = {"workload": workload, "optimizer": WORKLOADS[workload].optimizer, "mode": mode, "repeat": repeat,
-               "position": position, "run_s": round(time.monotonic() - began, 2), "cpus": args.cpus if cpus else "",
+               "position": position, "run_s": round(time.monotonic() - launched, 2), "cpus": args.cpus if cpus else "",
                **got}  # fmt: skip
         row["errors"] = row.get("errors") or ([row["error"]] if "error" in row else [])
         rows.append(row)
