@@ -26,7 +26,8 @@ Each run notes its place in its round (`position`) and the seconds its process t
 
 Modes: `plain` (no tool), `native`, `python`, `sanitizer`, and the parts that say where the time
 goes: `native_hooks` (the hooks the native log uses, a RecordFunction observer with inputs and
-outputs and c10's GPU trace, installed but recording nothing), `native_record` (the log records
+outputs and c10's GPU trace, installed but recording nothing), `native_hooks_args` (the same without
+the outputs: what RecordFunction's taking every call's results costs), `native_record` (the log records
 and is drained, its records dropped), `native_nostacks`, `native_pyengine` (the native log applied
 by the Python engine, the reference), `dispatch_floor` (an empty TorchDispatchMode) and
 `python_nostacks`. Every native run also measures its parts inside itself (the log's callbacks,
@@ -82,13 +83,21 @@ def _tool(mode: str, cpu: bool):
     tracker = TorchRaceTracker(stacks_on=not mode.endswith("nostacks"), path=path, engine=engine, **kwargs)
     if mode == "native_record":  # recorded and drained, then dropped
         tracker._feed._apply = lambda records, items: None
-    if mode == "native_hooks":  # the hooks installed by start(), then told to record nothing
+    if mode in ("native_hooks", "native_hooks_args"):  # the hooks installed by start(), recording nothing
         feed = tracker._feed
-        start = feed.start
+        start, log = feed.start, feed.log
 
         def hooks_only():
-            start()
-            feed.log.record(False)
+            if mode == "native_hooks_args":  # RecordFunction not asked for the calls' results either
+                log_start = log.start
+                log.start = lambda *a: log_start(*a, False)
+                try:
+                    start()
+                finally:
+                    log.start = log_start
+            else:
+                start()
+            log.record(False)
 
         feed.start = hooks_only
     if tracker._feed is not None:  # the log calls the feed's `drain` attribute: time it

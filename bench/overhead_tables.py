@@ -22,6 +22,7 @@ MODES = (
     "native",
     "python",
     "sanitizer",
+    "native_hooks_args",
     "native_hooks",
     "native_record",
     "native_nostacks",
@@ -117,11 +118,19 @@ def _split(where: str, name: str, rows: list[dict], med: dict) -> list[str]:
     what the native runs measured inside themselves."""
     part = {mode: med.get((where, name, mode)) for mode in MODES}
     base, lines = part["plain"], []
-    names = {"native_hooks": "PyTorch's hooks alone", "native_record": "recording", "native": "applying the records"}
-    chain = [m for m in names if part[m] is not None]
-    if base is not None and part["native_record"] is not None and part["native"] is not None:
-        times = [base] + [part[m] for m in chain]
-        diffs = [(names[m], times[k + 1] - times[k]) for k, m in enumerate(chain)]
+    # Each part mode adds one thing to the one before it; a part whose mode did not run is told
+    # with the next one that did.
+    steps = {"native_hooks": "PyTorch's hooks alone", "native_record": "recording", "native": "applying the records"}
+    if part["native_hooks_args"] is not None:  # the hooks split: the calls' arguments, then their results
+        steps = {"native_hooks_args": "PyTorch's hooks taking the calls' arguments", "native_hooks": "their results",
+                 **{m: label for m, label in steps.items() if m != "native_hooks"}}  # fmt: skip
+    if base is not None and part["native"] is not None and any(part[m] is not None for m in steps if m != "native"):
+        diffs, before, untold = [], base, []
+        for mode, label in steps.items():
+            untold.append(label)
+            if part[mode] is not None:
+                diffs.append((" and ".join(untold), part[mode] - before))
+                before, untold = part[mode], []
         if part["native_nostacks"] is not None:
             diffs.append(("stacks (in recording and applying)", part["native"] - part["native_nostacks"]))
         lines.append(
@@ -130,7 +139,7 @@ def _split(where: str, name: str, rows: list[dict], med: dict) -> list[str]:
             + "."
         )
     inside = [r for r in measured(rows) if (placement(r), r["workload"], r["mode"]) == (where, name, "native")]
-    inside = [r for r in inside if r.get("record_us") not in (None, "")]
+    inside = [r for r in inside if all(r.get(k) not in (None, "") for k in PARTS)]  # runs that measured them all
     if inside and base is not None and part["native"] is not None:
         mid = {k: statistics.median(float(r[k]) for r in inside) for k in PARTS}
         record, stacks, drain = mid["record_us"] / 1e3, (mid["gil_us"] + mid["walk_us"]) / 1e3, mid["drain_us"] / 1e3

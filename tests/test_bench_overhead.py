@@ -126,6 +126,34 @@ def test_the_runs_note_how_long_each_process_took_and_the_tables_give_its_median
         assert "run_s" not in next(csv.reader(fh))
 
 
+def test_the_split_tells_each_part_mode_against_the_one_before_and_the_hooks_arguments_apart(tables, tmp_path):
+    """`Where the native path's time goes`: each part mode's median less the one before it that ran;
+    with native_hooks_args, the hooks' cost split into the calls' arguments and their results; a part
+    whose mode did not run is told with the next one that did."""
+    medians = {"plain": 2.0, "native_hooks_args": 2.3, "native_hooks": 2.5, "native_record": 2.6, "native": 2.8}
+
+    def split(modes):
+        rows = [_run("mlp-adamw", m, 0, medians[m]) for m in modes]
+        found = [x for x in tables.write_outputs(tmp_path, rows, _args()) if x.startswith("Where the native path's")]
+        return found[0] if found else None
+
+    assert split(medians) == (
+        "Where the native path's 0.800 ms per step go (differences of the medians): PyTorch's hooks taking the calls' "
+        "arguments 0.300, their results 0.200, recording 0.100, applying the records 0.200."
+    )
+    assert split(["plain", "native_hooks_args", "native_hooks", "native"]).endswith(
+        "PyTorch's hooks taking the calls' arguments 0.300, their results 0.200, recording and applying the records "
+        "0.300."
+    )
+    assert split(["plain", "native_hooks_args", "native"]).endswith(
+        "PyTorch's hooks taking the calls' arguments 0.300, their results and recording and applying the records 0.500."
+    )
+    assert split(["plain", "native_hooks", "native_record", "native"]).endswith(
+        "PyTorch's hooks alone 0.500, recording 0.100, applying the records 0.200."
+    )
+    assert split(["plain", "native"]) is None  # no part measured: nothing to split
+
+
 def test_a_report_on_the_correct_steps_is_named_a_false_alarm(tables):
     """Every step the benchmark times is correct code: a detector report there is a false alarm,
     which the run prints and fails on (a call once reported 10 races a run on the FSDP2 steps, and

@@ -167,6 +167,29 @@ def test_the_native_log_told_not_to_record_keeps_its_hooks_and_records_nothing(c
     assert recorded == 1 and idle == recorded and tracker.ops == recorded + 1
 
 
+def test_the_native_log_started_without_results_records_nothing_and_cannot_be_told_to(cur, monkeypatch):
+    """start(..., results=False) (the benchmark's native_hooks_args floor: RecordFunction with the
+    calls' arguments only) records no operator, as a recording log without the results would
+    lose their writes; record(True) is refused with a one-line error."""
+    x, y = torch.randn(8, 8), torch.randn(8, 8)
+    tracker = kit.make_tracker(cur, "native")
+    log = tracker._feed.log
+    start = log.start
+    monkeypatch.setattr(log, "start", lambda *a: start(*a, False))
+    with tracker:
+        for _ in range(3):
+            torch.mm(x, y)
+        tracker.flush()
+        with pytest.raises(RuntimeError, match="started without the calls' results: it cannot record"):
+            log.record(True)
+    assert tracker.errors == [] and tracker.ops == 0
+    monkeypatch.undo()
+    with kit.make_tracker(cur, "native") as again:  # the next start takes the results again
+        torch.mm(x, y)
+        again.flush()
+    assert again.errors == [] and again.ops == 1
+
+
 FSDP2_STEP = """
 import torch, torch.distributed as dist
 from torch import nn

@@ -124,6 +124,7 @@ std::atomic<bool> active{false};
 // false: the hooks stay installed and record nothing (record(False): the native path's floor, what
 // PyTorch's hooks cost alone, for benchmarks)
 std::atomic<bool> recording{true};
+bool with_results = true;  // whether RecordFunction gives the calls' results (start()'s `results`)
 std::atomic<bool> watching{false};
 bool cuda_mode = false;  // streams from CUDA's current stream (else Python's)
 bool with_stacks = true;
@@ -759,8 +760,8 @@ void end_call(const at::RecordFunction& fn, Call& c) {
 // -- Python API ----------------------------------------------------------------------------------
 PyObject* py_start(PyObject*, PyObject* args) {
   PyObject *plan_fn, *drain_fn;
-  int cuda, stacks, trace;
-  if (!PyArg_ParseTuple(args, "OOppp", &plan_fn, &drain_fn, &cuda, &stacks, &trace)) return nullptr;
+  int cuda, stacks, trace, results = 1;
+  if (!PyArg_ParseTuple(args, "OOppp|p", &plan_fn, &drain_fn, &cuda, &stacks, &trace, &results)) return nullptr;
   if (active.load()) {
     PyErr_SetString(PyExc_RuntimeError, "the native op log is already recording");
     return nullptr;
@@ -779,11 +780,14 @@ PyObject* py_start(PyObject*, PyObject* args) {
     drained_host.clear();
     watched_host.clear();
   }
+  // Without the calls' results a recorded operator would lose its writes to them: such a log is
+  // a benchmark's floor (what RecordFunction costs without them) and records nothing.
+  with_results = results != 0;
   handle = at::addGlobalCallback(at::RecordFunctionCallback(on_start, on_end)
                                      .needsInputs(true)
-                                     .needsOutputs(true)
+                                     .needsOutputs(with_results)
                                      .scopes({at::RecordScope::FUNCTION}));
-  recording.store(true);
+  recording.store(with_results);
   active.store(true);
   if (trace) trace_on();
   Py_RETURN_NONE;
@@ -876,6 +880,10 @@ PyObject* py_note(PyObject*, PyObject* args) {
 PyObject* py_record(PyObject*, PyObject* args) {
   int on;
   if (!PyArg_ParseTuple(args, "p", &on)) return nullptr;
+  if (on && !with_results) {
+    PyErr_SetString(PyExc_RuntimeError, "the op log was started without the calls' results: it cannot record");
+    return nullptr;
+  }
   recording.store(on != 0);
   Py_RETURN_NONE;
 }
@@ -988,7 +996,9 @@ PyMethodDef methods[] = {
     {"launch", py_launch, METH_VARARGS,
      "launch(op_id, stream, reads, writes): log a kernel launched below the dispatcher, on the raw stream given"},
     {"start", py_start, METH_VARARGS,
-     "start(planner, drainer, cuda, stacks, trace): record every operator (and, with trace, CUDA's trace events)"},
+     "start(planner, drainer, cuda, stacks, trace[, results]): record every operator (and, with trace, CUDA's trace "
+     "events); with results False, RecordFunction is not asked for the calls' results and nothing is recorded (a "
+     "benchmark's floor)"},
     {"stop", py_stop, METH_NOARGS, "stop recording"},
     {"drain", py_drain, METH_VARARGS,
      "drain(known_ops) -> (records, items, new op names): records and items the bytes of the log's Record and Item "
