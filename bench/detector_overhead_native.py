@@ -132,7 +132,8 @@ def _per_step(before: dict | None, after: dict | None, steps: int) -> dict:
     out["frames_per_stack"] = (after["frames"] - before["frames"]) / stacks if stacks else 0.0
     seen = [b - a for a, b in zip(before["seen"], after["seen"], strict=True)]  # op_log.cpp's Seen order
     out["observed_per_step"] = sum(seen) / steps
-    out["recorded_per_step"] = seen[3] / steps
+    # calls that made a record: those recorded from their start, less the host's own ones that made none
+    out["recorded_per_step"] = (seen[3] - (after.get("host_only", 0) - before.get("host_only", 0))) / steps
     return out
 
 

@@ -354,6 +354,31 @@ def _both_engines(program) -> tuple[list[str], list[str], list[str]]:
     return native, [r.text() for r in reference.reports()], tracker.errors + reference.errors
 
 
+@pytest.mark.parametrize("program", [_pinned_read_and_refill, _training_with_a_side_read])
+def test_torch_tracker_paths_agree_where_the_log_makes_no_record_of_the_host_own_calls(program):
+    """[Note: the host's own calls] (op_log.cpp): on CUDA the native log makes no record of a call
+    that touches only pageable host memory, as AdamW's `step.item()` for each parameter; the
+    pinned buffer's calls stay. Both paths report the same races, the Python path having seen
+    every call."""
+    from racecheck.detect import TorchRaceTracker
+
+    kinds, dropped = {}, 0
+    for path in ("native", "python"):
+        torch.cuda.synchronize()
+        with TorchRaceTracker(path=path) as tracker:
+            log = tracker._feed.log if path == "native" else None
+            before = log.costs()["host_only"] if log else 0
+            program()
+            torch.cuda.synchronize()
+            if log:
+                dropped = log.costs()["host_only"] - before
+        assert tracker.errors == []
+        kinds[path] = sorted(str(r.kind) for r in tracker.reports())
+    assert kinds["native"] and kinds["native"] == kinds["python"]
+    # three AdamW steps of four parameters: two step counts read each, and the counts' increments
+    assert dropped >= (3 * 4 * 2 + 3 if program is _training_with_a_side_read else 0)
+
+
 @pytest.mark.parametrize("program", [_motivating_race, _pinned_read_and_refill, _training_with_a_side_read])
 def test_the_native_and_the_python_engine_report_the_same_on_cuda(program):
     native, python, errors = _both_engines(program)

@@ -390,7 +390,9 @@ void add_tensor(Pending& p, const at::Tensor& t, int8_t access) {
   }
   if (cuda_mode && it.device == 0) {
     it.pinned = at::detail::getCUDAHooks().isPinnedPtr(base) ? 1 : 0;
-    if (watching.load(std::memory_order_relaxed)) {
+    // Only pinned memory can become host memory that Python tracks and watches (host_accesses.py:
+    // a copy with pageable memory is synchronous).
+    if (it.pinned && watching.load(std::memory_order_relaxed)) {
       std::lock_guard<std::mutex> g(mu);
       recent_host.emplace(it.sptr, c10::weak_intrusive_ptr<c10::StorageImpl>(storage.getWeakStorageImpl()));
     }
@@ -717,8 +719,8 @@ void start_call(const at::RecordFunction& fn, Call& c) {
     return;
   }
   set_stream(p);
-  p.frame = stack_id();
   if (plan.kind == COLLECTIVE) {  // Python learns of it before the trace callbacks it causes
+    p.frame = stack_id();
     append(COLLECTIVE_BEGIN, p, 0);
     p.items.clear();
   }
@@ -742,6 +744,22 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   drain_if_full();
 }
 
+// [Note: the host's own calls]
+// On CUDA, a call that touches only pageable host memory (AdamW's `step.item()` for every
+// parameter, arithmetic on CPU scalars) makes no record: neither engine tracks that memory, as no
+// stream ever touches it asynchronously (a copy between it and the device is synchronous, so the
+// host learns the stream complete; host_accesses.py), and an operator none of whose memory is
+// tracked changes nothing in either (hb_tracker.cpp's op_items, feed_apply.py). Pinned host memory
+// and device memory keep the call. The CPU tracker's memory is all stream memory: there every call
+// is recorded.
+std::atomic<uint64_t> host_only_calls{0};
+
+bool streams_may_touch(const Pending& p) {
+  for (const Item& it : p.items)
+    if (it.device != 0 || it.pinned) return true;
+  return false;
+}
+
 void end_call(const at::RecordFunction& fn, Call& c) {
   Pending& p = c.pending;
   if (p.kind == COLLECTIVE) {
@@ -751,6 +769,13 @@ void end_call(const at::RecordFunction& fn, Call& c) {
   const Plan& plan = p.op->plan;
   if (plan.returns >= 0)
     for (const c10::IValue& v : fn.outputs()) add_value(p, v, plan.returns);
+  if (cuda_mode && !streams_may_touch(p)) {  // [Note: the host's own calls]
+    host_only_calls.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  // Its stack, read at its end rather than its start (a call that makes no record reads none):
+  // the same frames, as the caller's frame waits in the call meanwhile.
+  p.frame = stack_id();
   // A factory (zeros, empty) has no CUDA input: its stream is the one current on its outputs'
   // device, which the call did not change.
   if (p.stream == NO_STREAM) set_stream(p);
@@ -919,9 +944,10 @@ PyObject* py_costs(PyObject*, PyObject*) {
                          static_cast<unsigned long long>(c.ns.load()));
   };
   auto n = [](Seen what) { return static_cast<unsigned long long>(seen[what].load()); };
-  return Py_BuildValue("{sNsNsNsKs(KKKK)}", "record", pair(record_cost), "gil", pair(gil_cost), "walk",
+  return Py_BuildValue("{sNsNsNsKs(KKKK)sK}", "record", pair(record_cost), "gil", pair(gil_cost), "walk",
                        pair(walk_cost), "frames", static_cast<unsigned long long>(frames_walked.load()), "seen",
-                       n(SEEN_CALLEE), n(SEEN_TRANSPARENT), n(SEEN_SKIP), n(SEEN_RECORDED));
+                       n(SEEN_CALLEE), n(SEEN_TRANSPARENT), n(SEEN_SKIP), n(SEEN_RECORDED), "host_only",
+                       static_cast<unsigned long long>(host_only_calls.load()));
 }
 
 PyObject* py_planner_error(PyObject*, PyObject*) {
@@ -1013,7 +1039,8 @@ PyMethodDef methods[] = {
     {"frames", py_frames, METH_VARARGS, "frames(stack_id) -> ((code, lasti), ...), innermost first"},
     {"costs", py_costs, METH_NOARGS,
      "{'record': (calls, ns), 'gil': (stacks read, ns), 'walk': (stacks read, ns), 'frames': walked, 'seen': (callees, "
-     "transparent, skipped, recorded calls RecordFunction showed)} since the "
+     "transparent, skipped, recorded calls RecordFunction showed), 'host_only': recorded calls that made no record "
+     "([Note: the host's own calls])} since the "
      "module loaded: recorded operators' callbacks (less drains), and within them taking the GIL and walking stacks"},
     {"planner_error", py_planner_error, METH_NOARGS, "the last error the Python planner raised"},
     {"failures", py_failures, METH_NOARGS, "(calls not recorded, the last reason) since the module loaded"},
