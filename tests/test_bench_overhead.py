@@ -201,3 +201,24 @@ def test_the_instruction_counts_split_the_native_paths_added_instructions_into_p
     with (tmp_path / "detector_instructions_native.csv").open() as f:
         (row,) = list(csv.DictReader(f))
     assert [row[k] for k in ("plain", "native", "callbacks", "stacks")] == ["12000000", "20000000", "4000000", "400000"]
+
+
+def test_a_native_run_counts_as_recorded_the_calls_that_made_a_record(monkeypatch):
+    """The log's costs() counts in `seen` every call recorded from its start, and in `host_only`
+    those of them that made no record at their end (op_log.cpp's [Note: the host's own calls]): a
+    run's recorded_per_step is the calls that made a record. Counts from before `host_only` read as
+    none left out."""
+    import importlib.util
+
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the script puts the repository and bench/ first
+    spec = importlib.util.spec_from_file_location("overhead_native", ROOT / "bench" / "detector_overhead_native.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    parts = {"record": (0, 0), "gil": (0, 0), "walk": (0, 0), "drain": (0, 0), "frames": 0}
+    before = {**parts, "seen": (0, 0, 0, 0), "host_only": 4}
+    after = {**parts, "seen": (10, 20, 30, 40), "host_only": 24}
+    got = bench._per_step(before, after, steps=10)
+    assert got["observed_per_step"] == 10.0 and got["recorded_per_step"] == 2.0
+    older = {k: v for k, v in after.items() if k != "host_only"}
+    assert bench._per_step({**parts, "seen": (0, 0, 0, 0)}, older, steps=10)["recorded_per_step"] == 4.0

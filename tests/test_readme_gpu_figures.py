@@ -173,6 +173,68 @@ def test_the_ten_round_h200_adamw_table_is_its_report_and_where_the_mlps_time_go
     assert (low, high) == (min(slowdowns, key=float), max(slowdowns, key=float))
 
 
+HOST_ONLY = (
+    "gpu/detector_overhead_native_host_only_h100.md",
+    "gpu/detector_overhead_native_host_only_h100.log",
+)
+HOST_ONLY_CALL1 = "gpu/detector_overhead_native_host_only_h100_call1.md"
+
+
+def md_rows(name: str) -> dict[str, tuple[str, str, str]]:
+    """{mode: (median, slowdown, paired)} of a one-workload detector_overhead_native*.md."""
+    return {
+        m[1]: (m[2], m[3], m[4])
+        for m in re.finditer(r"^\| (\w+) \| ([\d.]+) \| ([\d.]+)x \| ([\d.]+)x \|", text(name), re.M)
+    }
+
+
+def test_the_h100_mlp_calls_since_the_host_own_calls_are_their_reports():
+    told = between("With the code since the log makes no record", "The same tracker on one H100")
+    assert "`reports/gpu/detector_overhead_native_host_only_h100.{md,csv,log}`, `_runs.csv`" in told
+    merged, first = md_rows(HOST_ONLY[0]), md_rows(HOST_ONLY_CALL1)
+    native, paired, rounds, python, sanitizer, plain, low, high, recorded, ops, runs = re.search(
+        r"the native path ([\d.]+)x \(paired ([\d.]+)x\) over (\d+) rounds, python ([\d.]+)x, sanitizer ([\d.]+)x, "
+        r"on a plain step of ([\d.]+) ms whose runs spanned ([\d.]+) to ([\d.]+) ms; (\d+) calls a step recorded, and "
+        r"(\d+) operators applied in each of the (\d+) native and Python runs alike, none of which reported",
+        told,
+    ).groups()
+    assert (native, paired) == merged["native"][1:] and plain == merged["plain"][0]
+    assert (python, sanitizer) == (merged["python"][1], merged["sanitizer"][1])
+    assert [rounds_of(call) for call in calls_of(HOST_ONLY[1])] == [10, 10] and int(rounds) == 20
+    (plain_runs,) = [r for w, r in md_tables(HOST_ONLY[0]).items() if w == ("mlp-adamw", "plain")]
+    assert (low, high) == (f"{min(plain_runs[2]):.2f}", f"{max(plain_runs[2]):.2f}")
+    assert recorded == inside(HOST_ONLY[0], "mlp-adamw")[6]
+    before = inside(H200_TEN_ROUNDS[0], "mlp-adamw")[6]
+    assert f"{int(before) - int(recorded)} of the {before} calls a step it recorded" in told
+    applied = re.findall(r"unpinned mlp-adamw +(?:native|python) .*?reports=(\d+) \S+ ops=(\d+)", text(HOST_ONLY[1]))
+    assert len(applied) == int(runs) == 2 * 20 and set(applied) == {("0", ops)}
+    # the first call's hooks, side by side with the native path
+    args_x, args_paired, results_x, results_paired = re.search(
+        r"RecordFunction taking the calls' arguments ([\d.]+)x \(paired ([\d.]+)x\), their results too ([\d.]+)x "
+        r"\(paired ([\d.]+)x\)",
+        told,
+    ).groups()
+    assert (args_x, args_paired) == first["native_hooks_args"][1:]
+    assert (results_x, results_paired) == first["native_hooks"][1:]
+    split = re.search(
+        r"Of the native path's ([\d.]+) ms a step over plain in that call, the arguments took ([\d.]+), the results "
+        r"([\d.]+), and recording and applying the records ([\d.]+) \(inside the runs: the callbacks ([\d.]+), the "
+        r"drains ([\d.]+)\)",
+        told,
+    ).groups()
+    said = re.search(
+        r"Where the native path's ([\d.]+) ms per step go .*?arguments ([\d.]+), their results ([\d.]+), recording and "
+        r"applying the records ([\d.]+)\.",
+        text(HOST_ONLY_CALL1),
+    ).groups()
+    over, record, _, drains, *_ = inside(HOST_ONLY_CALL1, "mlp-adamw")
+    assert list(split) == [*said, record, drains] and over == said[0]
+    tests = text("gpu/native_tests_host_only_h100.log")
+    passed = re.findall(r"^## RACECHECK_DETECT_ENGINE=(native|python) .*?^(\d+) passed(.*?) in ", tests, re.M | re.S)
+    assert [e for e, *_ in passed] == ["native", "python"]
+    assert all("failed" not in rest and "error" not in rest for *_, rest in passed)
+
+
 def test_the_h100_adamw_table_is_its_report_and_no_run_reported():
     told = between("The same tracker on one H100", "The same steps on one H200")
     check_adamw_call(told, H100_CALL)
