@@ -145,11 +145,12 @@ def _split(where: str, name: str, rows: list[dict], med: dict) -> list[str]:
         record, stacks, drain = mid["record_us"] / 1e3, (mid["gil_us"] + mid["walk_us"]) / 1e3, mid["drain_us"] / 1e3
         rest = part["native"] - base - record - drain
         lines.append(
-            f"Measured inside the native runs (medians, ms per step): recording (the log's callbacks) {record:.3f}, "
-            f"of which stacks {stacks:.3f} ({mid['stacks_per_step']:.0f} walked, {mid['frames_per_stack']:.0f} "
-            f"frames each); applying the records (the drains) {drain:.3f}; the rest of the native path's "
-            f"{part['native'] - base:.3f} ms over plain, PyTorch's hooks (RecordFunction boxing every operator's "
-            f"arguments, CUDA's trace) and what the callbacks' clocks leave out, {rest:.3f}. RecordFunction showed "
+            f"Measured inside the native runs (medians, ms per step): recording (the log's callbacks) {record:.3f}; "
+            f"Python stacks, read in those callbacks and at CUDA's frees, {stacks:.3f} ({mid['stacks_per_step']:.0f} "
+            f"walked, {mid['frames_per_stack']:.0f} frames each); applying the records (the drains) {drain:.3f}; the "
+            f"rest of the native path's {part['native'] - base:.3f} ms over plain, PyTorch's hooks (RecordFunction "
+            f"boxing every operator's arguments, CUDA's trace) and what the callbacks' clocks leave out (the stacks "
+            f"read at frees among it), {rest:.3f}. RecordFunction showed "
             f"the log {mid['observed_per_step']:.0f} calls per step, {mid['recorded_per_step']:.0f} of them recorded."
         )
     return lines
