@@ -31,7 +31,8 @@ the outputs: what RecordFunction's taking every call's results costs), `native_r
 and is drained, its records dropped), `native_nostacks`, `native_pyengine` (the native log applied
 by the Python engine, the reference), `dispatch_floor` (an empty TorchDispatchMode) and
 `python_nostacks`. Every native run also measures its parts inside itself (the log's callbacks,
-their stacks, the drains), so each workload's table says where its time goes without them.
+the stacks, the drains, CUDA's trace callbacks, turning RecordFunction off and on around callees),
+so each workload's table says where its time goes without them.
 The tables: bench/overhead_tables.py. `--child WORKLOAD MODE` does one run in this process and prints
 its result as JSON (bench/detector_instructions.py counts the instructions of such runs).
 """
@@ -124,9 +125,8 @@ def _per_step(before: dict | None, after: dict | None, steps: int) -> dict:
     """Microseconds per step in each part of the native path between two _costs readings."""
     if before is None or after is None:
         return {}
-    out = {
-        f"{part}_us": (after[part][1] - before[part][1]) / steps / 1e3 for part in ("record", "gil", "walk", "drain")
-    }
+    parts = ("record", "gil", "walk", "drain", "trace", "switch")  # the last two: logs from before lack them
+    out = {f"{part}_us": (after[part][1] - before[part][1]) / steps / 1e3 for part in parts if part in after}
     stacks = after["walk"][0] - before["walk"][0]
     out["stacks_per_step"] = stacks / steps
     out["frames_per_stack"] = (after["frames"] - before["frames"]) / stacks if stacks else 0.0

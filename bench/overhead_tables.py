@@ -40,8 +40,11 @@ RUN_FIELDS = ("workload", "optimizer", "mode", "pinned", "repeat", "iters", "ms_
 
 
 # Columns that only the runs measured since they were added note, each placed after its neighbour:
-# a run's place in its round, and the seconds its process took from its start to its result.
-NOTED_FIELDS = (("position", "repeat"), ("run_s", "ms_per_step"))
+# a run's place in its round, the seconds its process took from its start to its result, and two
+# parts measured inside a native run: CUDA's trace callbacks (the frees' stacks among them) and
+# turning RecordFunction off and on around callees.
+NOTED_FIELDS = (("position", "repeat"), ("run_s", "ms_per_step"), ("switch_us", "drain_us"), ("trace_us", "drain_us"))
+LATER_PARTS = ("trace_us", "switch_us")
 
 
 def placement(run: dict) -> str:
@@ -144,14 +147,23 @@ def _split(where: str, name: str, rows: list[dict], med: dict) -> list[str]:
         mid = {k: statistics.median(float(r[k]) for r in inside) for k in PARTS}
         record, stacks, drain = mid["record_us"] / 1e3, (mid["gil_us"] + mid["walk_us"]) / 1e3, mid["drain_us"] / 1e3
         rest = part["native"] - base - record - drain
+        later, left_out = "", "the callbacks' clocks leave out (the stacks read at frees among it)"
+        if all(r.get(k) not in (None, "") for r in inside for k in LATER_PARTS):
+            trace, switch = (statistics.median(float(r[k]) for r in inside) / 1e3 for k in LATER_PARTS)
+            rest -= trace + switch
+            later = (
+                f"; CUDA's trace callbacks (the frees' stacks among them) {trace:.3f}; turning RecordFunction off and "
+                f"on around the callees of recorded calls {switch:.3f}"
+            )
+            left_out = "the clocks leave out"
         lines.append(
             f"Measured inside the native runs (medians, ms per step): recording (the log's callbacks) {record:.3f}; "
             f"Python stacks, read in those callbacks and at CUDA's frees, {stacks:.3f} ({mid['stacks_per_step']:.0f} "
-            f"walked, {mid['frames_per_stack']:.0f} frames each); applying the records (the drains) {drain:.3f}; the "
-            f"rest of the native path's {part['native'] - base:.3f} ms over plain, PyTorch's hooks (RecordFunction "
-            f"boxing every operator's arguments, CUDA's trace) and what the callbacks' clocks leave out (the stacks "
-            f"read at frees among it), {rest:.3f}. RecordFunction showed "
-            f"the log {mid['observed_per_step']:.0f} calls per step, {mid['recorded_per_step']:.0f} of them recorded."
+            f"walked, {mid['frames_per_stack']:.0f} frames each); applying the records (the drains) {drain:.3f}"
+            f"{later}; the rest of the native path's {part['native'] - base:.3f} ms over plain, PyTorch's hooks "
+            f"(RecordFunction boxing every operator's arguments, CUDA's trace) and what {left_out}, {rest:.3f}. "
+            f"RecordFunction showed the log {mid['observed_per_step']:.0f} calls per step, "
+            f"{mid['recorded_per_step']:.0f} of them recorded."
         )
     return lines
 

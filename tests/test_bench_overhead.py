@@ -170,6 +170,19 @@ def test_the_parts_measured_inside_the_native_runs_tell_the_stacks_apart_from_re
         "(the stacks read at frees among it), 0.500. RecordFunction showed the log 338 calls per step, 57 of them "
         "recorded."
     )
+    # runs that also timed CUDA's trace callbacks and the switches around callees: told, and out of the rest
+    later = {"trace_us": 70.0, "switch_us": 30.0}
+    rows = [_run("mlp-adamw", "plain", 0, 3.0), {**_run("mlp-adamw", "native", 0, 3.8), **parts, **later}]
+    (line,) = [x for x in tables.write_outputs(tmp_path, rows, _args()) if x.startswith("Measured inside")]
+    assert (
+        "(the drains) 0.100; CUDA's trace callbacks (the frees' stacks among them) 0.070; turning RecordFunction off "
+        "and on around the callees of recorded calls 0.030; the rest of the native path's 0.800 ms over plain, "
+        "PyTorch's hooks (RecordFunction boxing every operator's arguments, CUDA's trace) and what the clocks leave "
+        "out, 0.400." in line
+    )
+    with open(tmp_path / "detector_overhead_native_runs.csv", newline="") as fh:
+        header = next(csv.reader(fh))
+    assert header[header.index("drain_us") + 1 :][:2] == ["trace_us", "switch_us"]
 
 
 def test_a_report_on_the_correct_steps_is_named_a_false_alarm(tables):
@@ -225,7 +238,7 @@ def test_a_native_run_counts_as_recorded_the_calls_that_made_a_record(monkeypatc
     """The log's costs() counts in `seen` every call recorded from its start, and in `host_only`
     those of them that made no record at their end (op_log.cpp's [Note: the host's own calls]): a
     run's recorded_per_step is the calls that made a record. Counts from before `host_only` read as
-    none left out."""
+    none left out; the trace callbacks' and the switches' times are per step where the log gives them."""
     import importlib.util
 
     monkeypatch.setattr(sys, "path", list(sys.path))  # the script puts the repository and bench/ first
@@ -234,9 +247,12 @@ def test_a_native_run_counts_as_recorded_the_calls_that_made_a_record(monkeypatc
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     parts = {"record": (0, 0), "gil": (0, 0), "walk": (0, 0), "drain": (0, 0), "frames": 0}
-    before = {**parts, "seen": (0, 0, 0, 0), "host_only": 4}
-    after = {**parts, "seen": (10, 20, 30, 40), "host_only": 24}
+    later = {"trace": (0, 0), "switch": (0, 0)}
+    before = {**parts, **later, "seen": (0, 0, 0, 0), "host_only": 4}
+    after = {**parts, "trace": (7, 50_000), "switch": (4, 20_000), "seen": (10, 20, 30, 40), "host_only": 24}
     got = bench._per_step(before, after, steps=10)
     assert got["observed_per_step"] == 10.0 and got["recorded_per_step"] == 2.0
-    older = {k: v for k, v in after.items() if k != "host_only"}
-    assert bench._per_step({**parts, "seen": (0, 0, 0, 0)}, older, steps=10)["recorded_per_step"] == 4.0
+    assert (got["trace_us"], got["switch_us"]) == (5.0, 2.0)
+    older = {k: v for k, v in after.items() if k not in ("host_only", "trace", "switch")}
+    got = bench._per_step({**parts, "seen": (0, 0, 0, 0)}, older, steps=10)
+    assert got["recorded_per_step"] == 4.0 and "trace_us" not in got

@@ -131,7 +131,7 @@ def inside(report_name: str, workload: str) -> list[str]:
     part = text(report_name).split(f"### {workload}:")[1].split("###")[0]
     m = re.search(
         r"recording \(the log's callbacks\) ([\d.]+)(?:, of which stacks|; Python stacks, read in those callbacks "
-        r"and at CUDA's frees,) ([\d.]+) .*?\(the drains\) ([\d.]+); the rest of the native path's ([\d.]+) ms over "
+        r"and at CUDA's frees,) ([\d.]+) .*?\(the drains\) ([\d.]+);.*? the rest of the native path's ([\d.]+) ms over "
         r"plain, .*?clocks leave out(?: \(the stacks read at frees among it\))?, ([\d.]+)\. RecordFunction showed the "
         r"log (\d+) calls per step, (\d+) of them recorded",
         part,

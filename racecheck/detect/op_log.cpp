@@ -146,6 +146,17 @@ struct Cost {
 Cost record_cost;  // an operator's start and end callbacks, less the drains they call
 Cost gil_cost;     // taking the GIL back to read the stack
 Cost walk_cost;    // walking and interning the stack
+Cost trace_cost;   // CUDA's trace callbacks that log an event (the stacks of frees among them)
+Cost switch_cost;  // turning RecordFunction off and on around a call's callees ([Note: callees unobserved])
+// Adds the time from its making to its end to a Cost.
+struct Timed {
+  Cost& cost;
+  uint64_t t0 = Cost::now_ns();
+  explicit Timed(Cost& c) : cost(c) {}
+  ~Timed() { cost.add(t0); }
+  Timed(const Timed&) = delete;
+  Timed& operator=(const Timed&) = delete;
+};
 std::atomic<uint64_t> frames_walked{0};
 // The calls RecordFunction showed the log while it recorded, by what became of them (costs()).
 enum Seen { SEEN_CALLEE = 0, SEEN_TRANSPARENT = 1, SEEN_SKIP = 2, SEEN_RECORDED = 3, SEEN_KINDS = 4 };
@@ -526,31 +537,42 @@ struct TraceVTable final : c10::impl::PyInterpreterVTable {
     return type == c10::DeviceType::CUDA && recording.load(std::memory_order_relaxed);
   }
   void trace_gpu_event_deletion(c10::DeviceType type, uintptr_t event) const override {
-    if (recorded(type)) append_event(EVENT_DELETED, NO_STREAM, -1, -1, static_cast<int64_t>(event));
+    if (!recorded(type)) return;
+    Timed timed(trace_cost);
+    append_event(EVENT_DELETED, NO_STREAM, -1, -1, static_cast<int64_t>(event));
   }
   void trace_gpu_event_record(c10::DeviceType type, uintptr_t event, uintptr_t stream) const override {
-    if (recorded(type))
-      append_event(EVENT_RECORDED, static_cast<int64_t>(stream), -1, -1, static_cast<int64_t>(event));
+    if (!recorded(type)) return;
+    Timed timed(trace_cost);
+    append_event(EVENT_RECORDED, static_cast<int64_t>(stream), -1, -1, static_cast<int64_t>(event));
   }
   void trace_gpu_event_wait(c10::DeviceType type, uintptr_t event, uintptr_t stream) const override {
-    if (recorded(type))
-      append_event(EVENT_WAITED, static_cast<int64_t>(stream), -1, -1, static_cast<int64_t>(event));
+    if (!recorded(type)) return;
+    Timed timed(trace_cost);
+    append_event(EVENT_WAITED, static_cast<int64_t>(stream), -1, -1, static_cast<int64_t>(event));
   }
   void trace_gpu_memory_allocation(c10::DeviceType type, uintptr_t ptr) const override {
     if (!recorded(type)) return;
+    Timed timed(trace_cost);
     int32_t device_index = -1;
     int64_t stream = current_stream(&device_index);  // the allocation is for the current stream
     append_event(ALLOCATED, stream, device_index, -1, static_cast<int64_t>(ptr));
   }
   void trace_gpu_memory_deallocation(c10::DeviceType type, uintptr_t ptr) const override;
   void trace_gpu_device_synchronization(c10::DeviceType type) const override {
-    if (recorded(type)) append_event(DEVICE_SYNCED, NO_STREAM, -1, -1, 0);
+    if (!recorded(type)) return;
+    Timed timed(trace_cost);
+    append_event(DEVICE_SYNCED, NO_STREAM, -1, -1, 0);
   }
   void trace_gpu_stream_synchronization(c10::DeviceType type, uintptr_t stream) const override {
-    if (recorded(type)) append_event(STREAM_SYNCED, static_cast<int64_t>(stream), -1, -1, 0);
+    if (!recorded(type)) return;
+    Timed timed(trace_cost);
+    append_event(STREAM_SYNCED, static_cast<int64_t>(stream), -1, -1, 0);
   }
   void trace_gpu_event_synchronization(c10::DeviceType type, uintptr_t event) const override {
-    if (recorded(type)) append_event(EVENT_SYNCED, NO_STREAM, -1, -1, static_cast<int64_t>(event));
+    if (!recorded(type)) return;
+    Timed timed(trace_cost);
+    append_event(EVENT_SYNCED, NO_STREAM, -1, -1, static_cast<int64_t>(event));
   }
 };
 
@@ -562,7 +584,9 @@ bool tracing = false;
 
 
 void TraceVTable::trace_gpu_memory_deallocation(c10::DeviceType type, uintptr_t ptr) const {
-  if (recorded(type)) append_event(FREED, NO_STREAM, -1, stack_id(), static_cast<int64_t>(ptr));
+  if (!recorded(type)) return;
+  Timed timed(trace_cost);
+  append_event(FREED, NO_STREAM, -1, stack_id(), static_cast<int64_t>(ptr));
 }
 
 void trace_on() {  // c10's GPU trace reports to this log until trace_off()
@@ -640,13 +664,17 @@ void enter_call(PerThread& t, const OpName& op) {
   c.rf_off = (op.plan.kind == COLLECTIVE || op.most_callees.load(std::memory_order_relaxed) >= SWITCH_AT ||
               at::hasThreadLocalCallbacks()) &&
              at::isRecordFunctionEnabled();
-  if (c.rf_off) at::enableRecordFunction(false);
+  if (c.rf_off) {
+    Timed timed(switch_cost);
+    at::enableRecordFunction(false);
+  }
 }
 
 void leave_call(PerThread& t) {
   const Call& c = t.call;
   t.inside--;
   if (c.rf_off) {
+    Timed timed(switch_cost);
     at::enableRecordFunction(true);
   } else if (c.callees > c.pending.op->most_callees.load(std::memory_order_relaxed)) {
     c.pending.op->most_callees.store(c.callees, std::memory_order_relaxed);  // a lost race only delays the switch
@@ -944,8 +972,9 @@ PyObject* py_costs(PyObject*, PyObject*) {
                          static_cast<unsigned long long>(c.ns.load()));
   };
   auto n = [](Seen what) { return static_cast<unsigned long long>(seen[what].load()); };
-  return Py_BuildValue("{sNsNsNsKs(KKKK)sK}", "record", pair(record_cost), "gil", pair(gil_cost), "walk",
-                       pair(walk_cost), "frames", static_cast<unsigned long long>(frames_walked.load()), "seen",
+  return Py_BuildValue("{sNsNsNsNsNsKs(KKKK)sK}", "record", pair(record_cost), "gil", pair(gil_cost), "walk",
+                       pair(walk_cost), "trace", pair(trace_cost), "switch", pair(switch_cost), "frames",
+                       static_cast<unsigned long long>(frames_walked.load()), "seen",
                        n(SEEN_CALLEE), n(SEEN_TRANSPARENT), n(SEEN_SKIP), n(SEEN_RECORDED), "host_only",
                        static_cast<unsigned long long>(host_only_calls.load()));
 }
@@ -1038,7 +1067,8 @@ PyMethodDef methods[] = {
     {"watch_host", py_watch_host, METH_VARARGS, "watch_host(on): keep weak references to host storages seen"},
     {"frames", py_frames, METH_VARARGS, "frames(stack_id) -> ((code, lasti), ...), innermost first"},
     {"costs", py_costs, METH_NOARGS,
-     "{'record': (calls, ns), 'gil': (stacks read, ns), 'walk': (stacks read, ns), 'frames': walked, 'seen': (callees, "
+     "{'record': (calls, ns), 'gil': (stacks read, ns), 'walk': (stacks read, ns), 'trace': (CUDA trace events logged, "
+     "ns), 'switch': (RecordFunction switched off or on, ns), 'frames': walked, 'seen': (callees, "
      "transparent, skipped, recorded calls RecordFunction showed), 'host_only': recorded calls that made no record "
      "([Note: the host's own calls])} since the "
      "module loaded: recorded operators' callbacks (less drains), and within them taking the GIL and walking stacks"},
