@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from typing import NamedTuple
 
 from readme_kit import FLAT, appears, quoted, rounds_to, rows, text
 
@@ -30,14 +31,21 @@ def total(found: list[dict], field: str) -> int:
 
 
 # -- the native recording path's benchmark ---------------------------------------------------------
-def md_tables(name: str) -> dict[tuple[str, str], tuple[str, str, list[float]]]:
-    """{(workload, mode): (median, slowdown, every run)} of a detector_overhead_native*.md."""
+class Row(NamedTuple):
+    median: str
+    slowdown: str
+    runs: list[float]
+    paired: str
+
+
+def md_tables(name: str) -> dict[tuple[str, str], Row]:
+    """{(workload, mode): (median, slowdown, every run, paired)} of a detector_overhead_native*.md."""
     found, workload = {}, ""
     for line in text(name).splitlines():
         if line.startswith("## ") or line.startswith("### "):
             workload = line.lstrip("#").strip().split(":")[0]
-        elif m := re.match(r"^\| (\w+) \| ([\d.]+) \| ([\d.]+)x \| [\d.]+x \|(?: \d+ \|)? ([\d., ]+) \|$", line):
-            found[(workload, m[1])] = (m[2], m[3], [float(v) for v in m[4].split(", ")])
+        elif m := re.match(r"^\| (\w+) \| ([\d.]+) \| ([\d.]+)x \| ([\d.]+)x \|(?: \d+ \|)? ([\d., ]+) \|$", line):
+            found[(workload, m[1])] = Row(m[2], m[3], [float(v) for v in m[5].split(", ")], m[4])
     return found
 
 
@@ -117,7 +125,7 @@ def check_adamw_call(told: str, table: tuple[str, str]) -> int:
     per_call = [int(n) for n in held if n is not None]
     assert [rounds_of(call) for call in calls_of(log_name)] == per_call
     rounds = sum(per_call)
-    assert {len(runs) for _, _, runs in report.values()} == {rounds}
+    assert {len(row.runs) for row in report.values()} == {rounds}
     reported = re.findall(r"unpinned \S+ +(?:native|python) .*?reports=(\d+)", text(log_name))
     assert len(reported) == 2 * 3 * rounds and set(reported) == {"0"}
     (runs,) = re.search(r"`reports=0` in each of the log's (\d+) native and Python runs", told).groups()
@@ -182,29 +190,23 @@ HOST_ONLY = (
 HOST_ONLY_CALL1 = "gpu/detector_overhead_native_host_only_h100_call1.md"
 
 
-def md_rows(name: str) -> dict[str, tuple[str, str, str]]:
-    """{mode: (median, slowdown, paired)} of a one-workload detector_overhead_native*.md."""
-    return {
-        m[1]: (m[2], m[3], m[4])
-        for m in re.finditer(r"^\| (\w+) \| ([\d.]+) \| ([\d.]+)x \| ([\d.]+)x \|", text(name), re.M)
-    }
-
-
 def test_the_h100_mlp_calls_since_the_host_own_calls_are_their_reports():
     told = between("With the code since the log makes no record", "The same tracker on one H100")
     assert "`reports/gpu/detector_overhead_native_host_only_h100.{md,csv,log}`, `_runs.csv`" in told
-    merged, first = md_rows(HOST_ONLY[0]), md_rows(HOST_ONLY_CALL1)
+    merged, first = (
+        {mode: row for (_, mode), row in md_tables(name).items()} for name in (HOST_ONLY[0], HOST_ONLY_CALL1)
+    )
     native, paired, rounds, python, sanitizer, plain, low, high, recorded, ops, runs = re.search(
         r"the native path ([\d.]+)x \(paired ([\d.]+)x\) over (\d+) rounds, python ([\d.]+)x, sanitizer ([\d.]+)x, "
         r"on a plain step of ([\d.]+) ms whose runs spanned ([\d.]+) to ([\d.]+) ms; (\d+) calls a step recorded, and "
         r"(\d+) operators applied in each of the (\d+) native and Python runs alike, none of which reported",
         told,
     ).groups()
-    assert (native, paired) == merged["native"][1:] and plain == merged["plain"][0]
-    assert (python, sanitizer) == (merged["python"][1], merged["sanitizer"][1])
+    assert (native, paired) == (merged["native"].slowdown, merged["native"].paired)
+    assert plain == merged["plain"].median
+    assert (python, sanitizer) == (merged["python"].slowdown, merged["sanitizer"].slowdown)
     assert [rounds_of(call) for call in calls_of(HOST_ONLY[1])] == [10, 10] and int(rounds) == 20
-    (plain_runs,) = [r for w, r in md_tables(HOST_ONLY[0]).items() if w == ("mlp-adamw", "plain")]
-    assert (low, high) == (f"{min(plain_runs[2]):.2f}", f"{max(plain_runs[2]):.2f}")
+    assert (low, high) == (f"{min(merged['plain'].runs):.2f}", f"{max(merged['plain'].runs):.2f}")
     assert recorded == inside(HOST_ONLY[0], "mlp-adamw")[6]
     before = inside(H200_TEN_ROUNDS[0], "mlp-adamw")[6]
     assert f"{int(before) - int(recorded)} of the {before} calls a step it recorded" in told
@@ -216,8 +218,8 @@ def test_the_h100_mlp_calls_since_the_host_own_calls_are_their_reports():
         r"\(paired ([\d.]+)x\)",
         told,
     ).groups()
-    assert (args_x, args_paired) == first["native_hooks_args"][1:]
-    assert (results_x, results_paired) == first["native_hooks"][1:]
+    assert (args_x, args_paired) == (first["native_hooks_args"].slowdown, first["native_hooks_args"].paired)
+    assert (results_x, results_paired) == (first["native_hooks"].slowdown, first["native_hooks"].paired)
     split = re.search(
         r"Of the native path's ([\d.]+) ms a step over plain in that call, the arguments took ([\d.]+), the results "
         r"([\d.]+), and recording and applying the records ([\d.]+) \(inside the runs: the callbacks ([\d.]+), the "
