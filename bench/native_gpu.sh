@@ -14,6 +14,8 @@
 #            (0.25: the sanitizer, about 9x slower, times a quarter of the steps), NATIVE_CPUS (also
 #            every mode pinned to these CPUs, a second table); the bench starts no round that would
 #            end after NATIVE_BUDGET seconds (530) from the start of this script
+#   pinned   bench/pinned_query.py: what asking CUDA whether host memory is pinned costs a query
+#            (pinned_query.log); not run by default
 #   record   bench/native_replay.py record per workload: the drains of a run, to replay on any
 #            machine (WORKLOAD.dump, record.log); not run by default
 #   bash bench/native_gpu.sh [PART ...]   (default: build check bench)
@@ -66,6 +68,10 @@ bench() {
     --workloads "${NATIVE_WORKLOADS:-mlp-adamw,fsdp2-adamw,fsdp2-compiled}" \
     --modes "${NATIVE_MODES:-plain,native,python,sanitizer}" --deadline "$left" \
     ${NATIVE_CPUS:+--cpus "$NATIVE_CPUS"} >"$N/bench.log" 2>&1
+}
+
+pinned() {
+  python3 bench/pinned_query.py >"$N/pinned_query.log" 2>&1
 }
 
 record() {

@@ -411,16 +411,20 @@ void add_tensor(Pending& p, const at::Tensor& t, int8_t access) {
   p.items.push_back(it);
 }
 
+// A list's elements are read in place (toListRef), with no copy of the list nor a count taken of
+// its tensors: Tensor[] (a foreach operator's), Tensor?[] and Tensor[][] (c10d's allgather).
 void add_value(Pending& p, const c10::IValue& v, int8_t access) {
   if (v.isTensor()) {
     add_tensor(p, v.toTensor(), access);
-  } else if (v.isTensorList()) {
-    for (const at::Tensor& t : v.toTensorList().vec()) add_tensor(p, t, access);
-  } else if (v.isList()) {  // Tensor?[] and Tensor[][] (c10d's allgather)
-    for (const c10::IValue& e : v.toListRef()) {
-      if (e.isTensor()) add_tensor(p, e.toTensor(), access);
-      else if (e.isTensorList())
-        for (const at::Tensor& t : e.toTensorList().vec()) add_tensor(p, t, access);
+    return;
+  }
+  if (!v.isList()) return;
+  for (const c10::IValue& e : v.toListRef()) {
+    if (e.isTensor()) {
+      add_tensor(p, e.toTensor(), access);
+    } else if (e.isList()) {
+      for (const c10::IValue& t : e.toListRef())
+        if (t.isTensor()) add_tensor(p, t.toTensor(), access);
     }
   }
 }
