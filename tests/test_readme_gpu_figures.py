@@ -178,7 +178,7 @@ def run_seconds(report_name: str) -> dict[tuple[str, str], float]:
 
 
 def test_the_thirteen_round_h100_adamw_table_is_its_report_and_where_the_mlps_time_goes():
-    told = between("The steps users run, as this code runs them, on one H100", "The ten rounds on one H200")
+    told = between("The steps users run, as this code runs them, on one H100", "With the code since (the log reads")
     assert check_adamw_call(told, H100_THIRTEEN_ROUNDS) >= 10
     report = md_tables(H100_THIRTEEN_ROUNDS[0])
     fsdp2, compiled, mlp, mlp_paired = said_in(
@@ -229,6 +229,53 @@ def test_the_thirteen_round_h100_adamw_table_is_its_report_and_where_the_mlps_ti
     low, high = quoted(r"the sanitizer, ([\d.]+)x to ([\d.]+)x slower in the table below")
     slowdowns = [report[(w, "sanitizer")].slowdown for w in WORKLOADS]
     assert (low, high) == (min(slowdowns, key=float), max(slowdowns, key=float))
+
+
+MLP_TWELVE_ROUNDS = (
+    "gpu/detector_overhead_native_mlp_h100_12rounds.md",
+    "gpu/detector_overhead_native_mlp_h100_12rounds.log",
+)
+
+
+def test_the_mlp_call_since_the_lists_read_in_place_and_the_pinned_query_are_their_reports():
+    told = between("With the code since (the log reads", "The ten rounds on one H200")
+    assert "`reports/gpu/detector_overhead_native_mlp_h100_12rounds.{md,csv,log}`, `_runs.csv`" in told
+    report = {mode: row for (_, mode), row in md_tables(MLP_TWELVE_ROUNDS[0]).items()}
+    rounds, native, paired, python, sanitizer, plain, plain_before = said_in(
+        told,
+        r"in one device call of (\d+) rounds .*?: native ([\d.]+)x \(paired ([\d.]+)x\), python ([\d.]+)x, sanitizer "
+        r"([\d.]+)x, on a plain step of ([\d.]+) ms, faster than the ([\d.]+) ms above",
+    )
+    assert [rounds_of(call) for call in calls_of(MLP_TWELVE_ROUNDS[1])] == [int(rounds)]
+    assert {len(row.runs) for row in report.values()} == {int(rounds)}
+    assert (native, paired) == (report["native"].slowdown, report["native"].paired)
+    assert (python, sanitizer, plain) == (
+        report["python"].slowdown,
+        report["sanitizer"].slowdown,
+        report["plain"].median,
+    )
+    assert plain_before == md_tables(H100_THIRTEEN_ROUNDS[0])[("mlp-adamw", "plain")].median
+    over, over_before = said_in(told, r"The native path added ([\d.]+) ms a step there against ([\d.]+) ms above")
+    assert over == inside(MLP_TWELVE_ROUNDS[0], "mlp-adamw")[0]
+    assert over_before == inside(H100_THIRTEEN_ROUNDS[0], "mlp-adamw")[0]
+    runs, ops = said_in(
+        told, r"`reports=0` in each of its (\d+) native and Python runs, (\d+) operators applied in each"
+    )
+    applied = re.findall(
+        r"unpinned mlp-adamw +(?:native|python) .*?reports=(\d+) \S+ ops=(\d+)", text(MLP_TWELVE_ROUNDS[1])
+    )
+    assert len(applied) == int(runs) == 2 * int(rounds) and set(applied) == {("0", ops)}
+    tests = text("gpu/native_tests_mlp_h100_12rounds.log")
+    passed = re.findall(r"^## RACECHECK_DETECT_ENGINE=(native|python) .*?^(\d+) passed(.*?) in ", tests, re.M | re.S)
+    assert [e for e, *_ in passed] == ["native", "python"]
+    assert all("failed" not in rest and "error" not in rest for *_, rest in passed)
+    # the pinned query, and the log's callbacks it is part of
+    (query,) = said_in(told, r"whether host memory is pinned costs ([\d.]+) us a query")
+    (measured,) = re.findall(r"^pageable: .*, the query ([\d.]+) us$", text("gpu/pinned_query_h100.log"), re.M)
+    assert query == measured
+    (callbacks,) = said_in(told, r"about 0\.06 ms of the log's callbacks' ([\d.]+) ms there")
+    assert callbacks == inside(MLP_TWELVE_ROUNDS[0], "mlp-adamw")[1]
+    assert round(50 * float(query) / 1e3, 2) == 0.06
 
 
 def test_the_ten_round_h200_adamw_table_is_its_report_and_where_the_mlps_time_goes():
