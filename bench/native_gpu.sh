@@ -4,7 +4,8 @@
 #   build    compile the extension against the machine's torch (build.log: compiler, time)
 #   check    the tracker's CUDA tests on the native engine, among them the comparison of the native
 #            and the Python engine on the same records, and the engines' comparison that runs on the
-#            CPU too (tests_native.log); the tracker's CUDA tests on the Python engine (tests_python.log)
+#            CPU too; then the tracker's CUDA tests on the Python engine: both in tests.log, each after
+#            a `## RACECHECK_DETECT_ENGINE=...` line (one file, as the device brings back 8 a call)
 #   bench    bench/detector_overhead_native.py, fresh processes, unpinned, every mode interleaved:
 #            detector_overhead_native.{csv,md}, detector_overhead_native_runs.csv, bench.log.
 #            NATIVE_WORKLOADS (mlp-adamw,fsdp2-adamw,fsdp2-compiled), NATIVE_MODES
@@ -52,11 +53,16 @@ build() {
 }
 
 check() {
-  RACECHECK_DETECT_ENGINE=native python3 -m pytest -q -p no:cacheprovider tests/test_detect_cuda.py \
-    tests/test_detect_engines.py -k "torch_tracker or engine" >"$N/tests_native.log" 2>&1
-  local rc=$?
-  RACECHECK_DETECT_ENGINE=python python3 -m pytest -q -p no:cacheprovider tests/test_detect_cuda.py \
-    -k torch_tracker >"$N/tests_python.log" 2>&1 || rc=$?
+  local rc=0
+  {
+    echo "## RACECHECK_DETECT_ENGINE=native pytest tests/test_detect_cuda.py tests/test_detect_engines.py -k 'torch_tracker or engine'"
+    RACECHECK_DETECT_ENGINE=native python3 -m pytest -q -p no:cacheprovider tests/test_detect_cuda.py \
+      tests/test_detect_engines.py -k "torch_tracker or engine" 2>&1 || rc=$?
+    echo
+    echo "## RACECHECK_DETECT_ENGINE=python pytest tests/test_detect_cuda.py -k torch_tracker"
+    RACECHECK_DETECT_ENGINE=python python3 -m pytest -q -p no:cacheprovider tests/test_detect_cuda.py \
+      -k torch_tracker 2>&1 || rc=$?
+  } >"$N/tests.log"
   return $rc
 }
 
