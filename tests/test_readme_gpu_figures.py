@@ -112,6 +112,16 @@ def said_in(told: str, pattern: str) -> tuple[str, ...]:
     return found[0].groups()
 
 
+def check_engine_tests(log_name: str) -> None:
+    """That a log of bench/native_gpu.sh's check has the native engine's CUDA tests, then the
+    Python engine's, each passed with none failed."""
+    passed = re.findall(
+        r"^## RACECHECK_DETECT_ENGINE=(native|python) .*?^(\d+) passed(.*?) in ", text(log_name), re.M | re.S
+    )
+    assert [e for e, *_ in passed] == ["native", "python"]
+    assert all("failed" not in rest and "error" not in rest for *_, rest in passed)
+
+
 def check_adamw_call(told: str, table: tuple[str, str]) -> int:
     """That the text `told` of one AdamW table cites its files, has its report's medians and
     slowdowns, its calls' rounds (each call's from its log), its plain FSDP2 runs' span, and that
@@ -189,10 +199,7 @@ def test_the_thirteen_round_h100_adamw_table_is_its_report_and_where_the_mlps_ti
     assert float(fsdp2) <= 1.3 and float(compiled) <= 1.5 and float(mlp) > 1.3
     assert mlp_paired == report[("mlp-adamw", "native")].paired
     assert "`reports/gpu/native_tests_adamw_h100_13rounds.log`" in told
-    tests = text("gpu/native_tests_adamw_h100_13rounds.log")
-    passed = re.findall(r"^## RACECHECK_DETECT_ENGINE=(native|python) .*?^(\d+) passed(.*?) in ", tests, re.M | re.S)
-    assert [e for e, *_ in passed] == ["native", "python"]
-    assert all("failed" not in rest and "error" not in rest for *_, rest in passed)
+    check_engine_tests("gpu/native_tests_adamw_h100_13rounds.log")
     # where the MLP's time goes, as the report measured it inside the native runs
     said = said_in(
         told,
@@ -265,10 +272,7 @@ def test_the_mlp_call_since_the_lists_read_in_place_and_the_pinned_query_are_the
         r"unpinned mlp-adamw +(?:native|python) .*?reports=(\d+) \S+ ops=(\d+)", text(MLP_TWELVE_ROUNDS[1])
     )
     assert len(applied) == int(runs) == 2 * int(rounds) and set(applied) == {("0", ops)}
-    tests = text("gpu/native_tests_mlp_h100_12rounds.log")
-    passed = re.findall(r"^## RACECHECK_DETECT_ENGINE=(native|python) .*?^(\d+) passed(.*?) in ", tests, re.M | re.S)
-    assert [e for e, *_ in passed] == ["native", "python"]
-    assert all("failed" not in rest and "error" not in rest for *_, rest in passed)
+    check_engine_tests("gpu/native_tests_mlp_h100_12rounds.log")
     # the pinned query, and the log's callbacks it is part of
     (query,) = said_in(told, r"whether host memory is pinned costs ([\d.]+) us a query")
     (measured,) = re.findall(r"^pageable: .*, the query ([\d.]+) us$", text("gpu/pinned_query_h100.log"), re.M)
@@ -351,10 +355,7 @@ def test_the_h100_mlp_calls_since_the_host_own_calls_are_their_reports():
     ).groups()
     over, record, _, drains, *_ = inside(HOST_ONLY_CALL1, "mlp-adamw")
     assert list(split) == [*said, record, drains] and over == said[0]
-    tests = text("gpu/native_tests_host_only_h100.log")
-    passed = re.findall(r"^## RACECHECK_DETECT_ENGINE=(native|python) .*?^(\d+) passed(.*?) in ", tests, re.M | re.S)
-    assert [e for e, *_ in passed] == ["native", "python"]
-    assert all("failed" not in rest and "error" not in rest for *_, rest in passed)
+    check_engine_tests("gpu/native_tests_host_only_h100.log")
 
 
 def test_the_h100_adamw_table_is_its_report_and_no_run_reported():
