@@ -177,6 +177,18 @@ BARS = (
 )
 
 
+def check_against_bars(told: str, table: tuple[str, str], after: str) -> tuple[dict, str, str]:
+    """That the text `told` of a table of ten rounds or more (check_adamw_call) gives the native
+    path's slowdowns against the bars (BARS, then `after`) as its report has them, FSDP2 within
+    theirs and the MLP above; the report, the MLP's slowdown and paired ratio."""
+    assert check_adamw_call(told, table) >= 10
+    report = md_tables(table[0])
+    fsdp2, compiled, mlp, mlp_paired = said_in(told, BARS + after)
+    assert [fsdp2, compiled, mlp] == [report[(w, "native")].slowdown for w in (*WORKLOADS[1:], WORKLOADS[0])]
+    assert float(fsdp2) <= 1.3 and float(compiled) <= 1.5 and float(mlp) > 1.3
+    return report, mlp, mlp_paired
+
+
 def run_seconds(report_name: str) -> dict[tuple[str, str], float]:
     """{(workload, mode): median seconds a run's process took} of a report."""
     took = {}
@@ -189,14 +201,7 @@ def run_seconds(report_name: str) -> dict[tuple[str, str], float]:
 
 def test_the_thirteen_round_h100_adamw_table_is_its_report_and_where_the_mlps_time_goes():
     told = between("The steps users run, as this code runs them, on one H100", "With the code since (the log reads")
-    assert check_adamw_call(told, H100_THIRTEEN_ROUNDS) >= 10
-    report = md_tables(H100_THIRTEEN_ROUNDS[0])
-    fsdp2, compiled, mlp, mlp_paired = said_in(
-        told,
-        BARS + ": on the MLP the bar is not met",
-    )
-    assert [fsdp2, compiled, mlp] == [report[(w, "native")].slowdown for w in (*WORKLOADS[1:], WORKLOADS[0])]
-    assert float(fsdp2) <= 1.3 and float(compiled) <= 1.5 and float(mlp) > 1.3
+    report, _, mlp_paired = check_against_bars(told, H100_THIRTEEN_ROUNDS, ": on the MLP the bar is not met")
     assert mlp_paired == report[("mlp-adamw", "native")].paired
     assert "`reports/gpu/native_tests_adamw_h100_13rounds.log`" in told
     check_engine_tests("gpu/native_tests_adamw_h100_13rounds.log")
@@ -284,14 +289,7 @@ def test_the_mlp_call_since_the_lists_read_in_place_and_the_pinned_query_are_the
 
 def test_the_ten_round_h200_adamw_table_is_its_report_and_where_the_mlps_time_goes():
     told = between("The ten rounds on one H200", "With the code since the log makes no record")
-    assert check_adamw_call(told, H200_TEN_ROUNDS) >= 10
-    report = md_tables(H200_TEN_ROUNDS[0])
-    fsdp2, compiled, mlp, mlp_paired = said_in(
-        told,
-        BARS + r"\.",
-    )
-    assert [fsdp2, compiled, mlp] == [report[(w, "native")].slowdown for w in (*WORKLOADS[1:], WORKLOADS[0])]
-    assert float(fsdp2) <= 1.3 and float(compiled) <= 1.5 and float(mlp) > 1.3
+    report, mlp, mlp_paired = check_against_bars(told, H200_TEN_ROUNDS, r"\.")
     assert f"| AdamW (foreach) | unpinned, 10 | {report[('mlp-adamw', 'plain')].median} |" in told
     assert f"({mlp}x, paired {mlp_paired}x)" in told
     said = said_in(
