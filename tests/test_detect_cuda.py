@@ -305,6 +305,20 @@ def _pinned_read_and_refill():
     return total, dst
 
 
+def _pinned_filled_before_the_upload():
+    host = torch.empty(N, pin_memory=True)
+    host.fill_(1.0)  # the host's own work before any stream touched the buffer
+    host.mul_(2.0)
+    dst = torch.empty(N, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        dst.copy_(host, non_blocking=True)
+    host.add_(1.0)  # while the upload is queued
+    torch.cuda.synchronize()
+    return dst
+
+
 def _training_with_a_side_read():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.GELU(), torch.nn.Linear(256, 256)).cuda()
@@ -354,32 +368,45 @@ def _both_engines(program) -> tuple[list[str], list[str], list[str]]:
     return native, [r.text() for r in reference.reports()], tracker.errors + reference.errors
 
 
-@pytest.mark.parametrize("program", [_pinned_read_and_refill, _training_with_a_side_read])
+@pytest.mark.parametrize(
+    "program", [_pinned_read_and_refill, _pinned_filled_before_the_upload, _training_with_a_side_read]
+)
 def test_torch_tracker_paths_agree_where_the_log_makes_no_record_of_the_host_own_calls(program):
     """[Note: the host's own calls] (op_log.cpp): on CUDA the native log makes no record of a call
-    that touches only pageable host memory, as AdamW's `step.item()` for each parameter; the
-    pinned buffer's calls stay. Both paths report the same races, the Python path having seen
-    every call."""
+    that touches only host memory no stream may have touched, as AdamW's `step.item()` for each
+    parameter or the filling of a pinned buffer before its upload, and asks CUDA whether a host
+    item is pinned only where that may matter; the calls on the pinned buffer once a stream touched
+    it stay. Both paths report the same races, the Python path having seen every call."""
     from racecheck.detect import TorchRaceTracker
 
-    kinds, dropped = {}, 0
+    kinds, dropped, asked = {}, 0, 0
     for path in ("native", "python"):
         torch.cuda.synchronize()
         with TorchRaceTracker(path=path) as tracker:
             log = tracker._feed.log if path == "native" else None
-            before = log.costs()["host_only"] if log else 0
+            before = log.costs() if log else {}
             program()
             torch.cuda.synchronize()
             if log:
-                dropped = log.costs()["host_only"] - before
+                dropped = log.costs()["host_only"] - before["host_only"]
+                asked = log.costs()["pinned_asked"] - before["pinned_asked"]
         assert tracker.errors == []
         kinds[path] = sorted(str(r.kind) for r in tracker.reports())
     assert kinds["native"] and kinds["native"] == kinds["python"]
-    # three AdamW steps of four parameters: two step counts read each, and the counts' increments
-    assert dropped >= (3 * 4 * 2 + 3 if program is _training_with_a_side_read else 0)
+    if program is _training_with_a_side_read:
+        # three AdamW steps of four parameters: two step counts read each, and the counts' increments,
+        # none of them asked about (no stream touched the step counts); the four parameters' copies
+        # to the device ask once each
+        assert dropped >= 3 * 4 * 2 + 3 and asked == 4
+    elif program is _pinned_filled_before_the_upload:
+        # the buffer's making, filling and doubling make no record and ask nothing; the upload and
+        # the add after it ask once each
+        assert dropped >= 3 and asked == 2
 
 
-@pytest.mark.parametrize("program", [_motivating_race, _pinned_read_and_refill, _training_with_a_side_read])
+@pytest.mark.parametrize(
+    "program", [_motivating_race, _pinned_read_and_refill, _pinned_filled_before_the_upload, _training_with_a_side_read]
+)
 def test_the_native_and_the_python_engine_report_the_same_on_cuda(program):
     native, python, errors = _both_engines(program)
     assert errors == []

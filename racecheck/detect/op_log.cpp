@@ -158,6 +158,7 @@ struct Timed {
   Timed& operator=(const Timed&) = delete;
 };
 std::atomic<uint64_t> frames_walked{0};
+std::atomic<uint64_t> pinned_questions{0};  // CUDA asked whether host memory is pinned ([Note: the host's own calls])
 // The calls RecordFunction showed the log while it recorded, by what became of them (costs()).
 enum Seen { SEEN_CALLEE = 0, SEEN_TRANSPARENT = 1, SEEN_SKIP = 2, SEEN_RECORDED = 3, SEEN_KINDS = 4 };
 std::atomic<uint64_t> seen[SEEN_KINDS];
@@ -350,8 +351,11 @@ struct Pending {  // one call between its start and end callbacks
   int64_t frame = -1;
   int64_t non_blocking = 0;
   std::vector<Item> items;
+  // Host items not yet asked whether they are pinned ([Note: the host's own calls]): an item's
+  // index and its storage, alive while the call runs (RecordFunction holds its inputs and results).
+  std::vector<std::pair<size_t, c10::Storage>> unasked;
 
-  void reset(const OpName* call_op) {  // for a new call: `items` keeps its capacity
+  void reset(const OpName* call_op) {  // for a new call: the vectors keep their capacity
     op = call_op;
     kind = call_op->plan.kind;
     stream = NO_STREAM;
@@ -359,8 +363,35 @@ struct Pending {  // one call between its start and end callbacks
     frame = -1;
     non_blocking = 0;
     items.clear();
+    unasked.clear();
   }
 };
+
+// Whether host memory starting at `sptr` may be tracked by the time a record appended now is
+// applied: Python watches it (tracked), or it was seen pinned in the batch not yet applied or in the
+// one being applied. A superset: an entry of a storage since dead costs a question, no more.
+bool host_may_be_tracked(uint64_t sptr) {
+  std::lock_guard<std::mutex> g(mu);
+  return watched_host.count(sptr) != 0 || recent_host.count(sptr) != 0 || drained_host.count(sptr) != 0;
+}
+
+// Asks CUDA whether a host item's storage is pinned (PyTorch's CUDA hooks: about 1.2 us a question
+// on an H100, reports/gpu/pinned_query_h100.log); only pinned storages can become host memory that
+// Python tracks and watches (host_accesses.py: a copy with pageable memory is synchronous).
+void ask_pinned(Item& it, const c10::Storage& storage) {
+  pinned_questions.fetch_add(1, std::memory_order_relaxed);
+  it.pinned = at::detail::getCUDAHooks().isPinnedPtr(storage.data()) ? 1 : 0;
+  if (it.pinned) {
+    std::lock_guard<std::mutex> g(mu);
+    recent_host.emplace(it.sptr, c10::weak_intrusive_ptr<c10::StorageImpl>(storage.getWeakStorageImpl()));
+  }
+}
+
+// Before a call's record is appended: its host items not asked yet are asked now.
+void ask_unasked(Pending& p) {
+  for (const auto& [index, storage] : p.unasked) ask_pinned(p.items[index], storage);
+  p.unasked.clear();
+}
 
 void add_tensor(Pending& p, const at::Tensor& t, int8_t access) {
   if (!t.defined() || !t.has_storage()) return;  // undefined, or a wrapper subclass (DTensor)
@@ -400,12 +431,13 @@ void add_tensor(Pending& p, const at::Tensor& t, int8_t access) {
     p.device_index = t.device().index();
   }
   if (cuda_mode && it.device == 0) {
-    it.pinned = at::detail::getCUDAHooks().isPinnedPtr(base) ? 1 : 0;
-    // Only pinned memory can become host memory that Python tracks and watches (host_accesses.py:
-    // a copy with pageable memory is synchronous).
-    if (it.pinned && watching.load(std::memory_order_relaxed)) {
-      std::lock_guard<std::mutex> g(mu);
-      recent_host.emplace(it.sptr, c10::weak_intrusive_ptr<c10::StorageImpl>(storage.getWeakStorageImpl()));
+    if (!watching.load(std::memory_order_relaxed)) {
+      pinned_questions.fetch_add(1, std::memory_order_relaxed);
+      it.pinned = at::detail::getCUDAHooks().isPinnedPtr(base) ? 1 : 0;  // nothing is watched: only asked
+    } else if (host_may_be_tracked(it.sptr)) {
+      ask_pinned(it, storage);
+    } else {  // asked only if the call is recorded ([Note: the host's own calls])
+      p.unasked.emplace_back(p.items.size(), storage);
     }
   }
   p.items.push_back(it);
@@ -448,7 +480,8 @@ void host_frees_locked() {
   }
 }
 
-void append(int8_t type, const Pending& p, int64_t extra) {
+void append(int8_t type, Pending& p, int64_t extra) {
+  if (!p.unasked.empty()) ask_unasked(p);  // the record says of each host item whether it is pinned
   std::lock_guard<std::mutex> g(mu);
   if (!watched_host.empty()) host_frees_locked();
   records.push_back(make_record(type, p.op->id, p.stream, p.device_index, p.frame, static_cast<uint32_t>(items.size()),
@@ -765,25 +798,38 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   if (c.fn != &fn) return;  // a call this thread does not record ([Note: one call at a time])
   c.fn = nullptr;
   leave_call(t);
-  if (!c.record) return;
+  if (!c.record) {
+    c.pending.unasked.clear();  // the call's storages, held no longer than the call
+    return;
+  }
   uint64_t t0 = Cost::now_ns();
   try {
     end_call(fn, c);
   } catch (const std::exception& exc) {
     failed(exc.what());
   }
+  c.pending.unasked.clear();
   record_cost.add_ns(c.cost_ns + (Cost::now_ns() - t0));  // its start's time and its end's
   drain_if_full();
 }
 
 // [Note: the host's own calls]
-// On CUDA, a call that touches only pageable host memory (AdamW's `step.item()` for every
-// parameter, arithmetic on CPU scalars) makes no record: neither engine tracks that memory, as no
-// stream ever touches it asynchronously (a copy between it and the device is synchronous, so the
-// host learns the stream complete; host_accesses.py), and an operator none of whose memory is
-// tracked changes nothing in either (hb_tracker.cpp's op_items, feed_apply.py). Pinned host memory
-// and device memory keep the call. The CPU tracker's memory is all stream memory: there every call
-// is recorded.
+// On CUDA, a call that touches only host memory no stream may have touched (AdamW's `step.item()`
+// for every parameter, arithmetic on CPU scalars) makes no record: neither engine tracks that
+// memory (host_accesses.py: pageable memory never, as a copy between it and the device is
+// synchronous, so the host learns the stream complete; pinned memory from the first stream work
+// on it), and an operator none of whose memory is tracked changes nothing in either
+// (hb_tracker.cpp's op_items, feed_apply.py). Nor does asking cost it anything: asking CUDA
+// whether host memory is pinned costs about 1.2 us a question, so a host item is asked at once
+// only where its storage may be tracked (host_may_be_tracked: watched, or seen pinned in a batch
+// not yet applied); the others wait in `unasked` and are asked only if the call is recorded
+// (append), that is if it touches device memory or pinned memory that may be tracked. Host work
+// before a stream's first touch of a buffer is ordered before it by the program itself, the stream
+// work being enqueued after, so leaving it out loses no race (but for a host call on one thread
+// that asks before another thread's first stream work on the same buffer asked, the two racing
+// unsynchronized). Device memory and pinned memory that
+// may be tracked keep the call. The CPU tracker's memory is all stream memory: there every call is
+// recorded.
 std::atomic<uint64_t> host_only_calls{0};
 
 bool streams_may_touch(const Pending& p) {
@@ -976,11 +1022,12 @@ PyObject* py_costs(PyObject*, PyObject*) {
                          static_cast<unsigned long long>(c.ns.load()));
   };
   auto n = [](Seen what) { return static_cast<unsigned long long>(seen[what].load()); };
-  return Py_BuildValue("{sNsNsNsNsNsKs(KKKK)sK}", "record", pair(record_cost), "gil", pair(gil_cost), "walk",
+  return Py_BuildValue("{sNsNsNsNsNsKs(KKKK)sKsK}", "record", pair(record_cost), "gil", pair(gil_cost), "walk",
                        pair(walk_cost), "trace", pair(trace_cost), "switch", pair(switch_cost), "frames",
                        static_cast<unsigned long long>(frames_walked.load()), "seen",
                        n(SEEN_CALLEE), n(SEEN_TRANSPARENT), n(SEEN_SKIP), n(SEEN_RECORDED), "host_only",
-                       static_cast<unsigned long long>(host_only_calls.load()));
+                       static_cast<unsigned long long>(host_only_calls.load()), "pinned_asked",
+                       static_cast<unsigned long long>(pinned_questions.load()));
 }
 
 PyObject* py_planner_error(PyObject*, PyObject*) {
@@ -1073,8 +1120,8 @@ PyMethodDef methods[] = {
     {"costs", py_costs, METH_NOARGS,
      "{'record': (calls, ns), 'gil': (stacks read, ns), 'walk': (stacks read, ns), 'trace': (CUDA trace events logged, "
      "ns), 'switch': (RecordFunction switched off or on, ns), 'frames': walked, 'seen': (callees, "
-     "transparent, skipped, recorded calls RecordFunction showed), 'host_only': recorded calls that made no record "
-     "([Note: the host's own calls])} since the "
+     "transparent, skipped, recorded calls RecordFunction showed), 'host_only': recorded calls that made no record, "
+     "'pinned_asked': host items CUDA was asked whether they are pinned ([Note: the host's own calls])} since the "
      "module loaded: recorded operators' callbacks (less drains), and within them taking the GIL and walking stacks"},
     {"planner_error", py_planner_error, METH_NOARGS, "the last error the Python planner raised"},
     {"failures", py_failures, METH_NOARGS, "(calls not recorded, the last reason) since the module loaded"},
