@@ -490,3 +490,36 @@ def test_fake_and_meta_tensors_are_no_memory_on_every_path(name):
             real = torch.ones(64) * 2
     assert t.errors == [] and t.reports() == [] and real.sum().item() == 128
     assert t.ops == 2  # the real ones() and multiplication alone
+
+
+def test_the_log_as_cuda_trackers_records_no_host_only_call_asks_nothing_of_it_and_keeps_no_storage():
+    """[Note: the host's own calls] (op_log.cpp), on this CPU build: the log started as a CUDA
+    tracker's sees only host memory no stream touched here, so it records none of the operators
+    and asks CUDA nothing about their tensors; a kernel launch, recorded whatever its memory, asks
+    about each of its host tensors once, at its record; no call holds its tensors' storages after
+    it ends."""
+    from racecheck.detect import op_log
+    from racecheck.detect.dispatch import native_plan
+    from racecheck.detect.feed_apply import RECORD
+
+    log = op_log.load_required()
+    state = torch.zeros(16)
+    step = torch.zeros(())
+    log.start(native_plan, lambda: None, True, False, False)  # planner, drainer, cuda, stacks, trace
+    try:
+        before = log.costs()
+        step.add_(1.0)
+        float(step.item())
+        state.mul_(0.9).add_(step)
+        during = log.costs()
+        kernel = log.kernel_op("triton_poi_fused_add_0")
+        log.launch(kernel, 0, [step], [state])
+        after = log.costs()
+        records, _, _ = log.drain(0)
+    finally:
+        log.stop()
+    assert during["host_only"] - before["host_only"] == 4  # add_, item, mul_, add_
+    assert during["pinned_asked"] == before["pinned_asked"]
+    assert after["pinned_asked"] - during["pinned_asked"] == 2  # the kernel's two host tensors
+    assert len(records) == RECORD.size  # the kernel's, the only record
+    assert torch._C._storage_Use_Count(state.untyped_storage()._cdata) == 2  # the tensor's, and this line's

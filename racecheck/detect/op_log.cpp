@@ -44,11 +44,13 @@
 #include <c10/util/intrusive_ptr.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -120,6 +122,9 @@ std::unordered_map<uint64_t, c10::weak_intrusive_ptr<c10::StorageImpl>> recent_h
 // seen in the batch drained last: Python asks to watch them while it applies that batch
 std::unordered_map<uint64_t, c10::weak_intrusive_ptr<c10::StorageImpl>> drained_host;
 std::unordered_map<uint64_t, c10::weak_intrusive_ptr<c10::StorageImpl>> watched_host;  // tracked by Python
+// start -> end of the pinned host memory recorded calls touched, merged where ranges meet: a
+// superset of the host memory either engine may track ([Note: the host's own calls])
+std::map<uint64_t, uint64_t> pinned_ranges;
 std::atomic<bool> active{false};
 // false: the hooks stay installed and record nothing (record(False): the native path's floor, what
 // PyTorch's hooks cost alone, for benchmarks)
@@ -158,7 +163,8 @@ struct Timed {
   Timed& operator=(const Timed&) = delete;
 };
 std::atomic<uint64_t> frames_walked{0};
-std::atomic<uint64_t> pinned_questions{0};  // CUDA asked whether host memory is pinned ([Note: the host's own calls])
+// host items CUDA was asked whether they are pinned ([Note: the host's own calls])
+std::atomic<uint64_t> pinned_questions{0};
 // The calls RecordFunction showed the log while it recorded, by what became of them (costs()).
 enum Seen { SEEN_CALLEE = 0, SEEN_TRANSPARENT = 1, SEEN_SKIP = 2, SEEN_RECORDED = 3, SEEN_KINDS = 4 };
 std::atomic<uint64_t> seen[SEEN_KINDS];
@@ -351,9 +357,14 @@ struct Pending {  // one call between its start and end callbacks
   int64_t frame = -1;
   int64_t non_blocking = 0;
   std::vector<Item> items;
-  // Host items not yet asked whether they are pinned ([Note: the host's own calls]): an item's
-  // index and its storage, alive while the call runs (RecordFunction holds its inputs and results).
-  std::vector<std::pair<size_t, c10::Storage>> unasked;
+  // Its host items on CUDA, with their storages, held until the call's end: whether each is pinned
+  // is asked at once only where the answer may matter ([Note: the host's own calls]).
+  struct Host {
+    size_t index;  // into items
+    c10::Storage storage;
+    bool asked;
+  };
+  std::vector<Host> host;
 
   void reset(const OpName* call_op) {  // for a new call: the vectors keep their capacity
     op = call_op;
@@ -363,34 +374,58 @@ struct Pending {  // one call between its start and end callbacks
     frame = -1;
     non_blocking = 0;
     items.clear();
-    unasked.clear();
+    host.clear();
   }
 };
 
-// Whether host memory starting at `sptr` may be tracked by the time a record appended now is
-// applied: Python watches it (tracked), or it was seen pinned in the batch not yet applied or in the
-// one being applied. A superset: an entry of a storage since dead costs a question, no more.
-bool host_may_be_tracked(uint64_t sptr) {
+// Whether host memory [start, end) overlaps pinned memory a recorded call touched: memory either
+// engine may track by the time a record appended now is applied. Under mu.
+bool host_may_be_tracked_locked(uint64_t start, uint64_t end) {
+  auto after = pinned_ranges.upper_bound(start);
+  if (after != pinned_ranges.begin() && std::prev(after)->second > start) return true;
+  return after != pinned_ranges.end() && after->first < end;
+}
+
+bool host_may_be_tracked(const Item& it) {
   std::lock_guard<std::mutex> g(mu);
-  return watched_host.count(sptr) != 0 || recent_host.count(sptr) != 0 || drained_host.count(sptr) != 0;
+  return host_may_be_tracked_locked(it.sptr, it.sptr + std::max<uint64_t>(it.snbytes, 1));
 }
 
-// Asks CUDA whether a host item's storage is pinned (PyTorch's CUDA hooks: about 1.2 us a question
-// on an H100, reports/gpu/pinned_query_h100.log); only pinned storages can become host memory that
-// Python tracks and watches (host_accesses.py: a copy with pageable memory is synchronous).
-void ask_pinned(Item& it, const c10::Storage& storage) {
-  pinned_questions.fetch_add(1, std::memory_order_relaxed);
-  it.pinned = at::detail::getCUDAHooks().isPinnedPtr(storage.data()) ? 1 : 0;
-  if (it.pinned) {
-    std::lock_guard<std::mutex> g(mu);
-    recent_host.emplace(it.sptr, c10::weak_intrusive_ptr<c10::StorageImpl>(storage.getWeakStorageImpl()));
+// [start, end) into pinned_ranges, merged with the ranges it meets. Under mu.
+void add_pinned_range_locked(uint64_t start, uint64_t end) {
+  auto at = pinned_ranges.upper_bound(start);
+  if (at != pinned_ranges.begin()) {
+    auto before = std::prev(at);
+    if (before->second >= end) return;  // within a range already there (a buffer seen again)
+    if (before->second >= start) {
+      start = before->first;
+      at = pinned_ranges.erase(before);
+    }
   }
+  while (at != pinned_ranges.end() && at->first <= end) {
+    end = std::max(end, at->second);
+    at = pinned_ranges.erase(at);
+  }
+  pinned_ranges.emplace(start, end);
 }
 
-// Before a call's record is appended: its host items not asked yet are asked now.
-void ask_unasked(Pending& p) {
-  for (const auto& [index, storage] : p.unasked) ask_pinned(p.items[index], storage);
-  p.unasked.clear();
+// Asks CUDA whether a host item's memory is pinned (PyTorch's CUDA hooks: about 1.2 us a question
+// on an H100, reports/gpu/pinned_query_h100.log).
+void ask_pinned(Item& it) {
+  pinned_questions.fetch_add(1, std::memory_order_relaxed);
+  it.pinned = at::detail::getCUDAHooks().isPinnedPtr(reinterpret_cast<const void*>(it.sptr)) ? 1 : 0;
+}
+
+// Host items not asked yet whose memory a recorded call has touched pinned since the call began
+// are asked now; whether any was asked.
+bool ask_now_tracked(Pending& p) {
+  bool any = false;
+  for (Pending::Host& h : p.host)
+    if (!h.asked && host_may_be_tracked(p.items[h.index])) {
+      ask_pinned(p.items[h.index]);
+      h.asked = any = true;
+    }
+  return any;
 }
 
 void add_tensor(Pending& p, const at::Tensor& t, int8_t access) {
@@ -430,15 +465,12 @@ void add_tensor(Pending& p, const at::Tensor& t, int8_t access) {
   if (type == c10::DeviceType::CUDA && p.device_index < 0) {
     p.device_index = t.device().index();
   }
-  if (cuda_mode && it.device == 0) {
-    if (!watching.load(std::memory_order_relaxed)) {
-      pinned_questions.fetch_add(1, std::memory_order_relaxed);
-      it.pinned = at::detail::getCUDAHooks().isPinnedPtr(base) ? 1 : 0;  // nothing is watched: only asked
-    } else if (host_may_be_tracked(it.sptr)) {
-      ask_pinned(it, storage);
-    } else {  // asked only if the call is recorded ([Note: the host's own calls])
-      p.unasked.emplace_back(p.items.size(), storage);
-    }
+  if (cuda_mode && it.device == 0) {  // [Note: the host's own calls]
+    bool ask = host_may_be_tracked(it);
+    if (ask) ask_pinned(it);
+    p.items.push_back(it);
+    p.host.push_back({p.items.size() - 1, storage, ask});
+    return;
   }
   p.items.push_back(it);
 }
@@ -481,9 +513,26 @@ void host_frees_locked() {
 }
 
 void append(int8_t type, Pending& p, int64_t extra) {
-  if (!p.unasked.empty()) ask_unasked(p);  // the record says of each host item whether it is pinned
+  for (Pending::Host& h : p.host)  // the record says of each host item whether it is pinned
+    if (!h.asked) {
+      ask_pinned(p.items[h.index]);
+      h.asked = true;
+    }
   std::lock_guard<std::mutex> g(mu);
   if (!watched_host.empty()) host_frees_locked();
+  // Its pinned host memory, which the record may make tracked: watchable by Python from the batch
+  // that holds the record on, and asked about from now on ([Note: the host's own calls]). Under
+  // the lock that appends the record, so no drain comes between the two.
+  for (const Pending::Host& h : p.host) {
+    const Item& it = p.items[h.index];
+    if (!it.pinned) continue;
+    add_pinned_range_locked(it.sptr, it.sptr + std::max<uint64_t>(it.snbytes, 1));
+    if (watching.load(std::memory_order_relaxed)) {  // replacing an entry of a dead storage at that address
+      c10::weak_intrusive_ptr<c10::StorageImpl> weak(h.storage.getWeakStorageImpl());
+      recent_host.insert_or_assign(it.sptr, std::move(weak));
+    }
+  }
+  p.host.clear();
   records.push_back(make_record(type, p.op->id, p.stream, p.device_index, p.frame, static_cast<uint32_t>(items.size()),
                                 static_cast<uint32_t>(p.items.size()), extra));
   items.insert(items.end(), p.items.begin(), p.items.end());
@@ -799,7 +848,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   c.fn = nullptr;
   leave_call(t);
   if (!c.record) {
-    c.pending.unasked.clear();  // the call's storages, held no longer than the call
+    c.pending.host.clear();  // the call's storages, held no longer than the call
     return;
   }
   uint64_t t0 = Cost::now_ns();
@@ -808,7 +857,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   } catch (const std::exception& exc) {
     failed(exc.what());
   }
-  c.pending.unasked.clear();
+  c.pending.host.clear();
   record_cost.add_ns(c.cost_ns + (Cost::now_ns() - t0));  // its start's time and its end's
   drain_if_full();
 }
@@ -816,19 +865,20 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
 // [Note: the host's own calls]
 // On CUDA, a call that touches only host memory no stream may have touched (AdamW's `step.item()`
 // for every parameter, arithmetic on CPU scalars) makes no record: neither engine tracks that
-// memory (host_accesses.py: pageable memory never, as a copy between it and the device is
-// synchronous, so the host learns the stream complete; pinned memory from the first stream work
-// on it), and an operator none of whose memory is tracked changes nothing in either
-// (hb_tracker.cpp's op_items, feed_apply.py). Nor does asking cost it anything: asking CUDA
-// whether host memory is pinned costs about 1.2 us a question, so a host item is asked at once
-// only where its storage may be tracked (host_may_be_tracked: watched, or seen pinned in a batch
-// not yet applied); the others wait in `unasked` and are asked only if the call is recorded
-// (append), that is if it touches device memory or pinned memory that may be tracked. Host work
-// before a stream's first touch of a buffer is ordered before it by the program itself, the stream
-// work being enqueued after, so leaving it out loses no race (but for a host call on one thread
-// that asks before another thread's first stream work on the same buffer asked, the two racing
-// unsynchronized). Device memory and pinned memory that
-// may be tracked keep the call. The CPU tracker's memory is all stream memory: there every call is
+// memory (host_accesses.py: pageable memory never, a copy between it and the device being
+// synchronous, so the host learns the stream complete; pinned memory once stream work touched
+// it), and an operator none of whose memory is tracked changes nothing in either
+// (hb_tracker.cpp's op_items, feed_apply.py). Asking CUDA whether host memory is pinned costs about
+// 1.2 us a question, so a host item is asked at once only where its storage overlaps pinned memory
+// a recorded call touched (pinned_ranges, which holds all the host memory either engine may track,
+// and more: its ranges stay after their storages die, costing a question each at most). The others
+// are asked if the call is recorded after all (append), because it touches device memory or
+// memory asked about at once turned out pinned, or because at its end its memory overlaps pinned
+// memory a record appended meanwhile touched (another thread's upload of the same buffer, whose
+// record the call's own then follows, as it would have). A call none of whose memory is device
+// memory or pinned memory in pinned_ranges is left out: host work before a stream's first touch
+// of a buffer is ordered before that work by the program itself (it is enqueued after), so leaving
+// it out loses no race. The CPU tracker's memory is all stream memory: there every call is
 // recorded.
 std::atomic<uint64_t> host_only_calls{0};
 
@@ -847,8 +897,8 @@ void end_call(const at::RecordFunction& fn, Call& c) {
   const Plan& plan = p.op->plan;
   if (plan.returns >= 0)
     for (const c10::IValue& v : fn.outputs()) add_value(p, v, plan.returns);
-  if (cuda_mode && !streams_may_touch(p)) {  // [Note: the host's own calls]
-    host_only_calls.fetch_add(1, std::memory_order_relaxed);
+  if (cuda_mode && !streams_may_touch(p) && !(ask_now_tracked(p) && streams_may_touch(p))) {
+    host_only_calls.fetch_add(1, std::memory_order_relaxed);  // [Note: the host's own calls]
     return;
   }
   // Its stack, read at its end rather than its start (a call that makes no record reads none):
@@ -882,6 +932,7 @@ PyObject* py_start(PyObject*, PyObject* args) {
     recent_host.clear();
     drained_host.clear();
     watched_host.clear();
+    pinned_ranges.clear();
   }
   // Without the calls' results a recorded operator would lose its writes to them: such a log is
   // a benchmark's floor (what RecordFunction costs without them) and records nothing.
