@@ -134,6 +134,8 @@ def _per_step(before: dict | None, after: dict | None, steps: int) -> dict:
     out["observed_per_step"] = sum(seen) / steps
     # calls that made a record: those recorded from their start, less the host's own ones that made none
     out["recorded_per_step"] = (seen[3] - (after.get("host_only", 0) - before.get("host_only", 0))) / steps
+    if "pinned_asked" in after:  # host items CUDA was asked about, whether pinned (logs from before lack it)
+        out["asked_per_step"] = (after["pinned_asked"] - before["pinned_asked"]) / steps
     return out
 
 
@@ -165,6 +167,8 @@ def child(args, workload: str, mode: str) -> dict:
     sync()
     ms = (time.perf_counter() - t0) / iters * 1e3
     parts = _per_step(before, _costs(tracker), iters)
+    if cpu:
+        parts.pop("asked_per_step", None)  # the CPU tracker's memory is all stream memory: it asks CUDA nothing
     result = {"workload": workload, "optimizer": WORKLOADS[workload].optimizer, "mode": mode, "iters": iters,
               "ms_per_step": ms, "what": what, "torch": torch.__version__,
               "device": "cpu" if cpu else torch.cuda.get_device_name(0), **parts}  # fmt: skip

@@ -40,10 +40,14 @@ RUN_FIELDS = ("workload", "optimizer", "mode", "pinned", "repeat", "iters", "ms_
 
 
 # Columns that only the runs measured since they were added note, each placed after its neighbour:
-# a run's place in its round, the seconds its process took from its start to its result, and two
+# a run's place in its round, the seconds its process took from its start to its result, two
 # parts measured inside a native run: CUDA's trace callbacks (the frees' stacks among them) and
-# turning RecordFunction off and on around callees.
-NOTED_FIELDS = (("position", "repeat"), ("run_s", "ms_per_step"), ("switch_us", "drain_us"), ("trace_us", "drain_us"))
+# turning RecordFunction off and on around callees, and how often a native run asked CUDA whether
+# host memory is pinned.
+NOTED_FIELDS = (
+    ("position", "repeat"), ("run_s", "ms_per_step"), ("switch_us", "drain_us"), ("trace_us", "drain_us"),
+    ("asked_per_step", "recorded_per_step"),
+)  # fmt: skip
 LATER_PARTS = ("trace_us", "switch_us")
 
 
@@ -163,9 +167,17 @@ def _split(where: str, name: str, rows: list[dict], med: dict) -> list[str]:
             f"{later}; the rest of the native path's {part['native'] - base:.3f} ms over plain, PyTorch's hooks "
             f"(RecordFunction boxing every operator's arguments, CUDA's trace) and what {left_out}, {rest:.3f}. "
             f"RecordFunction showed the log {mid['observed_per_step']:.0f} calls per step, "
-            f"{mid['recorded_per_step']:.0f} of them recorded."
+            f"{mid['recorded_per_step']:.0f} of them recorded{_asked(inside)}."
         )
     return lines
+
+
+def _asked(inside: list[dict]) -> str:
+    """How often a step asked CUDA whether host memory is pinned, where every native run noted it."""
+    if not inside or any(r.get("asked_per_step") in (None, "") for r in inside):
+        return ""
+    asked = statistics.median(float(r["asked_per_step"]) for r in inside)
+    return f", and CUDA was asked {asked:.0f} times whether host memory is pinned"
 
 
 def _workload_table(where: str, name: str, rows: list[dict], args) -> list[str]:

@@ -183,6 +183,16 @@ def test_the_parts_measured_inside_the_native_runs_tell_the_stacks_apart_from_re
     with open(tmp_path / "detector_overhead_native_runs.csv", newline="") as fh:
         header = next(csv.reader(fh))
     assert header[header.index("drain_us") + 1 :][:2] == ["trace_us", "switch_us"]
+    assert "asked_per_step" not in header and "asked" not in line
+    # runs that also counted the questions to CUDA whether host memory is pinned: told after the calls
+    rows = [_run("mlp-adamw", "plain", 0, 3.0), {**_run("mlp-adamw", "native", 0, 3.8), **parts, "asked_per_step": 4.0}]
+    (line,) = [x for x in tables.write_outputs(tmp_path, rows, _args()) if x.startswith("Measured inside")]
+    assert line.endswith(
+        "338 calls per step, 57 of them recorded, and CUDA was asked 4 times whether host memory is pinned."
+    )
+    with open(tmp_path / "detector_overhead_native_runs.csv", newline="") as fh:
+        header = next(csv.reader(fh))
+    assert header[header.index("recorded_per_step") + 1] == "asked_per_step"
 
 
 def test_a_report_on_the_correct_steps_is_named_a_false_alarm(tables):
@@ -248,11 +258,12 @@ def test_a_native_run_counts_as_recorded_the_calls_that_made_a_record(monkeypatc
     spec.loader.exec_module(bench)
     parts = {"record": (0, 0), "gil": (0, 0), "walk": (0, 0), "drain": (0, 0), "frames": 0}
     later = {"trace": (0, 0), "switch": (0, 0)}
-    before = {**parts, **later, "seen": (0, 0, 0, 0), "host_only": 4}
-    after = {**parts, "trace": (7, 50_000), "switch": (4, 20_000), "seen": (10, 20, 30, 40), "host_only": 24}
+    before = {**parts, **later, "seen": (0, 0, 0, 0), "host_only": 4, "pinned_asked": 3}
+    after = {**parts, "trace": (7, 50_000), "switch": (4, 20_000), "seen": (10, 20, 30, 40), "host_only": 24,
+             "pinned_asked": 43}  # fmt: skip
     got = bench._per_step(before, after, steps=10)
     assert got["observed_per_step"] == 10.0 and got["recorded_per_step"] == 2.0
-    assert (got["trace_us"], got["switch_us"]) == (5.0, 2.0)
-    older = {k: v for k, v in after.items() if k not in ("host_only", "trace", "switch")}
+    assert (got["trace_us"], got["switch_us"], got["asked_per_step"]) == (5.0, 2.0, 4.0)
+    older = {k: v for k, v in after.items() if k not in ("host_only", "trace", "switch", "pinned_asked")}
     got = bench._per_step({**parts, "seen": (0, 0, 0, 0)}, older, steps=10)
-    assert got["recorded_per_step"] == 4.0 and "trace_us" not in got
+    assert got["recorded_per_step"] == 4.0 and "trace_us" not in got and "asked_per_step" not in got
