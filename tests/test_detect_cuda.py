@@ -419,13 +419,15 @@ def test_torch_tracker_paths_agree_where_the_log_makes_no_record_of_the_host_own
         # to the device ask once each
         assert dropped >= 3 * 4 * 2 + 3 and asked == 4
     elif program is _pinned_filled_before_the_upload:
-        # the buffer's making, filling and doubling make no record and ask nothing; the upload and
-        # the add after it ask once each
-        assert dropped >= 3 and asked == 2
+        # the buffer's filling and doubling make no record and ask nothing (its making, an
+        # uninitialized allocation, is skipped from the start); the upload and the add after it ask
+        # once each
+        assert dropped >= 2 and asked == 2
     elif program is _pinned_alias_written_during_the_upload:
         # the buffer's making asks nothing; the upload asks, and so does the write through the
-        # other storage, whose memory the upload touched
-        assert dropped >= 1 and asked == 2
+        # other storage, whose memory the upload touched (and from_dlpack's own is_pinned() on the
+        # slice, where torch asks it)
+        assert dropped >= 1 and asked >= 2
 
 
 @pytest.mark.parametrize("program", [_motivating_race, *HOST_PROGRAMS])

@@ -358,7 +358,9 @@ struct Pending {  // one call between its start and end callbacks
   int64_t non_blocking = 0;
   std::vector<Item> items;
   // Its host items on CUDA, with their storages, held until the call's end: whether each is pinned
-  // is asked at once only where the answer may matter ([Note: the host's own calls]).
+  // is asked at once only where the answer may matter ([Note: the host's own calls]). A host
+  // storage the call itself let go (`x.set_(...)`) dies there, after the call's record, where
+  // the pinned-memory allocator's events for it are logged.
   struct Host {
     size_t index;  // into items
     c10::Storage storage;
@@ -522,17 +524,19 @@ void append(int8_t type, Pending& p, int64_t extra) {
   if (!watched_host.empty()) host_frees_locked();
   // Its pinned host memory, which the record may make tracked: watchable by Python from the batch
   // that holds the record on, and asked about from now on ([Note: the host's own calls]). Under
-  // the lock that appends the record, so no drain comes between the two.
+  // the lock that appends the record, so no drain comes between the two. The storages stay held
+  // until the call's end (Pending::host): one dying under this lock would report its free to the
+  // log, which takes the lock again.
   for (const Pending::Host& h : p.host) {
     const Item& it = p.items[h.index];
     if (!it.pinned) continue;
     add_pinned_range_locked(it.sptr, it.sptr + std::max<uint64_t>(it.snbytes, 1));
-    if (watching.load(std::memory_order_relaxed)) {  // replacing an entry of a dead storage at that address
+    if (watching.load(std::memory_order_relaxed)) {
       c10::weak_intrusive_ptr<c10::StorageImpl> weak(h.storage.getWeakStorageImpl());
-      recent_host.insert_or_assign(it.sptr, std::move(weak));
+      auto [entry, fresh] = recent_host.try_emplace(it.sptr, weak);
+      if (!fresh && entry->second.expired()) entry->second = std::move(weak);  // a dead storage's, at that address
     }
   }
-  p.host.clear();
   records.push_back(make_record(type, p.op->id, p.stream, p.device_index, p.frame, static_cast<uint32_t>(items.size()),
                                 static_cast<uint32_t>(p.items.size()), extra));
   items.insert(items.end(), p.items.begin(), p.items.end());
@@ -837,6 +841,7 @@ void start_call(const at::RecordFunction& fn, Call& c) {
     p.frame = stack_id();
     append(COLLECTIVE_BEGIN, p, 0);
     p.items.clear();
+    p.host.clear();
   }
   c.record = true;
 }
@@ -932,7 +937,8 @@ PyObject* py_start(PyObject*, PyObject* args) {
     recent_host.clear();
     drained_host.clear();
     watched_host.clear();
-    pinned_ranges.clear();
+    // pinned_ranges stays: a tracker entered again keeps its engine, which may track them still;
+    // a range of memory since freed costs a question at most.
   }
   // Without the calls' results a recorded operator would lose its writes to them: such a log is
   // a benchmark's floor (what RecordFunction costs without them) and records nothing.
@@ -1143,7 +1149,12 @@ PyObject* py_launch(PyObject*, PyObject* args) {
     Py_RETURN_NONE;
   }
   p.frame = stack_id();
-  append(KERNEL, p, static_cast<int64_t>(stream));
+  try {
+    append(KERNEL, p, static_cast<int64_t>(stream));  // may ask CUDA about its host tensors
+  } catch (const std::exception& exc) {
+    failed(exc.what());
+    Py_RETURN_NONE;
+  }
   drain_if_full();
   Py_RETURN_NONE;
 }
