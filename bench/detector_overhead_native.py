@@ -91,7 +91,7 @@ def _tool(mode: str, cpu: bool):
         def hooks_only():
             if mode == "native_hooks_args":  # RecordFunction not asked for the calls' results either
                 log_start = log.start
-                log.start = lambda *a: log_start(*a, False)
+                log.start = lambda *a: log_start(*a[:5], False, *a[6:])  # results, the sixth
                 try:
                     start()
                 finally:

@@ -430,6 +430,32 @@ def test_torch_tracker_paths_agree_where_the_log_makes_no_record_of_the_host_own
         assert dropped >= 1 and asked >= 2
 
 
+def test_a_tracker_entered_again_sees_the_host_write_to_a_buffer_it_saw_uploaded():
+    """A tracker entered a second time keeps its engine, which tracks the pinned buffer the first
+    entry saw uploaded: the log keeps what it knew of that memory for the same tracker (op_log.cpp's
+    start `owner`), so the host's write to the buffer in the second entry, unordered with the
+    upload, is recorded and reported by both paths alike."""
+    from racecheck.detect import TorchRaceTracker
+
+    kinds = {}
+    for path in ("native", "python"):
+        torch.cuda.synchronize()
+        tracker = TorchRaceTracker(path=path)
+        host = torch.zeros(N, pin_memory=True)
+        dst = torch.empty(N, device="cuda")
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with tracker:
+            with torch.cuda.stream(side):
+                dst.copy_(host, non_blocking=True)
+        with tracker:
+            host.add_(1.0)  # nothing ordered it after the upload
+        torch.cuda.synchronize()
+        assert tracker.errors == []
+        kinds[path] = sorted(str(r.kind) for r in tracker.reports())
+    assert kinds["native"] and kinds["native"] == kinds["python"]
+
+
 @pytest.mark.parametrize("program", [_motivating_race, *HOST_PROGRAMS])
 def test_the_native_and_the_python_engine_report_the_same_on_cuda(program):
     native, python, errors = _both_engines(program)

@@ -175,7 +175,7 @@ def test_the_native_log_started_without_results_records_nothing_and_cannot_be_to
     tracker = kit.make_tracker(cur, "native")
     log = tracker._feed.log
     start = log.start
-    monkeypatch.setattr(log, "start", lambda *a: start(*a, False))
+    monkeypatch.setattr(log, "start", lambda *a: start(*a[:5], False, *a[6:]))  # results, the sixth
     with tracker:
         for _ in range(3):
             torch.mm(x, y)

@@ -23,6 +23,7 @@ resolves it to user frames only when a report is formatted.
 
 from __future__ import annotations
 
+import itertools
 from typing import TYPE_CHECKING
 
 from racecheck.detect import feed_apply as rec
@@ -89,6 +90,12 @@ def feed_for(tracker: LoopTracker, path: str | None, engine: str | None, *, cust
     return None if log is None else NativeFeed(log, tracker, engine=kind)
 
 
+# Each feed's number for the log (op_log.cpp's start `owner`): the log keeps what it knows of host
+# memory (the pinned memory records touched, the storages Python watches) when the same feed, whose
+# engine stays, starts it again, and forgets it for any other.
+_FEEDS = itertools.count(1)
+
+
 class NativeFeed:
     """One tracker's use of the native log: starts and stops it and applies what it drains with
     its engine (`engine`: "native" or "python", see the module's docstring)."""
@@ -96,6 +103,7 @@ class NativeFeed:
     def __init__(self, log, tracker: LoopTracker, *, engine: str = "native") -> None:
         self.log = log
         self.tracker = tracker
+        self.number = next(_FEEDS)
         self.engine: NativeEngine | HappensBefore = (
             NativeEngine(log, self) if engine == "native" and log is not None else HappensBefore()
         )
@@ -130,7 +138,8 @@ class NativeFeed:
 
             torch._C._activate_gpu_trace()
         # The log calls both from inside the program's operators: Dynamo stays off them (`eager`).
-        self.log.start(eager(native_plan), eager(self.drain), cuda, tracker.stacks_on, cuda)  # one tracker at a time
+        # one tracker at a time
+        self.log.start(eager(native_plan), eager(self.drain), cuda, tracker.stacks_on, cuda, True, self.number)
         self.active = True
         self._failures_at_start = self.log.failures()[0]
         self.log.watch_host(cuda)

@@ -125,6 +125,9 @@ std::unordered_map<uint64_t, c10::weak_intrusive_ptr<c10::StorageImpl>> watched_
 // start -> end of the pinned host memory recorded calls touched, merged where ranges meet: a
 // superset of the host memory either engine may track ([Note: the host's own calls])
 std::map<uint64_t, uint64_t> pinned_ranges;
+// The tracker (start()'s `owner`, 0: none given) the host memory state above belongs to: kept when
+// the same tracker starts the log again, as it keeps its engine, which may track that memory still.
+uint64_t host_owner = 0;
 std::atomic<bool> active{false};
 // false: the hooks stay installed and record nothing (record(False): the native path's floor, what
 // PyTorch's hooks cost alone, for benchmarks)
@@ -919,7 +922,9 @@ void end_call(const at::RecordFunction& fn, Call& c) {
 PyObject* py_start(PyObject*, PyObject* args) {
   PyObject *plan_fn, *drain_fn;
   int cuda, stacks, trace, results = 1;
-  if (!PyArg_ParseTuple(args, "OOppp|p", &plan_fn, &drain_fn, &cuda, &stacks, &trace, &results)) return nullptr;
+  unsigned long long owner = 0;
+  if (!PyArg_ParseTuple(args, "OOppp|pK", &plan_fn, &drain_fn, &cuda, &stacks, &trace, &results, &owner))
+    return nullptr;
   if (active.load()) {
     PyErr_SetString(PyExc_RuntimeError, "the native op log is already recording");
     return nullptr;
@@ -934,11 +939,13 @@ PyObject* py_start(PyObject*, PyObject* args) {
     std::lock_guard<std::mutex> g(mu);  // the plans stay: they depend on the operator alone
     records.clear();
     items.clear();
-    recent_host.clear();
-    drained_host.clear();
-    watched_host.clear();
-    // pinned_ranges stays: a tracker entered again keeps its engine, which may track them still;
-    // a range of memory since freed costs a question at most.
+    if (owner == 0 || owner != host_owner) {  // another tracker's engine: none of it is tracked
+      recent_host.clear();
+      drained_host.clear();
+      watched_host.clear();
+      pinned_ranges.clear();
+    }
+    host_owner = owner;
   }
   // Without the calls' results a recorded operator would lose its writes to them: such a log is
   // a benchmark's floor (what RecordFunction costs without them) and records nothing.
@@ -1164,9 +1171,10 @@ PyMethodDef methods[] = {
     {"launch", py_launch, METH_VARARGS,
      "launch(op_id, stream, reads, writes): log a kernel launched below the dispatcher, on the raw stream given"},
     {"start", py_start, METH_VARARGS,
-     "start(planner, drainer, cuda, stacks, trace[, results]): record every operator (and, with trace, CUDA's trace "
-     "events); with results False, RecordFunction is not asked for the calls' results and nothing is recorded (a "
-     "benchmark's floor)"},
+     "start(planner, drainer, cuda, stacks, trace[, results, owner]): record every operator (and, with trace, CUDA's "
+     "trace events); with results False, RecordFunction is not asked for the calls' results and nothing is recorded "
+     "(a benchmark's floor); what the log knows of host memory is kept where `owner` (a tracker's number, not 0) "
+     "started it last"},
     {"stop", py_stop, METH_NOARGS, "stop recording"},
     {"drain", py_drain, METH_VARARGS,
      "drain(known_ops) -> (records, items, new op names): records and items the bytes of the log's Record and Item "
