@@ -1063,21 +1063,36 @@ PyObject* py_watch_host(PyObject*, PyObject* args) {
 }
 
 // frames(id) -> ((code, lasti), ...), innermost first.
+// Python objects are made only after the lock is let go, as everywhere in this file: making one
+// may run Python's collector, which may free a CUDA tensor, whose free the log takes under mu.
 PyObject* py_frames(PyObject*, PyObject* args) {
   long long id;
   if (!PyArg_ParseTuple(args, "L", &id)) return nullptr;
-  std::lock_guard<std::mutex> g(mu);
-  if (id < 0 || static_cast<size_t>(id) >= frames.size()) return PyTuple_New(0);
-  const Frames& f = frames[static_cast<size_t>(id)];
-  PyObject* out = PyTuple_New(static_cast<Py_ssize_t>(f.chain.size()));
-  for (size_t i = 0; i < f.chain.size(); i++)
-    PyTuple_SET_ITEM(out, i, Py_BuildValue("(Oi)", f.chain[i].first, f.chain[i].second));
+  std::vector<std::pair<PyObject*, int>> chain;
+  {
+    std::lock_guard<std::mutex> g(mu);
+    if (id >= 0 && static_cast<size_t>(id) < frames.size()) chain = frames[static_cast<size_t>(id)].chain;
+  }  // the code objects stay: the log keeps its frames until the interpreter ends
+  PyObject* out = PyTuple_New(static_cast<Py_ssize_t>(chain.size()));
+  if (out == nullptr) return nullptr;
+  for (size_t i = 0; i < chain.size(); i++) {
+    PyObject* frame = Py_BuildValue("(Oi)", chain[i].first, chain[i].second);
+    if (frame == nullptr) {
+      Py_DECREF(out);
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(out, i, frame);
+  }
   return out;
 }
 
 PyObject* py_failures(PyObject*, PyObject*) {
-  std::lock_guard<std::mutex> g(mu);
-  return Py_BuildValue("(Ks)", static_cast<unsigned long long>(failures.load()), last_failure.c_str());
+  std::string reason;
+  {
+    std::lock_guard<std::mutex> g(mu);
+    reason = last_failure;
+  }
+  return Py_BuildValue("(Ks)", static_cast<unsigned long long>(failures.load()), reason.c_str());
 }
 
 PyObject* py_costs(PyObject*, PyObject*) {
@@ -1095,8 +1110,12 @@ PyObject* py_costs(PyObject*, PyObject*) {
 }
 
 PyObject* py_planner_error(PyObject*, PyObject*) {
-  std::lock_guard<std::mutex> g(mu);
-  return PyUnicode_FromString(planner_error.c_str());
+  std::string error;
+  {
+    std::lock_guard<std::mutex> g(mu);
+    error = planner_error;
+  }
+  return PyUnicode_FromString(error.c_str());
 }
 
 // kernel_op(name) -> the op id of the kernel `name`'s pseudo-operator (PLAIN, no planned inputs:
