@@ -878,8 +878,10 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
 // it), and an operator none of whose memory is tracked changes nothing in either
 // (hb_tracker.cpp's op_items, feed_apply.py). Asking CUDA whether host memory is pinned costs about
 // 1.2 us a question, so a host item is asked at once only where its storage overlaps pinned memory
-// a recorded call touched (pinned_ranges, which holds all the host memory either engine may track,
-// and more: its ranges stay after their storages die, costing a question each at most). The others
+// a recorded call touched (pinned_ranges, which holds all the host memory the tracker's engine may
+// track, and more: a range stays after its storage dies, costing a question, and a record where
+// the memory there is pinned again; it is kept while the same tracker starts the log again, start's
+// `owner`, and forgotten for another). The others
 // are asked if the call is recorded after all (append), because it touches device memory or
 // memory asked about at once turned out pinned, or because at its end its memory overlaps pinned
 // memory a record appended meanwhile touched (another thread's upload of the same buffer, whose
