@@ -200,7 +200,9 @@ def run_seconds(report_name: str) -> dict[tuple[str, str], float]:
 
 
 def test_the_thirteen_round_h100_adamw_table_is_its_report_and_where_the_mlps_time_goes():
-    told = between("The steps users run, as this code runs them, on one H100", "With the code since (the log reads")
+    told = between(
+        "The steps users run, as the code at 74d31de runs them, on one H100", "With the code since (the log reads"
+    )
     report, _, mlp_paired = check_against_bars(told, H100_THIRTEEN_ROUNDS, ": on the MLP the bar is not met")
     assert mlp_paired == report[("mlp-adamw", "native")].paired
     assert "`reports/gpu/native_tests_adamw_h100_13rounds.log`" in told
