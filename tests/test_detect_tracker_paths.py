@@ -523,3 +523,67 @@ def test_the_log_as_cuda_trackers_records_no_host_only_call_asks_nothing_of_it_a
     assert after["pinned_asked"] - during["pinned_asked"] == 2  # the kernel's two host tensors
     assert len(records) == RECORD.size  # the kernel's, the only record
     assert torch._C._storage_Use_Count(state.untyped_storage()._cdata) == 2  # the tensor's, and this line's
+
+
+def test_the_pinned_ranges_merge_where_they_meet_and_belong_to_the_tracker_that_started_the_log():
+    """[Note: the host's own calls]: the pinned memory records touched is kept as ranges merged
+    where they meet or overlap, a range within one already there adding nothing; it is kept when
+    the same tracker (start's `owner`) starts the log again, and forgotten for another or none."""
+    from racecheck.detect import op_log
+    from racecheck.detect.dispatch import native_plan
+
+    log = op_log.load_required()
+
+    def start(owner):
+        log.start(native_plan, lambda: None, True, False, False, True, owner)
+        log.stop()
+
+    start(9_001)
+    assert log.pinned_ranges() == []
+    for r in ((100, 200), (300, 400)):
+        log.add_pinned_range(*r)
+    assert log.pinned_ranges() == [(100, 200), (300, 400)]
+    log.add_pinned_range(200, 300)  # meets both
+    assert log.pinned_ranges() == [(100, 400)]
+    log.add_pinned_range(150, 160)  # within
+    log.add_pinned_range(50, 120)  # overlaps the start
+    assert log.pinned_ranges() == [(50, 400)]
+    for r in ((500, 600), (450, 460), (455, 550)):  # the last overlaps both before it
+        log.add_pinned_range(*r)
+    assert log.pinned_ranges() == [(50, 400), (450, 600)]
+    with pytest.raises(ValueError, match="empty range"):
+        log.add_pinned_range(10, 10)
+    start(9_001)  # the same tracker again: kept
+    assert log.pinned_ranges() == [(50, 400), (450, 600)]
+    start(9_002)  # another: forgotten
+    assert log.pinned_ranges() == []
+    log.add_pinned_range(1, 2)
+    start(0)  # none given: forgotten
+    assert log.pinned_ranges() == []
+
+
+def test_the_log_as_cuda_trackers_asks_about_host_memory_that_overlaps_pinned_memory_records_touched():
+    """[Note: the host's own calls], on this CPU build: a host tensor whose memory overlaps pinned
+    memory a record touched is asked about at once, once a call (an in-place operator's argument and
+    result are one question), a view of it and another storage over part of it alike; a tensor
+    elsewhere is not; none being pinned here, the calls still make no record."""
+    from racecheck.detect import op_log
+    from racecheck.detect.dispatch import native_plan
+
+    log = op_log.load_required()
+    buf, elsewhere = torch.zeros(64), torch.zeros(64)
+    start = buf.untyped_storage().data_ptr()
+    log.start(native_plan, lambda: None, True, False, False, True, 9_003)
+    try:
+        log.add_pinned_range(start + 64, start + 128)  # as an upload of part of it would
+        before = log.costs()
+        buf.add_(1.0)
+        buf[20:].mul_(2.0)  # a view: the same storage
+        alias = torch.from_dlpack(buf[30:])  # another storage over its memory (torch asks is_pinned() of it)
+        alias.sub_(1.0)
+        elsewhere.add_(1.0)
+        after = log.costs()
+    finally:
+        log.stop()
+    assert after["pinned_asked"] - before["pinned_asked"] == 4  # add_, mul_, is_pinned, sub_
+    assert after["host_only"] - before["host_only"] == 5

@@ -415,8 +415,16 @@ void add_pinned_range_locked(uint64_t start, uint64_t end) {
 }
 
 // Asks CUDA whether a host item's memory is pinned (PyTorch's CUDA hooks: about 1.2 us a question
-// on an H100, reports/gpu/pinned_query_h100.log).
-void ask_pinned(Item& it) {
+// on an H100, reports/gpu/pinned_query_h100.log), unless the call already asked about its storage
+// (an in-place operator's argument and result, `buf.add_(1)`).
+void ask_pinned(Pending& p, Item& it) {
+  for (const Pending::Host& h : p.host) {
+    const Item& seen = p.items[h.index];
+    if (h.asked && seen.sptr == it.sptr) {
+      it.pinned = seen.pinned;
+      return;
+    }
+  }
   pinned_questions.fetch_add(1, std::memory_order_relaxed);
   it.pinned = at::detail::getCUDAHooks().isPinnedPtr(reinterpret_cast<const void*>(it.sptr)) ? 1 : 0;
 }
@@ -427,7 +435,7 @@ bool ask_now_tracked(Pending& p) {
   bool any = false;
   for (Pending::Host& h : p.host)
     if (!h.asked && host_may_be_tracked(p.items[h.index])) {
-      ask_pinned(p.items[h.index]);
+      ask_pinned(p, p.items[h.index]);
       h.asked = any = true;
     }
   return any;
@@ -472,7 +480,7 @@ void add_tensor(Pending& p, const at::Tensor& t, int8_t access) {
   }
   if (cuda_mode && it.device == 0) {  // [Note: the host's own calls]
     bool ask = host_may_be_tracked(it);
-    if (ask) ask_pinned(it);
+    if (ask) ask_pinned(p, it);
     p.items.push_back(it);
     p.host.push_back({p.items.size() - 1, storage, ask});
     return;
@@ -520,7 +528,7 @@ void host_frees_locked() {
 void append(int8_t type, Pending& p, int64_t extra) {
   for (Pending::Host& h : p.host)  // the record says of each host item whether it is pinned
     if (!h.asked) {
-      ask_pinned(p.items[h.index]);
+      ask_pinned(p, p.items[h.index]);
       h.asked = true;
     }
   std::lock_guard<std::mutex> g(mu);
@@ -1057,6 +1065,42 @@ PyObject* py_record(PyObject*, PyObject* args) {
   Py_RETURN_NONE;
 }
 
+// pinned_ranges() -> [(start, end), ...]; add_pinned_range(start, end): what the log holds of the
+// pinned memory records touched ([Note: the host's own calls]), and a range added as a record
+// touching pinned memory there adds it: for tests, which on a build without CUDA have no pinned
+// memory to touch.
+PyObject* py_pinned_ranges(PyObject*, PyObject*) {
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  {
+    std::lock_guard<std::mutex> g(mu);
+    ranges.assign(pinned_ranges.begin(), pinned_ranges.end());
+  }
+  PyObject* out = PyList_New(static_cast<Py_ssize_t>(ranges.size()));
+  if (out == nullptr) return nullptr;
+  for (size_t i = 0; i < ranges.size(); i++) {
+    PyObject* range = Py_BuildValue("(KK)", static_cast<unsigned long long>(ranges[i].first),
+                                    static_cast<unsigned long long>(ranges[i].second));
+    if (range == nullptr) {
+      Py_DECREF(out);
+      return nullptr;
+    }
+    PyList_SET_ITEM(out, i, range);
+  }
+  return out;
+}
+
+PyObject* py_add_pinned_range(PyObject*, PyObject* args) {
+  unsigned long long start, end;
+  if (!PyArg_ParseTuple(args, "KK", &start, &end)) return nullptr;
+  if (end <= start) {
+    PyErr_SetString(PyExc_ValueError, "add_pinned_range: an empty range");
+    return nullptr;
+  }
+  std::lock_guard<std::mutex> g(mu);
+  add_pinned_range_locked(start, end);
+  Py_RETURN_NONE;
+}
+
 PyObject* py_watch_host(PyObject*, PyObject* args) {
   int on;
   if (!PyArg_ParseTuple(args, "p", &on)) return nullptr;
@@ -1207,6 +1251,10 @@ PyMethodDef methods[] = {
      "record(on): with on False the hooks stay installed and record nothing (a benchmark's floor); start() turns "
      "recording on"},
     {"watch_host", py_watch_host, METH_VARARGS, "watch_host(on): keep weak references to host storages seen"},
+    {"pinned_ranges", py_pinned_ranges, METH_NOARGS,
+     "pinned_ranges() -> [(start, end), ...]: the pinned host memory records touched, merged where ranges meet"},
+    {"add_pinned_range", py_add_pinned_range, METH_VARARGS,
+     "add_pinned_range(start, end): as a record touching pinned memory there would (tests)"},
     {"frames", py_frames, METH_VARARGS, "frames(stack_id) -> ((code, lasti), ...), innermost first"},
     {"costs", py_costs, METH_NOARGS,
      "{'record': (calls, ns), 'gil': (stacks read, ns), 'walk': (stacks read, ns), 'trace': (CUDA trace events logged, "
