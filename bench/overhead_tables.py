@@ -152,8 +152,9 @@ def _split(where: str, name: str, rows: list[dict], med: dict) -> list[str]:
         record, stacks, drain = mid["record_us"] / 1e3, (mid["gil_us"] + mid["walk_us"]) / 1e3, mid["drain_us"] / 1e3
         rest = part["native"] - base - record - drain
         later, left_out = "", "the callbacks' clocks leave out (the stacks read at frees among it)"
-        if all(r.get(k) not in (None, "") for r in inside for k in LATER_PARTS):
-            trace, switch = (statistics.median(float(r[k]) for r in inside) / 1e3 for k in LATER_PARTS)
+        trace, switch = (_noted_median(inside, k) for k in LATER_PARTS)
+        if trace is not None and switch is not None:
+            trace, switch = trace / 1e3, switch / 1e3
             rest -= trace + switch
             later = (
                 f"; CUDA's trace callbacks (the frees' stacks among them) {trace:.3f}; turning RecordFunction off and "
@@ -172,12 +173,17 @@ def _split(where: str, name: str, rows: list[dict], med: dict) -> list[str]:
     return lines
 
 
+def _noted_median(runs: list[dict], key: str) -> float | None:
+    """The median of a column over runs, where every one of them noted it (NOTED_FIELDS)."""
+    if not runs or any(r.get(key) in (None, "") for r in runs):
+        return None
+    return statistics.median(float(r[key]) for r in runs)
+
+
 def _asked(inside: list[dict]) -> str:
     """How often a step asked CUDA whether host memory is pinned, where every native run noted it."""
-    if not inside or any(r.get("asked_per_step") in (None, "") for r in inside):
-        return ""
-    asked = statistics.median(float(r["asked_per_step"]) for r in inside)
-    return f", and CUDA was asked {asked:.0f} times whether host memory is pinned"
+    asked = _noted_median(inside, "asked_per_step")
+    return "" if asked is None else f", and CUDA was asked {asked:.0f} times whether host memory is pinned"
 
 
 def _workload_table(where: str, name: str, rows: list[dict], args) -> list[str]:

@@ -5,6 +5,7 @@ plans, and kernels launched below the dispatcher.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -492,21 +493,32 @@ def test_fake_and_meta_tensors_are_no_memory_on_every_path(name):
     assert t.ops == 2  # the real ones() and multiplication alone
 
 
+@contextlib.contextmanager
+def log_as_cuda_trackers(owner: int = 0):
+    """The native log started as a CUDA tracker's would be (no stacks, no trace; `owner` as start's),
+    on whatever build this is; stopped after."""
+    from racecheck.detect import op_log
+    from racecheck.detect.dispatch import native_plan
+
+    log = op_log.load_required()
+    log.start(native_plan, lambda: None, True, False, False, True, owner)  # planner, drainer, cuda, stacks, trace
+    try:
+        yield log
+    finally:
+        log.stop()
+
+
 def test_the_log_as_cuda_trackers_records_no_host_only_call_asks_nothing_of_it_and_keeps_no_storage():
     """[Note: the host's own calls] (op_log.cpp), on this CPU build: the log started as a CUDA
     tracker's sees only host memory no stream touched here, so it records none of the operators
     and asks CUDA nothing about their tensors; a kernel launch, recorded whatever its memory, asks
     about each of its host tensors once, at its record; no call holds its tensors' storages after
     it ends."""
-    from racecheck.detect import op_log
-    from racecheck.detect.dispatch import native_plan
     from racecheck.detect.feed_apply import RECORD
 
-    log = op_log.load_required()
     state = torch.zeros(16)
     step = torch.zeros(())
-    log.start(native_plan, lambda: None, True, False, False)  # planner, drainer, cuda, stacks, trace
-    try:
+    with log_as_cuda_trackers() as log:
         before = log.costs()
         step.add_(1.0)
         float(step.item())
@@ -516,8 +528,6 @@ def test_the_log_as_cuda_trackers_records_no_host_only_call_asks_nothing_of_it_a
         log.launch(kernel, 0, [step], [state])
         after = log.costs()
         records, _, _ = log.drain(0)
-    finally:
-        log.stop()
     assert during["host_only"] - before["host_only"] == 4  # add_, item, mul_, add_
     assert during["pinned_asked"] == before["pinned_asked"]
     assert after["pinned_asked"] - during["pinned_asked"] == 2  # the kernel's two host tensors
@@ -529,16 +539,12 @@ def test_the_pinned_ranges_merge_where_they_meet_and_belong_to_the_tracker_that_
     """[Note: the host's own calls]: the pinned memory records touched is kept as ranges merged
     where they meet or overlap, a range within one already there adding nothing; it is kept when
     the same tracker (start's `owner`) starts the log again, and forgotten for another or none."""
-    from racecheck.detect import op_log
-    from racecheck.detect.dispatch import native_plan
-
-    log = op_log.load_required()
 
     def start(owner):
-        log.start(native_plan, lambda: None, True, False, False, True, owner)
-        log.stop()
+        with log_as_cuda_trackers(owner) as started:
+            return started
 
-    start(9_001)
+    log = start(9_001)
     assert log.pinned_ranges() == []
     for r in ((100, 200), (300, 400)):
         log.add_pinned_range(*r)
@@ -567,14 +573,9 @@ def test_the_log_as_cuda_trackers_asks_about_host_memory_that_overlaps_pinned_me
     memory a record touched is asked about at once, once a call (an in-place operator's argument and
     result are one question), a view of it and another storage over part of it alike; a tensor
     elsewhere is not; none being pinned here, the calls still make no record."""
-    from racecheck.detect import op_log
-    from racecheck.detect.dispatch import native_plan
-
-    log = op_log.load_required()
     buf, elsewhere = torch.zeros(64), torch.zeros(64)
     start = buf.untyped_storage().data_ptr()
-    log.start(native_plan, lambda: None, True, False, False, True, 9_003)
-    try:
+    with log_as_cuda_trackers(9_003) as log:
         log.add_pinned_range(start + 64, start + 128)  # as an upload of part of it would
         before = log.costs()
         buf.add_(1.0)
@@ -583,7 +584,5 @@ def test_the_log_as_cuda_trackers_asks_about_host_memory_that_overlaps_pinned_me
         alias.sub_(1.0)
         elsewhere.add_(1.0)
         after = log.costs()
-    finally:
-        log.stop()
     assert after["pinned_asked"] - before["pinned_asked"] == 4  # add_, mul_, is_pinned, sub_
     assert after["host_only"] - before["host_only"] == 5

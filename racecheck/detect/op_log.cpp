@@ -391,9 +391,12 @@ bool host_may_be_tracked_locked(uint64_t start, uint64_t end) {
   return after != pinned_ranges.end() && after->first < end;
 }
 
+// The end of a host item's storage (an empty one: one byte, so that it has a place among ranges).
+uint64_t storage_end(const Item& it) { return it.sptr + std::max<uint64_t>(it.snbytes, 1); }
+
 bool host_may_be_tracked(const Item& it) {
   std::lock_guard<std::mutex> g(mu);
-  return host_may_be_tracked_locked(it.sptr, it.sptr + std::max<uint64_t>(it.snbytes, 1));
+  return host_may_be_tracked_locked(it.sptr, storage_end(it));
 }
 
 // [start, end) into pinned_ranges, merged with the ranges it meets. Under mu.
@@ -541,7 +544,7 @@ void append(int8_t type, Pending& p, int64_t extra) {
   for (const Pending::Host& h : p.host) {
     const Item& it = p.items[h.index];
     if (!it.pinned) continue;
-    add_pinned_range_locked(it.sptr, it.sptr + std::max<uint64_t>(it.snbytes, 1));
+    add_pinned_range_locked(it.sptr, storage_end(it));
     if (watching.load(std::memory_order_relaxed)) {
       c10::weak_intrusive_ptr<c10::StorageImpl> weak(h.storage.getWeakStorageImpl());
       auto [entry, fresh] = recent_host.try_emplace(it.sptr, weak);
@@ -889,11 +892,11 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
 // a recorded call touched (pinned_ranges, which holds all the host memory the tracker's engine may
 // track, and more: a range stays after its storage dies, costing a question, and a record where
 // the memory there is pinned again; it is kept while the same tracker starts the log again, start's
-// `owner`, and forgotten for another). The others
-// are asked if the call is recorded after all (append), because it touches device memory or
-// memory asked about at once turned out pinned, or because at its end its memory overlaps pinned
-// memory a record appended meanwhile touched (another thread's upload of the same buffer, whose
-// record the call's own then follows, as it would have). A call none of whose memory is device
+// `owner`, and forgotten for another). The others are asked if the call is recorded after all
+// (append), because it touches device memory or memory asked about at once turned out pinned, or
+// because at its end its memory overlaps pinned memory a record appended meanwhile touched
+// (another thread's upload of the same buffer, whose record the call's own then follows, as it
+// would have). A call none of whose memory is device
 // memory or pinned memory in pinned_ranges is left out: host work before a stream's first touch
 // of a buffer is ordered before that work by the program itself (it is enqueued after), so leaving
 // it out loses no race. The CPU tracker's memory is all stream memory: there every call is
@@ -915,8 +918,11 @@ void end_call(const at::RecordFunction& fn, Call& c) {
   const Plan& plan = p.op->plan;
   if (plan.returns >= 0)
     for (const c10::IValue& v : fn.outputs()) add_value(p, v, plan.returns);
-  if (cuda_mode && !streams_may_touch(p) && !(ask_now_tracked(p) && streams_may_touch(p))) {
-    host_only_calls.fetch_add(1, std::memory_order_relaxed);  // [Note: the host's own calls]
+  // [Note: the host's own calls]: asked again at its end, whether memory it left unasked is now
+  // pinned memory a record touched
+  bool touched = !cuda_mode || streams_may_touch(p) || (ask_now_tracked(p) && streams_may_touch(p));
+  if (!touched) {
+    host_only_calls.fetch_add(1, std::memory_order_relaxed);
     return;
   }
   // Its stack, read at its end rather than its start (a call that makes no record reads none):
