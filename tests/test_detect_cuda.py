@@ -332,6 +332,21 @@ def _pinned_alias_written_during_the_upload():
     return dst
 
 
+def _pinned_uploaded_through_an_alias_that_dies_first():
+    host = torch.zeros(N, pin_memory=True)
+    alias = torch.from_dlpack(host)  # another storage over the buffer's bytes, which keeps the buffer alive
+    dst, dst2 = torch.empty(N, device="cuda"), torch.empty(N, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        dst.copy_(alias, non_blocking=True)  # the buffer first seen through the alias
+        dst2.copy_(host, non_blocking=True)
+    del alias  # the buffer lives on, and stays tracked
+    host.fill_(3.0)  # while the uploads are queued
+    torch.cuda.synchronize()
+    return dst, dst2
+
+
 def _training_with_a_side_read():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.GELU(), torch.nn.Linear(256, 256)).cuda()
@@ -385,6 +400,7 @@ HOST_PROGRAMS = [
     _pinned_read_and_refill,
     _pinned_filled_before_the_upload,
     _pinned_alias_written_during_the_upload,
+    _pinned_uploaded_through_an_alias_that_dies_first,
     _training_with_a_side_read,
 ]
 

@@ -96,6 +96,40 @@ def test_a_host_refill_while_a_copy_from_the_buffer_is_queued_is_a_race(host_tra
     assert [r.kind for r in tracker.reports()] == [RaceKind.WRITE_AFTER_READ]
 
 
+@pytest.mark.parametrize("dies_first", ["alias", "buffer"])
+def test_a_pinned_buffer_seen_through_an_alias_is_freed_when_its_last_storage_dies(host_tracker, cur, dies_first):
+    """torch.from_dlpack makes a second storage over a buffer's bytes, which keeps the buffer
+    alive: the buffer stays tracked while either storage lives, whichever an upload read first and
+    whichever dies first, and is freed once both have died."""
+    tracker, pinned = host_tracker
+    host = pinned_buffer(pinned).fill_(1.0)
+    alias = torch.from_dlpack(host)  # a second storage starting at the buffer's first byte
+    assert alias.untyped_storage()._cdata != host.untyped_storage()._cdata
+    dst, dst2 = alloc(tracker, cur, DEFAULT), alloc(tracker, cur, DEFAULT)
+    record(tracker, 1, DEFAULT)
+    wait(tracker, 1, RS)
+    cur.current = RS
+    dst.copy_(alias, non_blocking=True)  # the buffer first seen through the alias
+    dst2.copy_(host, non_blocking=True)
+    cur.current = DEFAULT
+    start = host.data_ptr()
+    if dies_first == "alias":
+        del alias  # the buffer lives on
+        host.fill_(5.0)  # the host refills it while the uploads are queued
+    else:
+        del host  # the alias keeps the buffer, and its storage, alive
+        alias.fill_(5.0)
+    assert [r.kind for r in tracker.reports()] == [RaceKind.WRITE_AFTER_READ]
+    assert tracker.engine.allocation_at(start) is not None
+    tracker.handler._handle_device_synchronization()
+    del dst, dst2
+    if dies_first == "alias":
+        del host
+    else:
+        del alias
+    assert tracker.engine.allocation_at(start) is None  # freed with the last of its storages
+
+
 def test_blocking_copies_and_item_synchronize_the_host(host_tracker, cur):
     tracker, pinned = host_tracker
     src, out = alloc(tracker, cur, RS), alloc(tracker, cur, RS)

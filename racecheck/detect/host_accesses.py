@@ -31,6 +31,9 @@ class HostAccesses:
     def __init__(self) -> None:
         self._host_touched: dict[int, set] = {}  # host allocation start -> stream keys that touched it
         self._host_pinned: dict[int, bool] = {}  # tracked host allocations (all pinned)
+        # tracked host allocation start -> ids of the live storages seen starting there ([Note: host
+        # accesses]: the allocation is freed when the last of them dies)
+        self._host_storages: dict[int, set[int]] = {}
 
     def key(self, stream: int) -> int:
         raise NotImplementedError  # the tracker's: `stream`, known to the engine from now on
@@ -49,7 +52,11 @@ class HostAccesses:
     # synchronize; a blocking copy; `.item()`), and once it returns, work enqueued afterwards on
     # any stream follows it. A copy is asynchronous only when it is non_blocking and every host
     # tensor in it is pinned; any other copy returns once the stream has done it, so the host
-    # learns the stream complete. Host memory no stream ever touched is not tracked.
+    # learns the stream complete. Host memory no stream ever touched is not tracked. Several
+    # storages may start at the same host bytes (torch.from_dlpack of a pinned buffer makes a
+    # second one, which keeps the first alive): every one an operator touches there is watched, and
+    # the memory is freed when the last of them dies, not when an alias that died first does. An
+    # alias alone seen, dying before the buffer is touched through another storage, still frees it.
     def _fresh_host(self, t: torch.Tensor, is_write: bool, nbytes: int) -> tuple:
         """A host tensor no stream touched yet, as host_op takes it: (address, bytes, written,
         pinned, storage start, storage bytes, how to learn of the storage's death)."""
@@ -57,9 +64,31 @@ class HostAccesses:
         pinned = self.device_type != "cuda" or t.is_pinned()
 
         def watch(ptr: int) -> None:
-            weakref.finalize(storage, self.host_freed, ptr)
+            self._watch_storage(storage, ptr)
 
         return (t.data_ptr(), nbytes, is_write, pinned, storage.data_ptr(), storage.nbytes(), watch)
+
+    def seen_host(self, t: torch.Tensor, alloc) -> None:
+        """A tensor over the tracked host allocation `alloc`: its storage is watched too where it
+        starts there (an alias of the one first seen)."""
+        storage = t.untyped_storage()
+        if storage.data_ptr() == alloc.ptr:
+            self._watch_storage(storage, alloc.ptr)
+
+    def _watch_storage(self, storage, ptr: int) -> None:
+        alive = self._host_storages.setdefault(ptr, set())
+        if id(storage) not in alive:  # PyTorch keeps a storage's Python object as long as the storage
+            alive.add(id(storage))
+            weakref.finalize(storage, self._storage_died, ptr, id(storage))
+
+    def _storage_died(self, ptr: int, storage_id: int) -> None:
+        alive = self._host_storages.get(ptr)
+        if alive is None or storage_id not in alive:
+            return
+        alive.discard(storage_id)
+        if not alive:
+            del self._host_storages[ptr]
+            self.host_freed(ptr)
 
     def host_op(self, plan, items, fresh_host, stream, stack, non_blocking: bool) -> None:
         engine = self.engine

@@ -118,10 +118,14 @@ std::vector<std::unique_ptr<OpName>> ops;
 std::unordered_map<std::string, OpName*> kernel_ops;  // kernel name -> its pseudo-operator
 std::unordered_map<uint64_t, int64_t> frame_ids;  // chain hash -> frame id
 std::vector<Frames> frames;
-std::unordered_map<uint64_t, c10::weak_intrusive_ptr<c10::StorageImpl>> recent_host;  // seen this batch
+// The storages seen over the host memory at one start address: one, or several where storages
+// alias the same bytes (torch.from_dlpack of a pinned buffer, or of a slice at its start, makes a
+// second storage, which keeps the first alive). The memory there is freed when the last dies.
+using HostStorages = std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>>;
+std::unordered_map<uint64_t, HostStorages> recent_host;  // seen this batch
 // seen in the batch drained last: Python asks to watch them while it applies that batch
-std::unordered_map<uint64_t, c10::weak_intrusive_ptr<c10::StorageImpl>> drained_host;
-std::unordered_map<uint64_t, c10::weak_intrusive_ptr<c10::StorageImpl>> watched_host;  // tracked by Python
+std::unordered_map<uint64_t, HostStorages> drained_host;
+std::unordered_map<uint64_t, HostStorages> watched_host;  // tracked by Python
 // start -> end of the pinned host memory recorded calls touched, merged where ranges meet: a
 // superset of the host memory either engine may track ([Note: the host's own calls])
 std::map<uint64_t, uint64_t> pinned_ranges;
@@ -515,11 +519,29 @@ void set_stream(Pending& p) {
   p.stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(device).id();
 }
 
-// Storages Python tracks as host memory (pinned buffers) that died since the last check: a record
-// each, before the record being appended, so a free precedes the reuse of its bytes. Under mu.
+// The storage `weak` points to among the storages `seen` at its address, where it is not yet; the
+// dead ones dropped (a weak pointer keeps its storage's object, so the same target is the same
+// storage). Under mu: no storage is held, so none can die here.
+void add_storage_locked(HostStorages& seen, const c10::weak_intrusive_ptr<c10::StorageImpl>& weak) {
+  bool there = false;
+  for (auto it = seen.begin(); it != seen.end();) {
+    if (it->expired() && *it != weak) {
+      it = seen.erase(it);
+    } else {
+      there = there || *it == weak;
+      ++it;
+    }
+  }
+  if (!there) seen.push_back(weak);
+}
+
+// Host memory Python tracks (pinned buffers) whose storages all died since the last check: a
+// record each, before the record being appended, so a free precedes the reuse of its bytes; an
+// alias that died before the storage it aliases frees nothing. Under mu.
 void host_frees_locked() {
   for (auto it = watched_host.begin(); it != watched_host.end();) {
-    if (it->second.expired()) {
+    const HostStorages& seen = it->second;
+    if (std::all_of(seen.begin(), seen.end(), [](const auto& w) { return w.expired(); })) {
       records.push_back(make_record(HOST_FREED, -1, NO_STREAM, -1, -1, 0, 0, static_cast<int64_t>(it->first)));
       it = watched_host.erase(it);
     } else {
@@ -537,18 +559,20 @@ void append(int8_t type, Pending& p, int64_t extra) {
   std::lock_guard<std::mutex> g(mu);
   if (!watched_host.empty()) host_frees_locked();
   // Its pinned host memory, which the record may make tracked: watchable by Python from the batch
-  // that holds the record on, and asked about from now on ([Note: the host's own calls]). Under
-  // the lock that appends the record, so no drain comes between the two. The storages stay held
-  // until the call's end (Pending::host): one dying under this lock would report its free to the
-  // log, which takes the lock again.
+  // that holds the record on, and asked about from now on ([Note: the host's own calls]); a
+  // storage over memory Python already watches is watched with the others there, so the memory
+  // is freed only when they all die. Under the lock that appends the record, so no drain comes
+  // between the two. The storages stay held until the call's end (Pending::host): one dying under
+  // this lock would report its free to the log, which takes the lock again.
   for (const Pending::Host& h : p.host) {
     const Item& it = p.items[h.index];
     if (!it.pinned) continue;
     add_pinned_range_locked(it.sptr, storage_end(it));
     if (watching.load(std::memory_order_relaxed)) {
       c10::weak_intrusive_ptr<c10::StorageImpl> weak(h.storage.getWeakStorageImpl());
-      auto [entry, fresh] = recent_host.try_emplace(it.sptr, weak);
-      if (!fresh && entry->second.expired()) entry->second = std::move(weak);  // a dead storage's, at that address
+      add_storage_locked(recent_host[it.sptr], weak);
+      auto watched = watched_host.find(it.sptr);
+      if (watched != watched_host.end()) add_storage_locked(watched->second, weak);
     }
   }
   records.push_back(make_record(type, p.op->id, p.stream, p.device_index, p.frame, static_cast<uint32_t>(items.size()),
@@ -1019,17 +1043,23 @@ PyObject* py_drain(PyObject*, PyObject* args) {
   return Py_BuildValue("(NNN)", out_r, out_i, out_n);
 }
 
-// watch(storage ptr): Python tracks this host storage; its death becomes a HOST_FREED record.
+// watch(storage ptr): Python tracks the host memory this storage starts; the death of the last
+// storage seen there becomes a HOST_FREED record.
 PyObject* py_watch(PyObject*, PyObject* args) {
   unsigned long long sptr;
   if (!PyArg_ParseTuple(args, "K", &sptr)) return nullptr;
   std::lock_guard<std::mutex> g(mu);
-  auto it = drained_host.find(sptr);
-  if (it == drained_host.end()) {
-    it = recent_host.find(sptr);
-    if (it == recent_host.end()) Py_RETURN_FALSE;
+  // Every storage seen at that address in the batch Python applies and since: the memory is freed
+  // when the last of them dies (at once where they all died already).
+  bool seen = false;
+  for (auto* batch : {&drained_host, &recent_host}) {
+    auto it = batch->find(sptr);
+    if (it == batch->end()) continue;
+    HostStorages& watched = watched_host[sptr];
+    for (const auto& weak : it->second) add_storage_locked(watched, weak);
+    seen = true;
   }
-  watched_host.insert_or_assign(sptr, it->second);
+  if (!seen) Py_RETURN_FALSE;
   Py_RETURN_TRUE;
 }
 

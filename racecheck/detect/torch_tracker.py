@@ -328,6 +328,7 @@ class TorchRaceTracker(HostAccesses):
                         alloc = engine.allocation_at(ptr) or self._adopt(t, stack)
                 if alloc.stream is host:
                     touches_host = True
+                    self.seen_host(t, alloc)
                 if nbytes:
                     items.append((ptr, nbytes, is_write, alloc))
         if not items:
