@@ -341,6 +341,9 @@ def _pinned_uploaded_through_an_alias_that_dies_first():
     with torch.cuda.stream(side):
         dst.copy_(alias, non_blocking=True)  # the buffer first seen through the alias
         dst2.copy_(host, non_blocking=True)
+    count = torch.zeros((), device="cuda")
+    for _ in range(4200):  # enough operators that the native log hands the uploads to Python first
+        count.add_(1.0)
     del alias  # the buffer lives on, and stays tracked
     host.fill_(3.0)  # while the uploads are queued
     torch.cuda.synchronize()
