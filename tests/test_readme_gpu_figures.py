@@ -749,3 +749,19 @@ def test_the_figures_quoted_from_the_gpu_readme_are_there():
     ]
     assert [f for f in figures if not appears(f, report)] == []
     assert "5 repeats" in report and rounds_to("0.26", 3.07 / 11.94)
+
+
+def test_the_host_alias_tests_passed_on_a_gpu_and_failed_with_the_logs_fix_undone():
+    told = between("A pinned buffer stays tracked until the last storage", "## Beyond one machine")
+    assert "on an H100, `reports/gpu/native_tests_host_aliases_h100.log`" in told
+    log = text("gpu/native_tests_host_aliases_h100.log")
+    call1, call2, call3 = re.split(r"^## call \d.*$", log, flags=re.M)[1:]
+    # both engines passed the alias programs, with no failure
+    assert re.findall(r"^## RACECHECK_DETECT_ENGINE=(\w+)\n.*?^(\d+) passed, \d+ deselected", call1, re.M | re.S) == [
+        ("native", "5"),
+        ("python", "5"),
+    ]
+    assert "failed" not in call1 and "failed" in call2
+    # the program that makes the log drain first: passed as committed, failed with the log's fix undone
+    committed, undone = re.findall(r"^(\d+) (passed|failed), \d+ deselected", call3.split("## as committed")[1], re.M)
+    assert committed == ("2", "passed") and undone == ("2", "failed")
