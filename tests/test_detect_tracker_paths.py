@@ -586,3 +586,65 @@ def test_the_log_as_cuda_trackers_asks_about_host_memory_that_overlaps_pinned_me
         after = log.costs()
     assert after["pinned_asked"] - before["pinned_asked"] == 4  # add_, mul_, is_pinned, sub_
     assert after["host_only"] - before["host_only"] == 5
+
+
+def test_the_log_frees_host_memory_once_every_storage_seen_there_died():
+    """op_log.cpp's host storages, on this CPU build with its host memory taken for pinned memory
+    (answer_pinned) and a kernel's launches recording it: a storage at bytes whose storages all
+    died is a new allocation, whose first record the old one's free precedes, once, within a batch
+    or after Python watched it; an alias over a watched buffer's bytes (torch.from_dlpack) joins its
+    storages, and the free waits for the last of them."""
+    from racecheck.detect.feed_apply import HOST_FREED, KERNEL, RECORD
+
+    def logged(log) -> list[tuple[int, int]]:
+        records, _, _ = log.drain(0)
+        unpacked = (RECORD.unpack_from(records, at) for at in range(0, len(records), RECORD.size))
+        return [(r[0], r[-1] if r[0] == HOST_FREED else 0) for r in unpacked]
+
+    memory, elsewhere = bytearray(64), torch.zeros(16)
+    with log_as_cuda_trackers() as log:
+        log.watch_host(True)
+        log.answer_pinned(True)
+        try:
+            kernel = log.kernel_op("triton_poi_fused_upload_0")
+            a = torch.frombuffer(memory, dtype=torch.float32)  # a staging buffer
+            start = a.untyped_storage().data_ptr()
+            log.launch(kernel, 0, [a], [])
+            del a  # dropped, and its bytes handed out again within the batch
+            b = torch.frombuffer(memory, dtype=torch.float32)
+            log.launch(kernel, 0, [b], [])
+            log.launch(kernel, 0, [b], [])
+            assert logged(log) == [(KERNEL, 0), (HOST_FREED, start), (KERNEL, 0), (KERNEL, 0)]
+            assert log.watch(start)  # Python tracks it from the batch it applies
+            del b
+            c = torch.frombuffer(memory, dtype=torch.float32)
+            log.launch(kernel, 0, [c], [])
+            assert logged(log) == [(HOST_FREED, start), (KERNEL, 0)]  # once
+            assert log.watch(start)
+            alias = torch.from_dlpack(c)  # another storage over the same bytes, which keeps c's alive
+            assert alias.untyped_storage().data_ptr() == start
+            assert HOST_FREED not in {kind for kind, _ in logged(log)}  # from_dlpack's own calls on c, if any
+            log.launch(kernel, 0, [alias], [])
+            del alias
+            log.launch(kernel, 0, [c], [])
+            del c
+            log.launch(kernel, 0, [elsewhere], [])
+            assert logged(log) == [(KERNEL, 0), (KERNEL, 0), (HOST_FREED, start), (KERNEL, 0)]
+            # drained and not yet watched when it dies and its bytes are handed out again
+            d = torch.frombuffer(memory, dtype=torch.float32)
+            log.launch(kernel, 0, [d], [])
+            assert logged(log) == [(KERNEL, 0)]
+            del d
+            e = torch.frombuffer(memory, dtype=torch.float32)
+            log.launch(kernel, 0, [e], [])
+            assert log.watch(start)  # Python, applying the batch of d's record: e, seen at those bytes since
+            log.launch(kernel, 0, [e], [])
+            assert logged(log) == [(HOST_FREED, start), (KERNEL, 0), (KERNEL, 0)]
+            assert log.watch(start)  # e's, from the batch Python applies now
+            del e
+            log.launch(kernel, 0, [elsewhere], [])
+            log.launch(kernel, 0, [elsewhere], [])
+            assert logged(log) == [(HOST_FREED, start), (KERNEL, 0), (KERNEL, 0)]  # once
+        finally:
+            log.answer_pinned(None)
+            log.watch_host(False)

@@ -138,6 +138,9 @@ std::atomic<bool> active{false};
 std::atomic<bool> recording{true};
 bool with_results = true;  // whether RecordFunction gives the calls' results (start()'s `results`)
 std::atomic<bool> watching{false};
+// -1: CUDA is asked whether host memory is pinned; 0 or 1: the answer for all of it (answer_pinned:
+// tests on a CPU build, where no memory is pinned, stand in pinned buffers)
+std::atomic<int8_t> pinned_answer{-1};
 bool cuda_mode = false;  // streams from CUDA's current stream (else Python's)
 bool with_stacks = true;
 // Where recording's time goes (costs()): the clock is read a few times per call, tens of
@@ -433,7 +436,9 @@ void ask_pinned(Pending& p, Item& it) {
     }
   }
   pinned_questions.fetch_add(1, std::memory_order_relaxed);
-  it.pinned = at::detail::getCUDAHooks().isPinnedPtr(reinterpret_cast<const void*>(it.sptr)) ? 1 : 0;
+  int8_t answer = pinned_answer.load(std::memory_order_relaxed);
+  it.pinned = answer >= 0 ? answer
+                          : at::detail::getCUDAHooks().isPinnedPtr(reinterpret_cast<const void*>(it.sptr)) ? 1 : 0;
 }
 
 // Host items not asked yet whose memory a recorded call has touched pinned since the call began
@@ -519,35 +524,106 @@ void set_stream(Pending& p) {
   p.stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(device).id();
 }
 
+// Weak pointers to storages that the log lets go of under mu, dropped once mu is let go (a
+// ReleaseAfterUnlock declared before the lock): where a storage's destructor releases the Python
+// object the storage kept (PyObjectSlot on the torch releases before 2.13), the last weak pointer
+// to a dead storage runs that destructor, which takes the GIL, and a thread holding the GIL may be
+// waiting for mu.
+thread_local HostStorages released_storages;
+
+struct ReleaseAfterUnlock {
+  ReleaseAfterUnlock() = default;
+  ReleaseAfterUnlock(const ReleaseAfterUnlock&) = delete;
+  ReleaseAfterUnlock& operator=(const ReleaseAfterUnlock&) = delete;
+  // Taken out of released_storages first: what a release runs (Python, which may call operators
+  // that the log records) may let go of storages again. Its calls are the log's own, unobserved.
+  ~ReleaseAfterUnlock() {
+    if (released_storages.empty()) return;
+    HostStorages doomed;
+    doomed.swap(released_storages);
+    int& inside = this_thread_inside();
+    inside++;
+    {
+      at::RecordFunctionGuard unobserved(false);
+      doomed.clear();
+    }
+    inside--;
+  }
+};
+
+bool all_dead(const HostStorages& seen) {
+  return std::all_of(seen.begin(), seen.end(), [](const auto& weak) { return weak.expired(); });
+}
+
+// The dead storages of `seen` let go of (released_storages). Under mu.
+void drop_dead_locked(HostStorages& seen) {
+  for (auto it = seen.begin(); it != seen.end();) {
+    if (it->expired()) {
+      released_storages.push_back(std::move(*it));
+      it = seen.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+// The storages of `host`, let go of (released_storages). Under mu.
+void forget_host_locked(std::unordered_map<uint64_t, HostStorages>& host) {
+  for (auto& [start, seen] : host)
+    for (auto& weak : seen) released_storages.push_back(std::move(weak));
+  host.clear();
+}
+
 // The storage `weak` points to among the storages `seen` at its address, where it is not yet; the
 // dead ones dropped (a weak pointer keeps its storage's object, so the same target is the same
 // storage). Under mu: no storage is held, so none can die here.
 void add_storage_locked(HostStorages& seen, const c10::weak_intrusive_ptr<c10::StorageImpl>& weak) {
-  bool there = false;
-  for (auto it = seen.begin(); it != seen.end();) {
-    if (it->expired() && *it != weak) {
-      it = seen.erase(it);
-    } else {
-      there = there || *it == weak;
-      ++it;
-    }
-  }
-  if (!there) seen.push_back(weak);
+  drop_dead_locked(seen);
+  if (std::find(seen.begin(), seen.end(), weak) == seen.end()) seen.push_back(weak);
 }
 
 // Host memory Python tracks (pinned buffers) whose storages all died since the last check: a
 // record each, before the record being appended, so a free precedes the reuse of its bytes; an
-// alias that died before the storage it aliases frees nothing. Under mu.
+// alias that died before the storage it aliases frees nothing. The dead storages seen there in
+// this batch and the one Python applies go too, so the free is logged once (freed_since_seen_locked).
+// Under mu.
 void host_frees_locked() {
   for (auto it = watched_host.begin(); it != watched_host.end();) {
-    const HostStorages& seen = it->second;
-    if (std::all_of(seen.begin(), seen.end(), [](const auto& w) { return w.expired(); })) {
+    if (all_dead(it->second)) {
       records.push_back(make_record(HOST_FREED, -1, NO_STREAM, -1, -1, 0, 0, static_cast<int64_t>(it->first)));
+      for (auto* batch : {&recent_host, &drained_host}) {
+        auto seen = batch->find(it->first);
+        if (seen != batch->end()) drop_dead_locked(seen->second);
+      }
+      for (auto& weak : it->second) released_storages.push_back(std::move(weak));
       it = watched_host.erase(it);
     } else {
       ++it;
     }
   }
+}
+
+// Whether the memory at `start` was freed since storages were seen there: every one seen in this
+// batch or the batch Python applies died (watched ones all dead were freed by host_frees_locked,
+// which runs first), so a storage there now is a new allocation of the same block. Python may
+// track the old one from a record before (a staging buffer uploaded, dropped and allocated again
+// in one batch): its free goes into the log before the new storage's first record, once, as the
+// dead storages are let go of here. An empty list (its dead let go of already) is no storage seen.
+// Under mu.
+bool freed_since_seen_locked(uint64_t start) {
+  bool seen = false;
+  for (auto* host : {&recent_host, &drained_host}) {
+    auto at = host->find(start);
+    if (at == host->end() || at->second.empty()) continue;
+    if (!all_dead(at->second)) return false;
+    seen = true;
+  }
+  if (!seen) return false;
+  for (auto* batch : {&recent_host, &drained_host}) {
+    auto at = batch->find(start);
+    if (at != batch->end()) drop_dead_locked(at->second);
+  }
+  return true;
 }
 
 void append(int8_t type, Pending& p, int64_t extra) {
@@ -556,6 +632,7 @@ void append(int8_t type, Pending& p, int64_t extra) {
       ask_pinned(p, p.items[h.index]);
       h.asked = true;
     }
+  ReleaseAfterUnlock release;
   std::lock_guard<std::mutex> g(mu);
   if (!watched_host.empty()) host_frees_locked();
   // Its pinned host memory, which the record may make tracked: watchable by Python from the batch
@@ -569,6 +646,8 @@ void append(int8_t type, Pending& p, int64_t extra) {
     if (!it.pinned) continue;
     add_pinned_range_locked(it.sptr, storage_end(it));
     if (watching.load(std::memory_order_relaxed)) {
+      if (freed_since_seen_locked(it.sptr))
+        records.push_back(make_record(HOST_FREED, -1, NO_STREAM, -1, -1, 0, 0, static_cast<int64_t>(it.sptr)));
       c10::weak_intrusive_ptr<c10::StorageImpl> weak(h.storage.getWeakStorageImpl());
       add_storage_locked(recent_host[it.sptr], weak);
       auto watched = watched_host.find(it.sptr);
@@ -976,13 +1055,14 @@ PyObject* py_start(PyObject*, PyObject* args) {
   cuda_mode = cuda != 0;
   with_stacks = stacks != 0;
   {
+    ReleaseAfterUnlock release;
     std::lock_guard<std::mutex> g(mu);  // the plans stay: they depend on the operator alone
     records.clear();
     items.clear();
     if (owner == 0 || owner != host_owner) {  // another tracker's engine: none of it is tracked
-      recent_host.clear();
-      drained_host.clear();
-      watched_host.clear();
+      forget_host_locked(recent_host);
+      forget_host_locked(drained_host);
+      forget_host_locked(watched_host);
       pinned_ranges.clear();
     }
     host_owner = owner;
@@ -1019,12 +1099,13 @@ PyObject* py_drain(PyObject*, PyObject* args) {
   {
     // Taken over by a swap, so threads that record wait for no copy (the log's arrays grow again
     // from empty: a few reallocations a batch).
+    ReleaseAfterUnlock release;
     std::lock_guard<std::mutex> g(mu);
     if (!watched_host.empty()) host_frees_locked();
     rs.swap(records);
     is.swap(items);
+    forget_host_locked(drained_host);
     drained_host.swap(recent_host);  // watchable while Python applies the batch
-    recent_host.clear();
     for (size_t i = static_cast<size_t>(known); i < ops.size(); i++) names.emplace_back(ops[i]->name, ops[i]->overload);
   }
   PyObject* out_r = PyBytes_FromStringAndSize(reinterpret_cast<const char*>(rs.data()),
@@ -1048,6 +1129,7 @@ PyObject* py_drain(PyObject*, PyObject* args) {
 PyObject* py_watch(PyObject*, PyObject* args) {
   unsigned long long sptr;
   if (!PyArg_ParseTuple(args, "K", &sptr)) return nullptr;
+  ReleaseAfterUnlock release;
   std::lock_guard<std::mutex> g(mu);
   // Every storage seen at that address in the batch Python applies and since: the memory is freed
   // when the last of them dies (at once where they all died already).
@@ -1055,9 +1137,10 @@ PyObject* py_watch(PyObject*, PyObject* args) {
   for (auto* batch : {&drained_host, &recent_host}) {
     auto it = batch->find(sptr);
     if (it == batch->end()) continue;
+    seen = true;
+    if (it->second.empty()) continue;  // its storages died, and their free is logged: nothing to watch
     HostStorages& watched = watched_host[sptr];
     for (const auto& weak : it->second) add_storage_locked(watched, weak);
-    seen = true;
   }
   if (!seen) Py_RETURN_FALSE;
   Py_RETURN_TRUE;
@@ -1077,6 +1160,7 @@ PyObject* py_note(PyObject*, PyObject* args) {
   }
   if (!active.load() || !recording.load()) Py_RETURN_NONE;
   int64_t frame = type == FREED ? stack_id() : -1;
+  ReleaseAfterUnlock release;
   std::lock_guard<std::mutex> g(mu);
   if (!watched_host.empty()) host_frees_locked();
   uint32_t count = ptr >= 0 ? 1 : 0;
@@ -1134,6 +1218,17 @@ PyObject* py_add_pinned_range(PyObject*, PyObject* args) {
   }
   std::lock_guard<std::mutex> g(mu);
   add_pinned_range_locked(start, end);
+  Py_RETURN_NONE;
+}
+
+// answer_pinned(answer): None, CUDA is asked whether host memory is pinned; True or False, the
+// answer for all host memory from now on (tests on a CPU build).
+PyObject* py_answer_pinned(PyObject*, PyObject* args) {
+  PyObject* answer;
+  if (!PyArg_ParseTuple(args, "O", &answer)) return nullptr;
+  int pinned = answer == Py_None ? -1 : PyObject_IsTrue(answer);
+  if (pinned == -1 && PyErr_Occurred()) return nullptr;
+  pinned_answer.store(static_cast<int8_t>(pinned));
   Py_RETURN_NONE;
 }
 
@@ -1291,6 +1386,9 @@ PyMethodDef methods[] = {
      "pinned_ranges() -> [(start, end), ...]: the pinned host memory records touched, merged where ranges meet"},
     {"add_pinned_range", py_add_pinned_range, METH_VARARGS,
      "add_pinned_range(start, end): as a record touching pinned memory there would (tests)"},
+    {"answer_pinned", py_answer_pinned, METH_VARARGS,
+     "answer_pinned(answer): None asks CUDA whether host memory is pinned; True or False answers for all of it "
+     "(tests)"},
     {"frames", py_frames, METH_VARARGS, "frames(stack_id) -> ((code, lasti), ...), innermost first"},
     {"costs", py_costs, METH_NOARGS,
      "{'record': (calls, ns), 'gil': (stacks read, ns), 'walk': (stacks read, ns), 'trace': (CUDA trace events logged, "
