@@ -526,9 +526,9 @@ void set_stream(Pending& p) {
 
 // Weak pointers to storages that the log lets go of under mu, dropped once mu is let go (a
 // ReleaseAfterUnlock declared before the lock): where a storage's destructor releases the Python
-// object the storage kept (PyObjectSlot on the torch releases before 2.13), the last weak pointer
-// to a dead storage runs that destructor, which takes the GIL, and a thread holding the GIL may be
-// waiting for mu.
+// object the storage kept (PyObjectSlot's destructor on older torch releases; not on 2.11 or
+// 2.13), the last weak pointer to a dead storage runs that destructor, which takes the GIL, and a
+// thread holding the GIL may be waiting for mu.
 thread_local HostStorages released_storages;
 
 struct ReleaseAfterUnlock {
