@@ -1,6 +1,7 @@
-"""What asking CUDA whether host memory is pinned costs, per query: the native log asks it for each
-host tensor of a recorded call on CUDA (op_log.cpp's add_tensor, through PyTorch's CUDA hooks, as
-`Tensor.is_pinned()` does), and AdamW's step counts on the host are about fifty such tensors a step.
+"""What asking CUDA whether host memory is pinned costs, per query: the native log asks it, through
+PyTorch's CUDA hooks as `Tensor.is_pinned()` does, about host tensors on CUDA where the answer may
+matter (op_log.cpp's ask_pinned, [Note: the host's own calls]); asked of every host tensor of a
+call, as it once was, AdamW's step counts on the host made about fifty questions a step.
 
     python bench/pinned_query.py      # on a GPU machine; prints one line per case
 

@@ -567,11 +567,29 @@ void drop_dead_locked(HostStorages& seen) {
   }
 }
 
+// The storages of `seen`, let go of (released_storages). Under mu.
+void release_locked(HostStorages& seen) {
+  for (auto& weak : seen) released_storages.push_back(std::move(weak));
+  seen.clear();
+}
+
 // The storages of `host`, let go of (released_storages). Under mu.
 void forget_host_locked(std::unordered_map<uint64_t, HostStorages>& host) {
-  for (auto& [start, seen] : host)
-    for (auto& weak : seen) released_storages.push_back(std::move(weak));
+  for (auto& [start, seen] : host) release_locked(seen);
   host.clear();
+}
+
+// The dead storages seen at `start` in this batch and the batch Python applies, let go of. Under mu.
+void drop_dead_seen_locked(uint64_t start) {
+  for (auto* batch : {&recent_host, &drained_host}) {
+    auto at = batch->find(start);
+    if (at != batch->end()) drop_dead_locked(at->second);
+  }
+}
+
+// A HOST_FREED record: the host memory at `start`, which Python may track, was freed. Under mu.
+void log_host_freed_locked(uint64_t start) {
+  records.push_back(make_record(HOST_FREED, -1, NO_STREAM, -1, -1, 0, 0, static_cast<int64_t>(start)));
 }
 
 // The storage `weak` points to among the storages `seen` at its address, where it is not yet; the
@@ -590,12 +608,9 @@ void add_storage_locked(HostStorages& seen, const c10::weak_intrusive_ptr<c10::S
 void host_frees_locked() {
   for (auto it = watched_host.begin(); it != watched_host.end();) {
     if (all_dead(it->second)) {
-      records.push_back(make_record(HOST_FREED, -1, NO_STREAM, -1, -1, 0, 0, static_cast<int64_t>(it->first)));
-      for (auto* batch : {&recent_host, &drained_host}) {
-        auto seen = batch->find(it->first);
-        if (seen != batch->end()) drop_dead_locked(seen->second);
-      }
-      for (auto& weak : it->second) released_storages.push_back(std::move(weak));
+      log_host_freed_locked(it->first);
+      drop_dead_seen_locked(it->first);
+      release_locked(it->second);
       it = watched_host.erase(it);
     } else {
       ++it;
@@ -619,10 +634,7 @@ bool freed_since_seen_locked(uint64_t start) {
     seen = true;
   }
   if (!seen) return false;
-  for (auto* batch : {&recent_host, &drained_host}) {
-    auto at = batch->find(start);
-    if (at != batch->end()) drop_dead_locked(at->second);
-  }
+  drop_dead_seen_locked(start);
   return true;
 }
 
@@ -646,8 +658,7 @@ void append(int8_t type, Pending& p, int64_t extra) {
     if (!it.pinned) continue;
     add_pinned_range_locked(it.sptr, storage_end(it));
     if (watching.load(std::memory_order_relaxed)) {
-      if (freed_since_seen_locked(it.sptr))
-        records.push_back(make_record(HOST_FREED, -1, NO_STREAM, -1, -1, 0, 0, static_cast<int64_t>(it.sptr)));
+      if (freed_since_seen_locked(it.sptr)) log_host_freed_locked(it.sptr);
       c10::weak_intrusive_ptr<c10::StorageImpl> weak(h.storage.getWeakStorageImpl());
       add_storage_locked(recent_host[it.sptr], weak);
       auto watched = watched_host.find(it.sptr);
