@@ -83,6 +83,10 @@ H100_THIRTEEN_ROUNDS = (
     "gpu/detector_overhead_native_adamw_h100_13rounds.md",
     "gpu/detector_overhead_native_adamw_h100_13rounds.log",
 )
+H100_TWENTY_FOUR_ROUNDS = (
+    "gpu/detector_overhead_native_adamw_h100_24rounds.md",
+    "gpu/detector_overhead_native_adamw_h100_24rounds.log",
+)
 H200_TEN_ROUNDS = (
     "gpu/detector_overhead_native_adamw_h200_10rounds.md",
     "gpu/detector_overhead_native_adamw_h200_10rounds.log",
@@ -261,7 +265,7 @@ def test_the_sixteen_round_h200_adamw_table_is_its_report_with_the_fsdp2_step_at
 
 
 def test_the_h200_call_of_the_hooks_beside_the_mlp_and_of_the_cuda_tests_is_its_report():
-    told = between("The call before them on the same machine", "The steps users run, as the code at 74d31de")
+    told = between("The call before them on the same machine", "The same steps, as the code at c7ce000")
     assert "`reports/gpu/detector_overhead_native_mlp_hooks_h200.{md,csv,log}`, `_runs.csv`" in told
     native, paired, args, results, recording, applying = said_in(
         told,
@@ -287,6 +291,37 @@ def test_the_h200_call_of_the_hooks_beside_the_mlp_and_of_the_cuda_tests_is_its_
     assert re.findall(r"^(\d+) passed", text("gpu/native_tests_mlp_hooks_h200.log"), re.M) == list(counts)
     cuda_tests = (ROOT / "tests" / "test_detect_cuda.py").read_text()
     assert "def test_torch_tracker_paths_agree_where_the_log_makes_no_record_of_the_host_own_calls(" in cuda_tests
+
+
+def test_the_twenty_four_round_h100_adamw_table_is_its_report_with_the_mlp_above_the_bar():
+    told = between(
+        "The same steps, as the code at c7ce000 runs them, on one H100", "The steps users run, as the code at 74d31de"
+    )
+    report, mlp, mlp_paired = check_against_bars(
+        told, H100_TWENTY_FOUR_ROUNDS, r": on this machine the MLP's bar is not met"
+    )
+    assert (
+        check_adamw_call(told, H100_TWENTY_FOUR_ROUNDS) == 24 and mlp_paired == report[("mlp-adamw", "native")].paired
+    )
+    # the first call's CUDA tests: each engine's count, none failed
+    counts = said_in(
+        told, r"passed on both engines \((\d+) and (\d+); `reports/gpu/native_tests_adamw_h100_24rounds\.log`\)"
+    )
+    check_engine_tests("gpu/native_tests_adamw_h100_24rounds.log")
+    assert re.findall(r"^(\d+) passed", text("gpu/native_tests_adamw_h100_24rounds.log"), re.M) == list(counts)
+    # what the native path added to the MLP here and on the H200's sixteen rounds, over their plain steps
+    over, plain, over_h200, plain_h200, *alone = said_in(
+        told,
+        r"added ([\d.]+) ms to the MLP's step here, over a plain step of ([\d.]+) ms, against ([\d.]+) ms\s+over "
+        r"([\d.]+) on the H200 above, and the three calls alone gave the MLP ([\d.]+)x, ([\d.]+)x and ([\d.]+)x",
+    )
+    assert (over, plain) == (inside(H100_TWENTY_FOUR_ROUNDS[0], "mlp-adamw")[0], report[("mlp-adamw", "plain")].median)
+    sixteen = md_tables(H200_SIXTEEN_ROUNDS[0])
+    assert (over_h200, plain_h200) == (
+        inside(H200_SIXTEEN_ROUNDS[0], "mlp-adamw")[0],
+        sixteen[("mlp-adamw", "plain")].median,
+    )
+    assert [slowdown for slowdown, _ in calls_alone(H100_TWENTY_FOUR_ROUNDS[1], "mlp-adamw")] == alone
 
 
 def test_the_thirteen_round_h100_adamw_table_is_its_report_and_where_the_mlps_time_goes():
