@@ -52,7 +52,16 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from overhead_tables import MODES, README_END, README_START, false_alarms, read_runs, readme_table, write_outputs  # noqa: E402
+from overhead_tables import (  # noqa: E402
+    MODES,
+    README_END,
+    README_START,
+    UNRECORDED,
+    false_alarms,
+    read_runs,
+    readme_table,
+    write_outputs,
+)
 from overhead_workloads import WORKLOADS, add_workload_options, build, init_world, uses_world  # noqa: E402
 from readme_block import splice  # noqa: E402
 
@@ -134,6 +143,10 @@ def _per_step(before: dict | None, after: dict | None, steps: int) -> dict:
     out["observed_per_step"] = sum(seen) / steps
     # calls that made a record: those recorded from their start, less the host's own ones that made none
     out["recorded_per_step"] = (seen[3] - (after.get("host_only", 0) - before.get("host_only", 0))) / steps
+    if "host_only" in after:  # what became of the calls not recorded (logs from before lack host_only)
+        host_only = after["host_only"] - before.get("host_only", 0)
+        for field, n in zip(UNRECORDED, (*seen[:3], host_only), strict=True):
+            out[field] = n / steps
     if "pinned_asked" in after:  # host items CUDA was asked about, whether pinned (logs from before lack it)
         out["asked_per_step"] = (after["pinned_asked"] - before["pinned_asked"]) / steps
     return out

@@ -44,9 +44,14 @@ RUN_FIELDS = ("workload", "optimizer", "mode", "pinned", "repeat", "iters", "ms_
 # parts measured inside a native run: CUDA's trace callbacks (the frees' stacks among them) and
 # turning RecordFunction off and on around callees, and how often a native run asked CUDA whether
 # host memory is pinned.
+# What became of the calls RecordFunction showed the log that made no record, per step (op_log.cpp's
+# Seen): callees of a recorded call, seen before RecordFunction was turned off around them;
+# transparent operators, whose callees are recorded in their place; operators that touch no tensor
+# data (views, empty tensors); the host's own calls on host memory that make no record.
+UNRECORDED = ("callees_per_step", "transparent_per_step", "skipped_per_step", "host_only_per_step")
 NOTED_FIELDS = (
     ("position", "repeat"), ("run_s", "ms_per_step"), ("switch_us", "drain_us"), ("trace_us", "drain_us"),
-    ("asked_per_step", "recorded_per_step"),
+    ("asked_per_step", "recorded_per_step"), *zip(UNRECORDED, ("observed_per_step", *UNRECORDED[:-1]), strict=True),
 )  # fmt: skip
 LATER_PARTS = ("trace_us", "switch_us")
 
@@ -168,7 +173,7 @@ def _split(where: str, name: str, rows: list[dict], med: dict) -> list[str]:
             f"{later}; the rest of the native path's {part['native'] - base:.3f} ms over plain, PyTorch's hooks "
             f"(RecordFunction boxing every operator's arguments, CUDA's trace) and what {left_out}, {rest:.3f}. "
             f"RecordFunction showed the log {mid['observed_per_step']:.0f} calls per step, "
-            f"{mid['recorded_per_step']:.0f} of them recorded{_asked(inside)}."
+            f"{mid['recorded_per_step']:.0f} of them recorded{_asked(inside)}.{_unrecorded(inside)}"
         )
     return lines
 
@@ -184,6 +189,20 @@ def _asked(inside: list[dict]) -> str:
     """How often a step asked CUDA whether host memory is pinned, where every native run noted it."""
     asked = _noted_median(inside, "asked_per_step")
     return "" if asked is None else f", and CUDA was asked {asked:.0f} times whether host memory is pinned"
+
+
+def _unrecorded(inside: list[dict]) -> str:
+    """What became of the calls that made no record (UNRECORDED), where every native run noted it."""
+    counts = [_noted_median(inside, field) for field in UNRECORDED]
+    if None in counts:
+        return ""
+    callees, transparent, skipped, host_only = counts
+    return (
+        f" Of the others, {callees:.0f} were callees of recorded calls seen before RecordFunction was turned off "
+        f"around them, {transparent:.0f} transparent operators (their callees recorded in their place), "
+        f"{skipped:.0f} operators that touch no tensor data (views, empty tensors) and {host_only:.0f} the host's "
+        "own calls on host memory: RecordFunction boxed the arguments and results of each."
+    )
 
 
 def _workload_table(where: str, name: str, rows: list[dict], args) -> list[str]:

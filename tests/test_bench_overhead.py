@@ -193,6 +193,25 @@ def test_the_parts_measured_inside_the_native_runs_tell_the_stacks_apart_from_re
     with open(tmp_path / "detector_overhead_native_runs.csv", newline="") as fh:
         header = next(csv.reader(fh))
     assert header[header.index("recorded_per_step") + 1] == "asked_per_step"
+    # runs that also counted what became of the calls that made no record: told after the questions,
+    # and in the runs CSV after the calls observed
+    unrecorded = {"callees_per_step": 11.0, "transparent_per_step": 60.0, "skipped_per_step": 200.0,
+                  "host_only_per_step": 10.0}  # fmt: skip
+    native = {**_run("mlp-adamw", "native", 0, 3.8), **parts, "asked_per_step": 0.0, **unrecorded}
+    (line,) = [
+        x for x in tables.write_outputs(tmp_path, [_run("mlp-adamw", "plain", 0, 3.0), native], _args())
+        if x.startswith("Measured inside")
+    ]  # fmt: skip
+    assert line.endswith(
+        "57 of them recorded, and CUDA was asked 0 times whether host memory is pinned. Of the others, 11 were callees "
+        "of recorded calls seen before RecordFunction was turned off around them, 60 transparent operators (their "
+        "callees recorded in their place), 200 operators that touch no tensor data (views, empty tensors) and 10 the "
+        "host's own calls on host memory: RecordFunction boxed the arguments and results of each."
+    )
+    with open(tmp_path / "detector_overhead_native_runs.csv", newline="") as fh:
+        header = next(csv.reader(fh))
+    at = header.index("observed_per_step")
+    assert header[at : at + 7] == ["observed_per_step", *unrecorded, "recorded_per_step", "asked_per_step"]
 
 
 def test_a_report_on_the_correct_steps_is_named_a_false_alarm(tables):
@@ -263,7 +282,13 @@ def test_a_native_run_counts_as_recorded_the_calls_that_made_a_record(monkeypatc
              "pinned_asked": 43}  # fmt: skip
     got = bench._per_step(before, after, steps=10)
     assert got["observed_per_step"] == 10.0 and got["recorded_per_step"] == 2.0
+    # the calls that made no record, by what became of them: they and the recorded add up to those observed
+    unrecorded = [
+        got[k] for k in ("callees_per_step", "transparent_per_step", "skipped_per_step", "host_only_per_step")
+    ]
+    assert unrecorded == [1.0, 2.0, 3.0, 2.0] and sum(unrecorded) + got["recorded_per_step"] == got["observed_per_step"]
     assert (got["trace_us"], got["switch_us"], got["asked_per_step"]) == (5.0, 2.0, 4.0)
     older = {k: v for k, v in after.items() if k not in ("host_only", "trace", "switch", "pinned_asked")}
     got = bench._per_step({**parts, "seen": (0, 0, 0, 0)}, older, steps=10)
     assert got["recorded_per_step"] == 4.0 and "trace_us" not in got and "asked_per_step" not in got
+    assert "callees_per_step" not in got

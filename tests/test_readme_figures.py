@@ -208,3 +208,31 @@ NAMED_ONLY = (
     "gpu/modern_code_runs",  # the run folders behind gpu/modern_code.csv
     "gpu/native_tests_x1",  # named for the CUDA tests that passed, with no figure quoted
 )
+
+
+def test_the_cpu_counts_of_the_calls_that_made_no_record_are_their_report():
+    """The FSDP2 step's calls a step on the CPU, by what became of them, as the report's split line
+    gives them (medians of its native runs), and the runs CSV has a column for each."""
+    observed, recorded, callees, transparent, skipped = quoted(
+        r"the FSDP2 step's (\d+) calls a step were (\d+) recorded, (\d+) callees, (\d+) transparent\s+and (\d+) "
+        r"that touch no data: `reports/detector_overhead_native_calls_cpu\.\{md,log\}`, `_runs\.csv`"
+    )
+    part = text("detector_overhead_native_calls_cpu.md").split("### fsdp2-adamw:")[1]
+    said = re.search(
+        r"RecordFunction showed the log (\d+) calls per step, (\d+) of them recorded\. Of the others, (\d+) were "
+        r"callees of recorded calls .*?, (\d+) transparent operators .*?, (\d+) operators that touch no tensor data "
+        r".*? and (\d+) the host's own calls",
+        part,
+    ).groups()
+    assert said == (observed, recorded, callees, transparent, skipped, "0")
+    assert sum(map(int, said[1:])) == int(observed)
+    runs = [
+        r for r in rows("detector_overhead_native_calls_cpu_runs.csv")
+        if (r["workload"], r["mode"]) == ("fsdp2-adamw", "native") and int(r["repeat"]) >= 0
+    ]  # fmt: skip
+    assert len(runs) == 3
+    for field, figure in zip(
+        ("observed", "callees", "transparent", "skipped"), (observed, callees, transparent, skipped), strict=True
+    ):
+        assert f"{statistics.median(float(r[f'{field}_per_step']) for r in runs):.0f}" == figure, field
+    assert "--repeats 3" in text("detector_overhead_native_calls_cpu.log").splitlines()[0]
