@@ -42,8 +42,9 @@ RUN_FIELDS = ("workload", "optimizer", "mode", "pinned", "repeat", "iters", "ms_
 # Columns that only the runs measured since they were added note, each placed after its neighbour:
 # a run's place in its round, the seconds its process took from its start to its result, two
 # parts measured inside a native run: CUDA's trace callbacks (the frees' stacks among them) and
-# turning RecordFunction off and on around callees, and how often a native run asked CUDA whether
-# host memory is pinned.
+# turning RecordFunction off and on around callees, how often a native run asked CUDA whether
+# host memory is pinned, and what became of the calls that made no record (UNRECORDED).
+#
 # What became of the calls RecordFunction showed the log that made no record, per step (op_log.cpp's
 # Seen): callees of a recorded call, seen before RecordFunction was turned off around them;
 # transparent operators, whose callees are recorded in their place; operators that touch no tensor
