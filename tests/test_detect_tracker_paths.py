@@ -570,9 +570,9 @@ def test_the_pinned_ranges_merge_where_they_meet_and_belong_to_the_tracker_that_
 
 def test_the_log_as_cuda_trackers_asks_about_host_memory_that_overlaps_pinned_memory_records_touched():
     """[Note: the host's own calls], on this CPU build: a host tensor whose memory overlaps pinned
-    memory a record touched is asked about at once, once a call (an in-place operator's argument and
-    result are one question), a view of it and another storage over part of it alike; a tensor
-    elsewhere is not; none being pinned here, the calls still make no record."""
+    memory a record touched is asked about at the call's end, once a call (an in-place operator's
+    argument and result are one question), a view of it and another storage over part of it alike;
+    a tensor elsewhere is not; none being pinned here, the calls still make no record."""
     buf, elsewhere = torch.zeros(64), torch.zeros(64)
     start = buf.untyped_storage().data_ptr()
     with log_as_cuda_trackers(9_003) as log:

@@ -368,13 +368,14 @@ struct Pending {  // one call between its start and end callbacks
   int64_t non_blocking = 0;
   std::vector<Item> items;
   // Its host items on CUDA, with their storages, held until the call's end: whether each is pinned
-  // is asked at once only where the answer may matter ([Note: the host's own calls]). A host
-  // storage the call itself let go (`x.set_(...)`) dies there, after the call's record, where
-  // the pinned-memory allocator's events for it are logged.
+  // is asked at its record or at its end, only where the answer may matter ([Note: the host's own
+  // calls]). A host storage the call itself let go (`x.set_(...)`) dies there, after the call's
+  // record, where the pinned-memory allocator's events for it are logged.
   struct Host {
     size_t index;  // into items
     c10::Storage storage;
-    bool asked;
+    bool asked = false;
+    bool tracked = false;  // at the call's end: its memory overlaps pinned memory a record touched
   };
   std::vector<Host> host;
 
@@ -400,11 +401,6 @@ bool host_may_be_tracked_locked(uint64_t start, uint64_t end) {
 
 // The end of a host item's storage (an empty one: one byte, so that it has a place among ranges).
 uint64_t storage_end(const Item& it) { return it.sptr + std::max<uint64_t>(it.snbytes, 1); }
-
-bool host_may_be_tracked(const Item& it) {
-  std::lock_guard<std::mutex> g(mu);
-  return host_may_be_tracked_locked(it.sptr, storage_end(it));
-}
 
 // [start, end) into pinned_ranges, merged with the ranges it meets. Under mu.
 void add_pinned_range_locked(uint64_t start, uint64_t end) {
@@ -441,16 +437,28 @@ void ask_pinned(Pending& p, Item& it) {
                           : at::detail::getCUDAHooks().isPinnedPtr(reinterpret_cast<const void*>(it.sptr)) ? 1 : 0;
 }
 
-// Host items not asked yet whose memory a recorded call has touched pinned since the call began
-// are asked now; whether any was asked.
-bool ask_now_tracked(Pending& p) {
-  bool any = false;
-  for (Pending::Host& h : p.host)
-    if (!h.asked && host_may_be_tracked(p.items[h.index])) {
-      ask_pinned(p, p.items[h.index]);
-      h.asked = any = true;
+// At a call's end, its host items not asked yet whose memory overlaps pinned memory a record
+// touched are asked now (pinned_ranges only grows while the log records: memory that overlapped
+// it at the call's start still does); whether one of them is pinned. One look under the lock
+// for them all, the questions after it.
+bool ask_tracked(Pending& p) {
+  if (p.host.empty()) return false;
+  {
+    std::lock_guard<std::mutex> g(mu);
+    for (Pending::Host& h : p.host) {
+      const Item& it = p.items[h.index];
+      h.tracked = !h.asked && host_may_be_tracked_locked(it.sptr, storage_end(it));
     }
-  return any;
+  }
+  bool pinned = false;
+  for (Pending::Host& h : p.host)
+    if (h.tracked) {
+      Item& it = p.items[h.index];
+      ask_pinned(p, it);
+      h.asked = true;
+      pinned = pinned || it.pinned;
+    }
+  return pinned;
 }
 
 void add_tensor(Pending& p, const at::Tensor& t, int8_t access) {
@@ -490,11 +498,9 @@ void add_tensor(Pending& p, const at::Tensor& t, int8_t access) {
   if (type == c10::DeviceType::CUDA && p.device_index < 0) {
     p.device_index = t.device().index();
   }
-  if (cuda_mode && it.device == 0) {  // [Note: the host's own calls]
-    bool ask = host_may_be_tracked(it);
-    if (ask) ask_pinned(p, it);
+  if (cuda_mode && it.device == 0) {  // [Note: the host's own calls]: asked later, where it may matter
     p.items.push_back(it);
-    p.host.push_back({p.items.size() - 1, storage, ask});
+    p.host.push_back({p.items.size() - 1, storage});
     return;
   }
   p.items.push_back(it);
@@ -1002,15 +1008,15 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
 // synchronous, so the host learns the stream complete; pinned memory once stream work touched
 // it), and an operator none of whose memory is tracked changes nothing in either
 // (hb_tracker.cpp's op_items, feed_apply.py). Asking CUDA whether host memory is pinned costs about
-// 1.2 us a question, so a host item is asked at once only where its storage overlaps pinned memory
-// a recorded call touched (pinned_ranges, which holds all the host memory the tracker's engine may
-// track, and more: a range stays after its storage dies, costing a question, and a record where
-// the memory there is pinned again; it is kept while the same tracker starts the log again, start's
-// `owner`, and forgotten for another). The others are asked if the call is recorded after all
-// (append), because it touches device memory or memory asked about at once turned out pinned, or
-// because at its end its memory overlaps pinned memory a record appended meanwhile touched
-// (another thread's upload of the same buffer, whose record the call's own then follows, as it
-// would have). A call none of whose memory is device
+// 1.2 us a question, so a host item is asked only where the answer may matter: in a call recorded
+// anyway (append: it touches device memory), and, at the call's end, where its storage overlaps
+// pinned memory a recorded call touched (pinned_ranges, which holds all the host memory the
+// tracker's engine may track, and more: a range stays after its storage dies, costing a question,
+// and a record where the memory there is pinned again; it is kept while the same tracker starts
+// the log again, start's `owner`, and forgotten for another). Read at the call's end, the ranges
+// hold those a record appended meanwhile added too (another thread's upload of the same buffer,
+// whose record the call's own then follows, as it would have); a call whose memory asked about
+// turns out pinned is recorded. A call none of whose memory is device
 // memory or pinned memory in pinned_ranges is left out: host work before a stream's first touch
 // of a buffer is ordered before that work by the program itself (it is enqueued after), so leaving
 // it out loses no race. The CPU tracker's memory is all stream memory: there every call is
@@ -1032,9 +1038,8 @@ void end_call(const at::RecordFunction& fn, Call& c) {
   const Plan& plan = p.op->plan;
   if (plan.returns >= 0)
     for (const c10::IValue& v : fn.outputs()) add_value(p, v, plan.returns);
-  // [Note: the host's own calls]: asked again at its end, whether memory it left unasked is now
-  // pinned memory a record touched
-  bool touched = !cuda_mode || streams_may_touch(p) || (ask_now_tracked(p) && streams_may_touch(p));
+  // [Note: the host's own calls]: its host memory that may be pinned memory a record touched
+  bool touched = !cuda_mode || streams_may_touch(p) || ask_tracked(p);
   if (!touched) {
     host_only_calls.fetch_add(1, std::memory_order_relaxed);
     return;
