@@ -166,10 +166,24 @@ def check_adamw_call(told: str, table: tuple[str, str]) -> int:
     return rounds
 
 
+def part_of(report_name: str, workload: str) -> str:
+    """A report's text of one workload: its table and what follows it, up to the next workload."""
+    return text(report_name).split(f"### {workload}:")[1].split("###")[0]
+
+
+def trace_and_switch(report_name: str, workload: str) -> tuple[str, ...]:
+    """A workload's CUDA trace callbacks and switches around callees, measured inside the native runs."""
+    return re.search(
+        r"CUDA's trace callbacks \(the frees' stacks among them\) ([\d.]+); turning RecordFunction off and on around "
+        r"the callees of recorded calls ([\d.]+);",
+        part_of(report_name, workload),
+    ).groups()
+
+
 def inside(report_name: str, workload: str) -> list[str]:
     """A workload's parts measured inside the native runs, as its report gives them: over plain,
     recording, stacks, applying, the rest, the calls observed and recorded per step."""
-    part = text(report_name).split(f"### {workload}:")[1].split("###")[0]
+    part = part_of(report_name, workload)
     m = re.search(
         r"recording \(the log's callbacks\) ([\d.]+)(?:, of which stacks|; Python stacks, read in those callbacks "
         r"and at CUDA's frees,) ([\d.]+) .*?\(the drains\) ([\d.]+);.*? the rest of the native path's ([\d.]+) ms over "
@@ -205,7 +219,7 @@ def run_seconds(report_name: str) -> dict[tuple[str, str], float]:
     """{(workload, mode): median seconds a run's process took} of a report."""
     took = {}
     for workload in WORKLOADS:
-        part = text(report_name).split(f"### {workload}:")[1].split("###")[0]
+        part = part_of(report_name, workload)
         (line,) = re.findall(r"^A run's process took, from its start to its result \(medians, s\): (.*)\.$", part, re.M)
         took |= {(workload, mode): float(v) for mode, v in re.findall(r"(\w+) ([\d.]+)", line)}
     return took
@@ -246,12 +260,8 @@ def test_the_sixteen_round_h200_adamw_table_is_its_report_with_the_fsdp2_step_at
         r"frees\); the rest, ([\d.]+), is PyTorch's hooks",
     )
     over, record, stacks, drains, rest, *_ = inside(H200_SIXTEEN_ROUNDS[0], "mlp-adamw")
-    part = text(H200_SIXTEEN_ROUNDS[0]).split("### mlp-adamw:")[1].split("###")[0]
-    trace, switch, asked = re.search(
-        r"CUDA's trace callbacks \(the frees' stacks among them\) ([\d.]+); turning RecordFunction off and on around "
-        r"the callees of recorded calls ([\d.]+);.*CUDA was asked (\d+) times",
-        part,
-    ).groups()
+    trace, switch = trace_and_switch(H200_SIXTEEN_ROUNDS[0], "mlp-adamw")
+    (asked,) = re.search(r"CUDA was asked (\d+) times", part_of(H200_SIXTEEN_ROUNDS[0], "mlp-adamw")).groups()
     assert list(said) == [over, record, drains, trace, switch, stacks, rest]
     assert asked == "0" and "the sixteen-round table above has the MLP asking 0 times a step" in FLAT
     # what a run's process took: the smallest and the largest of the modes' medians
@@ -342,12 +352,7 @@ def test_the_thirteen_round_h100_adamw_table_is_its_report_and_where_the_mlps_ti
         r"each of the (\d+) calls a step it showed the log, (\d+) of them recorded\)",
     )
     over, record, stacks, drains, rest, observed, recorded = inside(H100_THIRTEEN_ROUNDS[0], "mlp-adamw")
-    part = text(H100_THIRTEEN_ROUNDS[0]).split("### mlp-adamw:")[1].split("###")[0]
-    trace, switch = re.search(
-        r"CUDA's trace callbacks \(the frees' stacks among them\) ([\d.]+); turning RecordFunction off and on around "
-        r"the callees of recorded calls ([\d.]+);",
-        part,
-    ).groups()
+    trace, switch = trace_and_switch(H100_THIRTEEN_ROUNDS[0], "mlp-adamw")
     assert list(said) == [over, record, drains, trace, switch, stacks, rest, observed, recorded]
     # the plain MLP's spread, and each call's ratio alone
     low, high, *alone = said_in(
@@ -357,9 +362,7 @@ def test_the_thirteen_round_h100_adamw_table_is_its_report_and_where_the_mlps_ti
     )
     plain = report[("mlp-adamw", "plain")].runs
     assert (low, high) == (f"{min(plain):.2f}", f"{max(plain):.2f}")
-    calls = calls_of(H100_THIRTEEN_ROUNDS[1])
-    mlp_native = r"^\| native \| [\d.]+ \| ([\d.]+)x \|"
-    assert alone == [re.search(mlp_native, call.split("### mlp-adamw:")[1], re.M)[1] for call in calls]
+    assert alone == [slowdown for slowdown, _ in calls_alone(H100_THIRTEEN_ROUNDS[1], "mlp-adamw")]
 
 
 MLP_TWELVE_ROUNDS = (
