@@ -16,6 +16,8 @@ pytestmark = [
 ]
 
 N = 1 << 20  # 4 MiB buffers
+# Operators past which the native log has handed what it holds to Python (op_log.cpp's DRAIN_AT, 4096)
+PAST_A_DRAIN = 4200
 
 
 def copy(out, src):
@@ -342,7 +344,7 @@ def _pinned_uploaded_through_an_alias_that_dies_first():
         dst.copy_(alias, non_blocking=True)  # the buffer first seen through the alias
         dst2.copy_(host, non_blocking=True)
     count = torch.zeros((), device="cuda")
-    for _ in range(4200):  # enough operators that the native log hands the uploads to Python first
+    for _ in range(PAST_A_DRAIN):  # the native log hands the uploads to Python first
         count.add_(1.0)
     del alias  # the buffer lives on, and stays tracked
     host.fill_(3.0)  # while the uploads are queued
@@ -479,7 +481,7 @@ def test_a_staging_buffers_block_allocated_again_after_its_upload_races_nothing(
                     dst.copy_(buf, non_blocking=True)
                 del buf
                 time.sleep(0.01)  # the upload done: its block may be handed out again
-                for _ in range(4200 if batches == "several" else 0):  # the native log drains between
+                for _ in range(PAST_A_DRAIN if batches == "several" else 0):  # the native log drains between
                     count.add_(1.0)
             torch.cuda.synchronize()
         assert tracker.errors == []
