@@ -23,8 +23,10 @@
 #   bash bench/native_gpu.sh [PART ...]   (default: build check bench)
 # ninja, which torch.utils.cpp_extension needs, travels in .whl/ with the other wheels
 # (bench/gpu_check.sh's header).
-# Regenerates reports/gpu/detector_overhead_native.{csv,md,log}, its _runs.csv and
-# reports/gpu/native_tests_x1.log, which the README cites.
+# Regenerates reports/gpu/detector_overhead_native.{csv,md,log} and its _runs.csv, which the README's
+# table is spliced from (several calls' runs merged by --from-runs, their parts.log, build.log and
+# bench.log joined under `## call N` lines), and the CUDA tests' log beside them
+# (reports/gpu/native_tests_adamw_h100_27rounds.log, from tests.log).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 3
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
