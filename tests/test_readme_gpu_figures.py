@@ -51,7 +51,8 @@ def md_tables(name: str) -> dict[tuple[str, str], Row]:
 
 def test_the_native_table_is_the_pinned_csv_and_the_unpinned_report():
     pinned = {
-        (r["workload"], r["mode"]): (r["ms_median"], r["slowdown"]) for r in rows("gpu/detector_overhead_native_sgd_pinned.csv")
+        (r["workload"], r["mode"]): (r["ms_median"], r["slowdown"])
+        for r in rows("gpu/detector_overhead_native_sgd_pinned.csv")
     }
     unpinned = md_tables("gpu/detector_overhead_native_unpinned.md")
     table = re.findall(
