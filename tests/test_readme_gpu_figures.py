@@ -237,6 +237,25 @@ def calls_alone(log_name: str, workload: str) -> list[tuple[str, str]]:
     return [re.search(native, call.split(f"### {workload}:")[-1], re.M).groups() for call in calls_of(log_name)]
 
 
+# where the MLP's time went, as a table's paragraph says it: over plain, callbacks, drains, trace, switch, stacks, rest
+MLP_PARTS = (
+    r"Of the MLP's ([\d.]+) ms a step over plain, measured inside the native runs, the log's callbacks took "
+    r"([\d.]+), applying the records ([\d.]+), CUDA's trace callbacks ([\d.]+) and turning RecordFunction off "
+    r"and on around callees ([\d.]+) \(the Python stacks, ([\d.]+), read within the callbacks and the trace's "
+    r"frees\); the rest, ([\d.]+), is PyTorch's hooks"
+)
+
+
+def check_mlp_parts(told: str, report_name: str, after: str = "") -> tuple[str, ...]:
+    """That the text `told` says where the MLP's time went (MLP_PARTS, then `after`) as its report
+    measured it inside the native runs; the groups of `after`."""
+    said = said_in(told, MLP_PARTS + after)
+    over, record, stacks, drains, rest, *_ = inside(report_name, "mlp-adamw")
+    trace, switch = trace_and_switch(report_name, "mlp-adamw")
+    assert list(said[:7]) == [over, record, drains, trace, switch, stacks, rest]
+    return said[7:]
+
+
 def test_the_twenty_seven_round_h100_adamw_table_is_its_report_within_the_three_bars():
     told = between(
         "The steps users run, as the code at cad0b6f runs them, on one H100", "The same steps, as the code at afc2a75"
@@ -268,17 +287,8 @@ def test_the_twenty_seven_round_h100_adamw_table_is_its_report_within_the_three_
     for workload, bar, figures in zip(WORKLOADS, (1.3, 1.3, 1.5), (alone[0:3], alone[3:6], alone[6:9]), strict=True):
         assert [ratio for ratio, _ in calls_alone(H100_TWENTY_SEVEN_ROUNDS[1], workload)] == list(figures)
         assert all(float(ratio) <= bar for ratio in figures), workload
-    # where the MLP's time goes, as the report measured it inside the native runs
-    said = said_in(
-        told,
-        r"Of the MLP's ([\d.]+) ms a step over plain, measured inside the native runs, the log's callbacks\s+took "
-        r"([\d.]+), applying the records ([\d.]+), CUDA's trace callbacks ([\d.]+) and turning RecordFunction off\s+"
-        r"and on around callees ([\d.]+) \(the Python stacks, ([\d.]+), read within the callbacks and the trace's\s+"
-        r"frees\); the rest, ([\d.]+), is PyTorch's hooks",
-    )
-    over, record, stacks, drains, rest, *_ = inside(H100_TWENTY_SEVEN_ROUNDS[0], "mlp-adamw")
-    trace, switch = trace_and_switch(H100_TWENTY_SEVEN_ROUNDS[0], "mlp-adamw")
-    assert list(said) == [over, record, drains, trace, switch, stacks, rest]
+    check_mlp_parts(told, H100_TWENTY_SEVEN_ROUNDS[0])
+    over, *_, rest, _, _ = inside(H100_TWENTY_SEVEN_ROUNDS[0], "mlp-adamw")
     # against the twenty-four rounds at c7ce000: the plain MLP runs' spans, what the native path added, the rest
     low, high, low_then, high_then, added, added_then, rest_now, rest_then = said_in(
         told,
@@ -371,17 +381,8 @@ def test_the_sixteen_round_h200_adamw_table_is_its_report_with_the_fsdp2_step_at
         told, r"The two calls alone\s+gave that step ([\d.]+)x and ([\d.]+)x \(paired ([\d.]+)x and ([\d.]+)x;"
     )
     assert calls_alone(H200_SIXTEEN_ROUNDS[1], "fsdp2-adamw") == [alone[0::2], alone[1::2]]
-    said = said_in(
-        told,
-        r"Of the MLP's ([\d.]+) ms a step over plain, measured inside the native runs,\s+the log's callbacks took "
-        r"([\d.]+), applying the records ([\d.]+), CUDA's trace callbacks ([\d.]+) and turning\s+RecordFunction off "
-        r"and on around callees ([\d.]+) \(the Python stacks, ([\d.]+), read within the callbacks\s+and the trace's "
-        r"frees\); the rest, ([\d.]+), is PyTorch's hooks",
-    )
-    over, record, stacks, drains, rest, *_ = inside(H200_SIXTEEN_ROUNDS[0], "mlp-adamw")
-    trace, switch = trace_and_switch(H200_SIXTEEN_ROUNDS[0], "mlp-adamw")
+    check_mlp_parts(told, H200_SIXTEEN_ROUNDS[0])
     (asked,) = re.search(r"CUDA was asked (\d+) times", part_of(H200_SIXTEEN_ROUNDS[0], "mlp-adamw")).groups()
-    assert list(said) == [over, record, drains, trace, switch, stacks, rest]
     assert asked == "0" and "the sixteen-round table above has the MLP asking 0 times a step" in FLAT
 
 
@@ -454,17 +455,13 @@ def test_the_thirteen_round_h100_adamw_table_is_its_report_and_where_the_mlps_ti
     assert "`reports/gpu/native_tests_adamw_h100_13rounds.log`" in told
     check_engine_tests("gpu/native_tests_adamw_h100_13rounds.log")
     # where the MLP's time goes, as the report measured it inside the native runs
-    said = said_in(
+    calls = check_mlp_parts(
         told,
-        r"Of the MLP's ([\d.]+) ms a step over plain, measured inside the native runs, the log's callbacks took "
-        r"([\d.]+), applying the records ([\d.]+), CUDA's trace callbacks ([\d.]+) and turning RecordFunction off "
-        r"and on around callees ([\d.]+) \(the Python stacks, ([\d.]+), read within the callbacks and the trace's "
-        r"frees\); the rest, ([\d.]+), is PyTorch's hooks \(RecordFunction boxing the arguments and results of "
-        r"each of the (\d+) calls a step it showed the log, (\d+) of them recorded\)",
+        H100_THIRTEEN_ROUNDS[0],
+        r" \(RecordFunction boxing the arguments and results of each of the (\d+) calls a step it showed the log, "
+        r"(\d+) of them recorded\)",
     )
-    over, record, stacks, drains, rest, observed, recorded = inside(H100_THIRTEEN_ROUNDS[0], "mlp-adamw")
-    trace, switch = trace_and_switch(H100_THIRTEEN_ROUNDS[0], "mlp-adamw")
-    assert list(said) == [over, record, drains, trace, switch, stacks, rest, observed, recorded]
+    assert list(calls) == inside(H100_THIRTEEN_ROUNDS[0], "mlp-adamw")[5:]
     # the plain MLP's spread, and each call's ratio alone
     low, high, *alone = said_in(
         told,
